@@ -1,0 +1,1 @@
+"""The builder, export and the command-line interface."""

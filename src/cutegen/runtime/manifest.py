@@ -1,0 +1,220 @@
+"""The manifest schema: the launch contract of one built kernel, written by the generator and read here.
+
+A manifest states everything needed to launch a cubin without the CuTe DSL: the entry symbol, the
+launch facts (block, cluster, dynamic shared memory, PDL, grid rule) and, for every `.param` of the
+entry, its offset, size, alignment and a *binding* that says how the runtime fills it from the
+call's operands. Both the generator (writer) and the runtime (reader) use these classes, so the two
+cannot drift. This module imports nothing beyond the standard library.
+
+Bindings (``Param.binding["kind"]``):
+
+``tma``
+    A 128-byte ``CUtensorMap`` for operand ``operand``, encoded with ``cuTensorMapEncodeTiled``:
+    ``modes`` lists the operand's modes in TMA dimension order (contiguous mode first); global dims
+    are the operand's extents in that order and global strides (dims 1..) its strides in bytes;
+    ``box`` is the shared-memory box per TMA dimension; ``swizzle`` is one of ``none``, ``32B``,
+    ``64B``, ``128B``; ``dtype`` names the TMA element type; ``l2_promotion`` and ``oob_fill`` as
+    named.
+``shape``
+    The dynamic extents of an operand (a TMA coordinate tensor's shape leaves), ``values`` being a
+    list of extent symbols (``"M"``, ``"N"``, ``"K"``) packed as ``width``-bit integers.
+``zeros``
+    ``size`` zero bytes (a DSL object with no run-time content, such as a Hopper ``TiledMma``).
+``scalar``
+    One scalar of ``dtype`` (``i32``, ``i64``, ``f32``) whose value is the expression ``expr`` over
+    the extent symbols.
+``pointer``
+    The 64-bit device address of operand ``operand``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+BINDING_KINDS = ("tma", "shape", "zeros", "scalar", "pointer")
+GRID_RULES = ("persistent_clusters",)
+
+
+class ManifestError(ValueError):
+    """A manifest or catalogue that cannot be used: missing, malformed or of another schema."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One `.param` of the kernel entry."""
+
+    index: int
+    name: str
+    offset: int
+    size: int
+    align: int
+    binding: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        kind = self.binding.get("kind")
+        if kind not in BINDING_KINDS:
+            raise ManifestError(f"param {self.name!r}: unknown binding kind {kind!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandSpec:
+    """What the kernel expects of one tensor operand."""
+
+    name: str
+    dtype: str
+    # Symbolic extents, e.g. ["M", "K"]; the runtime binds the symbols from the actual tensors.
+    shape: list[str]
+    # Index of the mode with unit stride (the contiguous one).
+    contiguous_mode: int
+    # Required alignment of the base address and of the non-unit strides, in bytes.
+    align_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GridRule:
+    """How the runtime computes the launch grid.
+
+    ``persistent_clusters``: the output [extent_m, extent_n] is cut into tile_m x tile_n tiles,
+    grouped into cluster_m x cluster_n cluster tiles; the grid is
+    (cluster_m, cluster_n, min(cluster tiles, max active clusters)) and each cluster walks the
+    cluster tiles in a persistent loop.
+    """
+
+    kind: str
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    extent_m: str = "M"
+    extent_n: str = "N"
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRID_RULES:
+            raise ManifestError(f"unknown grid rule {self.kind!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelManifest:
+    """Everything needed to launch one cubin."""
+
+    name: str
+    op: str
+    arch: str
+    entry: str
+    cubin: str
+    sha256: str
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    smem_bytes: int
+    pdl: bool
+    cooperative: bool
+    grid: GridRule
+    operands: list[OperandSpec]
+    params: list[Param]
+    schedule: dict[str, Any]
+    toolchain: dict[str, str]
+    registers: int | None = None
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def param_bytes(self) -> int:
+        if not self.params:
+            return 0
+        last = max(self.params, key=lambda p: p.offset)
+        return last.offset + last.size
+
+    def operand(self, name: str) -> OperandSpec:
+        for op in self.operands:
+            if op.name == name:
+                return op
+        raise ManifestError(f"kernel {self.name}: no operand {name!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "KernelManifest":
+        schema = data.get("schema")
+        if schema != SCHEMA_VERSION:
+            raise ManifestError(
+                f"manifest schema {schema!r} is not the supported version {SCHEMA_VERSION}; "
+                "rebuild the kernels with this version of cutegen"
+            )
+        try:
+            return cls(
+                name=data["name"],
+                op=data["op"],
+                arch=data["arch"],
+                entry=data["entry"],
+                cubin=data["cubin"],
+                sha256=data["sha256"],
+                block=tuple(data["block"]),  # type: ignore[arg-type]
+                cluster=tuple(data["cluster"]),  # type: ignore[arg-type]
+                smem_bytes=int(data["smem_bytes"]),
+                pdl=bool(data["pdl"]),
+                cooperative=bool(data["cooperative"]),
+                grid=GridRule(**data["grid"]),
+                operands=[OperandSpec(**o) for o in data["operands"]],
+                params=[Param(**p) for p in data["params"]],
+                schedule=dict(data["schedule"]),
+                toolchain=dict(data["toolchain"]),
+                registers=data.get("registers"),
+                schema=schema,
+            )
+        except (KeyError, TypeError) as exc:
+            raise ManifestError(f"malformed manifest: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> "KernelManifest":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"manifest is not valid JSON: {exc}") from exc
+        return cls.from_dict(data)
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogueEntry:
+    """One line of ``catalogue.json``: a built kernel and where its files are (relative paths)."""
+
+    name: str
+    op: str
+    arch: str
+    manifest: str
+    schedule: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalogue:
+    """The index of a build folder."""
+
+    kernels: list[CatalogueEntry]
+    toolchain: dict[str, str]
+    schema: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Catalogue":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"catalogue is not valid JSON: {exc}") from exc
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ManifestError(
+                f"catalogue schema {data.get('schema')!r} is not the supported version "
+                f"{SCHEMA_VERSION}; rebuild the kernels with this version of cutegen"
+            )
+        try:
+            return cls(
+                kernels=[CatalogueEntry(**k) for k in data["kernels"]],
+                toolchain=dict(data.get("toolchain", {})),
+                schema=data["schema"],
+            )
+        except (KeyError, TypeError) as exc:
+            raise ManifestError(f"malformed catalogue: {exc}") from exc

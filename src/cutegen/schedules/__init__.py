@@ -1,0 +1,1 @@
+"""Schedule vocabulary and schedule files (no CuTe DSL, no other project imports)."""

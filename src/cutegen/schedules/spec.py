@@ -1,0 +1,223 @@
+"""The schedule vocabulary: enums and the frozen `Schedule` dataclass every kernel is built from.
+
+Nothing here imports the CuTe DSL or any other part of the project, so that listing and validating
+schedules is instant on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class Arch(str, enum.Enum):
+    """Target architecture; the value is the `CUTE_DSL_ARCH` string."""
+
+    SM90A = "sm_90a"
+    SM100A = "sm_100a"
+
+    @property
+    def tag(self) -> str:
+        return {"sm_90a": "sm90a", "sm_100a": "sm100a"}[self.value]
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return {"sm_90a": (9, 0), "sm_100a": (10, 0)}[self.value]
+
+
+class Op(str, enum.Enum):
+    """The operation a kernel implements; the value is the torch entry point's name."""
+
+    BF16_GEMM_NT = "bf16_gemm_nt"
+
+    @property
+    def tag(self) -> str:
+        return {"bf16_gemm_nt": "gemm"}[self.value]
+
+
+class DType(str, enum.Enum):
+    BF16 = "bf16"
+    F16 = "f16"
+    F32 = "f32"
+    E4M3 = "e4m3"
+
+    @property
+    def bits(self) -> int:
+        return {"bf16": 16, "f16": 16, "f32": 32, "e4m3": 8}[self.value]
+
+    @property
+    def bytes(self) -> int:
+        return self.bits // 8
+
+
+class Multicast(str, enum.Enum):
+    """Which operand's TMA loads are multicast across the CTAs of a cluster.
+
+    A is shared by the CTAs of a cluster row (same M tile, different N tiles), so multicasting A
+    needs cluster_n > 1; B is shared along cluster_m.
+    """
+
+    NONE = "none"
+    A = "a"
+    B = "b"
+    AB = "ab"
+
+    @property
+    def tag(self) -> str:
+        return {"none": "mc0", "a": "mcA", "b": "mcB", "ab": "mcAB"}[self.value]
+
+    @property
+    def covers_a(self) -> bool:
+        return self in (Multicast.A, Multicast.AB)
+
+    @property
+    def covers_b(self) -> bool:
+        return self in (Multicast.B, Multicast.AB)
+
+
+class Epilogue(str, enum.Enum):
+    """How the accumulator reaches global memory."""
+
+    TMA_STORE = "tma_store"
+
+    @property
+    def tag(self) -> str:
+        return {"tma_store": "epitma"}[self.value]
+
+
+class Raster(str, enum.Enum):
+    """Order in which the persistent scheduler walks output tiles (within a swizzle group)."""
+
+    ALONG_M = "along_m"
+    ALONG_N = "along_n"
+
+    @property
+    def tag(self) -> str:
+        return {"along_m": "rm", "along_n": "rn"}[self.value]
+
+
+# Hardware facts used by the validity rules (Hopper).
+SM90_SMEM_OPT_IN_BYTES = 232448
+SM90_REGISTERS_PER_SM = 65536
+THREADS_PER_WARPGROUP = 128
+# Shared memory the templates reserve beside the operand stages: mbarriers, scheduler
+# scratch and the alignment padding of the 1024-byte aligned buffers.
+SMEM_RESERVED_BYTES = 1024
+SMEM_BUFFER_ALIGN_BYTES = 1024
+EPILOGUE_STAGES = 4
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Schedule:
+    """One fully resolved kernel configuration.
+
+    Every field takes part in the procedural name (see `naming.py`), so two schedules are the
+    same kernel exactly when they are equal.
+    """
+
+    arch: Arch
+    op: Op
+    a_dtype: DType
+    b_dtype: DType
+    c_dtype: DType
+    acc_dtype: DType
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    cluster_m: int
+    cluster_n: int
+    multicast: Multicast
+    stages: int
+    math_warpgroups: int
+    producer_regs: int
+    consumer_regs: int
+    epilogue: Epilogue
+    raster: Raster
+    group_size: int
+
+    # ---- derived facts, one definition each -------------------------------------------------
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def threads_per_cta(self) -> int:
+        # One producer warpgroup (one TMA warp working, three idle) plus the math warpgroups.
+        return (1 + self.math_warpgroups) * THREADS_PER_WARPGROUP
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory of one A+B pipeline stage."""
+        return self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
+
+    @property
+    def epi_tile(self) -> tuple[int, int]:
+        """The (M, N) sub-tile one epilogue step moves through shared memory with one TMA store."""
+        return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, 32))
+
+    @property
+    def epilogue_bytes(self) -> int:
+        em, en = self.epi_tile
+        return EPILOGUE_STAGES * em * en * self.c_dtype.bytes
+
+    @property
+    def barrier_bytes(self) -> int:
+        # Full and empty mbarrier per stage, 8 bytes each.
+        return 2 * 8 * self.stages
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory the kernel is launched with."""
+        return (
+            self.stages * self.stage_bytes
+            + self.epilogue_bytes
+            + SMEM_RESERVED_BYTES
+            + 2 * SMEM_BUFFER_ALIGN_BYTES
+        )
+
+    @property
+    def accumulators_per_thread(self) -> int:
+        return self.tile_m * self.tile_n // (self.math_warpgroups * THREADS_PER_WARPGROUP)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.value if isinstance(v, enum.Enum) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Schedule":
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                raise ValueError(f"schedule field {f.name!r} is missing")
+            kwargs[f.name] = _FIELD_TYPES[f.name](data[f.name])
+        unknown = set(data) - set(kwargs)
+        if unknown:
+            raise ValueError(f"unknown schedule fields: {sorted(unknown)}")
+        return cls(**kwargs)
+
+
+_FIELD_TYPES: dict[str, Any] = {
+    "arch": Arch,
+    "op": Op,
+    "a_dtype": DType,
+    "b_dtype": DType,
+    "c_dtype": DType,
+    "acc_dtype": DType,
+    "tile_m": int,
+    "tile_n": int,
+    "tile_k": int,
+    "cluster_m": int,
+    "cluster_n": int,
+    "multicast": Multicast,
+    "stages": int,
+    "math_warpgroups": int,
+    "producer_regs": int,
+    "consumer_regs": int,
+    "epilogue": Epilogue,
+    "raster": Raster,
+    "group_size": int,
+}

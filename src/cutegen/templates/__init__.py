@@ -1,0 +1,1 @@
+"""Kernel templates (CuTe DSL) and the jinja2 templates of emitted artifacts."""
