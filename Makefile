@@ -1,0 +1,46 @@
+# cutegen: build the default kernels on any CPU machine, test, and run the GPU tier on an H200.
+#
+#   make build      create .venv if needed, install cutegen[gen], build the default sm_90a catalogue into build/
+#   make test       the CPU test tier (what CI runs)
+#   make gpu-test   the GPU tier, on a machine with a Hopper GPU, from a build/ folder made elsewhere
+#   make bench      the benchmark (GPU), reporting beside torch in the same run
+
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+ARCH ?= sm_90a
+# The CPU machine needs torch only for the torch-facing layer's CPU tests; a CPU build is enough.
+TORCH ?= torch==2.13.0
+PATTERN ?=
+
+.PHONY: build test gpu-test bench env clean install
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q "$(TORCH)"
+	$(VPY) -m pip install -q -e ".[gen,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+build: $(VENV)/.installed
+	$(VENV)/bin/cutegen build $(PATTERN) --arch $(ARCH) -o $(BUILD_DIR) -j $(JOBS)
+
+test: $(VENV)/.installed
+	$(VPY) -m pytest tests/cpu -q -ra
+
+# On the GPU machine: no package registry needed; uses the machine's python3 with torch and cuda-bindings.
+gpu-test:
+	CUTEGEN_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m pytest tests/gpu -q -ra
+
+bench:
+	CUTEGEN_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m cutegen.gen.cli bench
+
+env: $(VENV)/.installed
+	$(VENV)/bin/cutegen env
+
+clean:
+	rm -rf $(BUILD_DIR)

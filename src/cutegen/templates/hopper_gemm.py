@@ -1,0 +1,615 @@
+"""Hopper (sm_90a) warp-specialised persistent GEMM template: D[M,N] = A[M,K] · B[N,K]ᵀ, bf16 in and out.
+
+Importing this module imports the CuTe DSL; only the generator does that.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from cutegen.schedules.spec import (
+    EPILOGUE_STAGES,
+    THREADS_PER_WARPGROUP,
+    DType,
+    Raster,
+    Schedule,
+)
+
+_CUTE_DTYPES = {
+    DType.BF16: cutlass.BFloat16,
+    DType.F16: cutlass.Float16,
+    DType.F32: cutlass.Float32,
+    DType.E4M3: cutlass.Float8E4M3FN,
+}
+
+# Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
+EPILOGUE_BARRIER_ID = 1
+
+
+def swizzle_bytes(swizzle: str) -> str:
+    """Map a CuTe swizzle functor as printed ("S<3,4,3>") to the TMA swizzle mode."""
+    table = {"S<3,4,3>": "128B", "S<2,4,3>": "64B", "S<1,4,3>": "32B", "S<0,4,3>": "none"}
+    if swizzle not in table:
+        raise ValueError(f"shared-memory swizzle {swizzle} has no TMA swizzle mode")
+    return table[swizzle]
+
+
+def cute_dtype(dtype: DType):
+    return _CUTE_DTYPES[dtype]
+
+
+class HopperGemmKernel:
+    """Persistent warp-specialised WGMMA GEMM with TMA loads, TMA multicast and a TMA-store epilogue.
+
+    Operands (all K-major, "NT"): A [M, K], B [N, K], D [M, N] row-major. M, N, K and the leading
+    strides are run-time values; out-of-range rows, columns and K are handled by the TMA unit
+    (zero fill on load, clipping on store).
+
+    Warp roles (threads = 128 · (1 + math_warpgroups)):
+      - warpgroup 0, warp 0 — **TMA producer**: walks the same tile sequence as the math warpgroups
+        and, per K block, waits for a free stage, then issues the TMA loads of A and B into it
+        (multicast to the peer CTA of the cluster for the shared operand). Warpgroup 0 lowers its
+        register budget to `producer_regs` with setmaxnreg; its warps 1–3 idle.
+      - warpgroups 1..math_warpgroups — **math (consumers)**: raise their budget to
+        `consumer_regs`, issue WGMMA on each stage (warpgroup w owns rows
+        [64·(w-1)·tile_m/(64·math_warpgroups) …) of the tile), keep one WGMMA batch in flight,
+        release the previous stage, then run the epilogue: fp32 → bf16 in registers, stmatrix into a
+        swizzled shared-memory ring of EPILOGUE_STAGES sub-tiles, one elected warp issues the TMA
+        store of each sub-tile.
+
+    Pipelines:
+      - **mainloop** (PipelineTmaAsync, `stages` slots of A+B): producer = the TMA warp (one
+        arrive per stage with the transaction byte count of A+B, completed by the TMA unit);
+        consumers = every math warp of every CTA that receives the stage through multicast: the
+        empty barrier expects `mcast_size · 4 · math_warpgroups` warp arrivals, where
+        mcast_size = cluster_m + cluster_n − 1 (the CTAs that write into this CTA's stage).
+      - **epilogue store** (PipelineTmaStore, EPILOGUE_STAGES slots): producer = the math threads
+        (commit groups of TMA stores), drained with `producer_tail` before exit.
+
+    Barriers: mbarriers of the mainloop pipeline (full and empty, per stage) initialised by
+    warp 0 and made visible cluster-wide (init arrive/wait) before first use; named barrier
+    EPILOGUE_BARRIER_ID over the math threads around each epilogue sub-tile (smem written →
+    fence.proxy.async → TMA store issued → buffer reusable).
+
+    Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
+    cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
+    `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse. A CTA
+    whose tile lies past M or N still loads (zeros) and takes part in multicast, and its stores are
+    clipped, so the cluster's barriers stay balanced.
+    """
+
+    def __init__(self, schedule: Schedule):
+        s = schedule
+        self.schedule = s
+        self.a_dtype = cute_dtype(s.a_dtype)
+        self.b_dtype = cute_dtype(s.b_dtype)
+        self.c_dtype = cute_dtype(s.c_dtype)
+        self.acc_dtype = cute_dtype(s.acc_dtype)
+        self.tile_shape_mnk = (s.tile_m, s.tile_n, s.tile_k)
+        self.cluster_shape_mn = (s.cluster_m, s.cluster_n)
+        self.atom_layout_mnk = (s.math_warpgroups, 1, 1)
+        self.num_mma_warpgroups = s.math_warpgroups
+        self.num_mma_threads = s.math_warpgroups * THREADS_PER_WARPGROUP
+        self.threads_per_cta = s.threads_per_cta
+        self.ab_stage = s.stages
+        self.epi_stage = EPILOGUE_STAGES
+        self.epi_tile = s.epi_tile
+        self.producer_regs = s.producer_regs
+        self.consumer_regs = s.consumer_regs
+        self.num_mcast_ctas_a = s.cluster_n
+        self.num_mcast_ctas_b = s.cluster_m
+        self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
+        self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
+        self.raster_along_m = s.raster == Raster.ALONG_M
+        self.group_size = s.group_size
+        self.buffer_align_bytes = 1024
+        self.load_warp_id = 0
+        self.epi_store_warp_id = 4  # first warp of the first math warpgroup
+        # Filled while tracing the host function.
+        self.smem_bytes: int | None = None
+
+    # ---- layouts ----------------------------------------------------------------------------
+    def _make_smem_layouts(self):
+        tm, tn, tk = self.tile_shape_mnk
+        k_major = LayoutEnum.ROW_MAJOR  # K contiguous for A [M,K] and B [N,K]
+        a_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(k_major, self.a_dtype, tk), self.a_dtype
+        )
+        a_staged = cute.tile_to_shape(a_atom, (tm, tk, self.ab_stage), order=(0, 1, 2))
+        b_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(k_major, self.b_dtype, tk), self.b_dtype
+        )
+        b_staged = cute.tile_to_shape(b_atom, (tn, tk, self.ab_stage), order=(0, 1, 2))
+        em, en = self.epi_tile
+        c_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.c_dtype, en),
+            self.c_dtype,
+        )
+        epi_staged = cute.tile_to_shape(c_atom, (em, en, self.epi_stage), order=(0, 1, 2))
+        return a_staged, b_staged, epi_staged
+
+    def _make_tiled_mma(self):
+        return sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype,
+            self.b_dtype,
+            OperandMajorMode.K,
+            OperandMajorMode.K,
+            self.acc_dtype,
+            self.atom_layout_mnk,
+            tiler_mn=(64, self.tile_shape_mnk[1]),
+        )
+
+    # ---- launch contract ----------------------------------------------------------------------
+    def param_bindings(self) -> list[dict]:
+        """The kernel's parameters in order, each with the binding the runtime fills it from.
+
+        Valid after tracing (the swizzles are read off the shared-memory layouts the DSL built).
+        One entry per `.param`: TMA atom → 128-byte tensor map; TMA coordinate tensor → its
+        dynamic extents as 32-bit integers.
+        """
+        if self.smem_bytes is None:
+            raise RuntimeError("param_bindings() is only known after the kernel has been traced")
+        tm, tn, tk = self.tile_shape_mnk
+        cm, cn = self.cluster_shape_mn
+        em, en = self.epi_tile
+        s = self.schedule
+
+        def tma(operand: str, dtype: DType, box_rows: int, box_cols: int) -> dict:
+            # Contiguous mode (K for A and B, N for D) is TMA dimension 0.
+            return {
+                "kind": "tma",
+                "operand": operand,
+                "dtype": dtype.value,
+                "modes": [1, 0],
+                "box": [box_cols, box_rows],
+                "swizzle": swizzle_bytes(self.smem_swizzles[operand]),
+                "interleave": "none",
+                "l2_promotion": "128B",
+                "oob_fill": "none",
+            }
+
+        def shape(operand: str, values: list[str]) -> dict:
+            return {"kind": "shape", "operand": operand, "values": values, "width": 32}
+
+        # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
+        a_rows = tm // cn if self.is_a_mcast else tm
+        b_rows = tn // cm if self.is_b_mcast else tn
+        return [
+            {"name": "tma_a", **tma("a", s.a_dtype, a_rows, tk)},
+            {"name": "extents_a", **shape("a", ["M", "K"])},
+            {"name": "tma_b", **tma("b", s.b_dtype, b_rows, tk)},
+            {"name": "extents_b", **shape("b", ["N", "K"])},
+            {"name": "tma_d", **tma("d", s.c_dtype, em, en)},
+            {"name": "extents_d", **shape("d", ["M", "N"])},
+        ]
+
+    # ---- host side --------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        max_active_clusters: cutlass.Int32,
+        stream,
+    ):
+        tm, tn, tk = self.tile_shape_mnk
+        cm, cn = self.cluster_shape_mn
+        a_staged, b_staged, epi_staged = self._make_smem_layouts()
+        self.smem_swizzles = {
+            "a": str(a_staged.inner),
+            "b": str(b_staged.inner),
+            "d": str(epi_staged.inner),
+        }
+
+        a_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_a_mcast else cpasync.CopyBulkTensorTileG2SOp()
+        b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_b_mcast else cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
+            a_op,
+            a,
+            cute.slice_(a_staged, (None, None, 0)),
+            (tm, tk),
+            num_multicast=cn if self.is_a_mcast else 1,
+        )
+        tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
+            b_op,
+            b,
+            cute.slice_(b_staged, (None, None, 0)),
+            (tn, tk),
+            num_multicast=cm if self.is_b_mcast else 1,
+        )
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(),
+            c,
+            cute.slice_(epi_staged, (None, None, 0)),
+            self.epi_tile,
+        )
+
+        @cute.struct
+        class SharedStorage:
+            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged)],
+                self.buffer_align_bytes,
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(b_staged)],
+                self.buffer_align_bytes,
+            ]
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged)],
+                self.buffer_align_bytes,
+            ]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+
+        # Grid rule "persistent_clusters" (the runtime computes the same).
+        m = c.shape[0]
+        n = c.shape[1]
+        tiles_m = (m + tm - 1) // tm
+        tiles_n = (n + tn - 1) // tn
+        cluster_tiles = ((tiles_m + cm - 1) // cm) * ((tiles_n + cn - 1) // cn)
+        persistent = cutlass.min(cluster_tiles, max_active_clusters)
+        persistent = cutlass.max(persistent, 1)
+
+        self.kernel(
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_c,
+            tma_tensor_c,
+            a_staged,
+            b_staged,
+            epi_staged,
+        ).launch(
+            grid=[cm, cn, persistent],
+            block=[self.threads_per_cta, 1, 1],
+            cluster=[cm, cn, 1],
+            smem=self.smem_bytes,
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # ---- device side ------------------------------------------------------------------------
+    @cute.jit
+    def _cluster_tile_coord(self, t, ct_m, ct_n):
+        """Linear cluster-tile index → (cluster-tile m, cluster-tile n), banded by group_size."""
+        g = self.group_size
+        if cutlass.const_expr(self.raster_along_m):
+            per_band = ct_n * g
+            band = t // per_band
+            first = band * g
+            rows = cutlass.min(ct_m - first, g)
+            local = t - band * per_band
+            return first + local % rows, local // rows
+        else:
+            per_band = ct_m * g
+            band = t // per_band
+            first = band * g
+            cols = cutlass.min(ct_n - first, g)
+            local = t - band * per_band
+            return local // cols, first + local % cols
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA_mk: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nk: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC_mn: cute.Tensor,
+        a_smem_layout_staged: cute.ComposedLayout,
+        b_smem_layout_staged: cute.ComposedLayout,
+        epi_smem_layout_staged: cute.ComposedLayout,
+    ):
+        tm, tn, tk = self.tile_shape_mnk
+        cm, cn = self.cluster_shape_mn
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_c)
+
+        tiled_mma = self._make_tiled_mma()
+        cta_layout_mnk = cute.make_layout((cm, cn, 1))
+        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord_mnk = cta_layout_mnk.get_flat_coord(cta_rank_in_cluster)
+        a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=1)
+        b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=0)
+        a_mcast_mask = a_mcast_mask if self.is_a_mcast else 0
+        b_mcast_mask = b_mcast_mask if self.is_b_mcast else 0
+
+        a_smem_layout = cute.slice_(a_smem_layout_staged, (None, None, 0))
+        b_smem_layout = cute.slice_(b_smem_layout_staged, (None, None, 0))
+        tma_copy_bytes = cute.size_in_bytes(self.a_dtype, a_smem_layout) + cute.size_in_bytes(
+            self.b_dtype, b_smem_layout
+        )
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
+        consumer_arrive_cnt = mcast_size * self.num_mma_warpgroups * 4
+        mainloop_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mainloop_barriers.data_ptr(),
+            num_stages=self.ab_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_arrive_cnt),
+            tx_count=tma_copy_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
+        sC = storage.sC.get_tensor(
+            epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner
+        )
+
+        # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK), (bM, bN, RestM, RestN)
+        gA_mk = cute.local_tile(mA_mk, (tm, tk), (None, None))
+        gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None))
+        gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None))
+
+        a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a,
+            cluster_coord_mnk[1],
+            a_cta_layout,
+            cute.group_modes(sA, 0, 2),
+            cute.group_modes(gA_mk, 0, 2),
+        )
+        b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b,
+            cluster_coord_mnk[0],
+            b_cta_layout,
+            cute.group_modes(sB, 0, 2),
+            cute.group_modes(gB_nk, 0, 2),
+        )
+
+        warp_group_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
+        mma_wg_layout = cute.make_layout(self.num_mma_warpgroups, stride=THREADS_PER_WARPGROUP)
+        thr_mma = tiled_mma.get_slice(mma_wg_layout(warp_group_idx - 1))
+        tCsA = thr_mma.partition_A(sA)
+        tCsB = thr_mma.partition_B(sB)
+        tCrA = tiled_mma.make_fragment_A(tCsA)
+        tCrB = tiled_mma.make_fragment_B(tCsB)
+        tCgC = thr_mma.partition_C(gC_mn)
+        accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
+
+        k_tile_cnt = cute.size(gA_mk, mode=[3])
+        tiles_m = cute.size(gC_mn, mode=[2])
+        tiles_n = cute.size(gC_mn, mode=[3])
+        ct_m = (tiles_m + cm - 1) // cm
+        ct_n = (tiles_n + cn - 1) // cn
+        num_cluster_tiles = ct_m * ct_n
+        _, _, first_tile = cute.arch.block_idx()
+        _, _, tile_stride = cute.arch.grid_dim()
+
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        is_producer_wg = warp_group_idx == 0
+        if is_producer_wg:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+
+        if warp_idx == self.load_warp_id:
+            producer_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Producer, self.ab_stage
+            )
+            t = first_tile
+            while t < num_cluster_tiles:
+                ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
+                tile_m = ctm * cm + cluster_coord_mnk[0]
+                tile_n = ctn * cn + cluster_coord_mnk[1]
+                tAgA_k = tAgA[(None, tile_m, None)]
+                tBgB_k = tBgB[(None, tile_n, None)]
+                producer_state.reset_count()
+                for k_tile in range(k_tile_cnt):
+                    mainloop_pipeline.producer_acquire(producer_state)
+                    barrier = mainloop_pipeline.producer_get_barrier(producer_state)
+                    cute.copy(
+                        tma_atom_a,
+                        tAgA_k[(None, producer_state.count)],
+                        tAsA[(None, producer_state.index)],
+                        tma_bar_ptr=barrier,
+                        mcast_mask=a_mcast_mask,
+                    )
+                    cute.copy(
+                        tma_atom_b,
+                        tBgB_k[(None, producer_state.count)],
+                        tBsB[(None, producer_state.index)],
+                        tma_bar_ptr=barrier,
+                        mcast_mask=b_mcast_mask,
+                    )
+                    mainloop_pipeline.producer_commit(producer_state)
+                    producer_state.advance()
+                t += tile_stride
+            mainloop_pipeline.producer_tail(producer_state)
+
+        if not is_producer_wg:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            read_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.ab_stage
+            )
+            release_state = pipeline.make_pipeline_state(
+                pipeline.PipelineUserType.Consumer, self.ab_stage
+            )
+            num_k_blocks = cute.size(tCrA, mode=[2])
+
+            # Epilogue partitions: registers → swizzled smem (stmatrix) → TMA store.
+            c_layout = LayoutEnum.ROW_MAJOR
+            copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
+                c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype
+            )
+            copy_atom_c = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), self.c_dtype
+            )
+            tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma)
+            tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, tiled_copy_c_atom)
+            thr_copy_r2s = tiled_copy_r2s.get_slice(tidx - THREADS_PER_WARPGROUP)
+            tRS_sD = thr_copy_r2s.partition_D(sC)
+            tRS_rAcc = tiled_copy_r2s.retile(accumulators)
+            rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))
+            tRS_rD = cute.make_rmem_tensor(rD_shape[:3], self.acc_dtype)
+            tRS_rD_out = cute.make_rmem_tensor(rD_shape[:3], self.c_dtype)
+            size_tRS_rD = cute.size(tRS_rD)
+
+            epilogue_barrier = pipeline.NamedBarrier(
+                barrier_id=EPILOGUE_BARRIER_ID, num_threads=self.num_mma_threads
+            )
+            store_pipeline = pipeline.PipelineTmaStore.create(
+                num_stages=self.epi_stage,
+                producer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, self.num_mma_threads
+                ),
+            )
+
+            tiles_done = cutlass.Int32(0)
+            t = first_tile
+            while t < num_cluster_tiles:
+                ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
+                tile_m = ctm * cm + cluster_coord_mnk[0]
+                tile_n = ctn * cn + cluster_coord_mnk[1]
+                gC_tile = gC_mn[(None, None, tile_m, tile_n)]
+
+                read_state.reset_count()
+                release_state.reset_count()
+                accumulators.fill(0.0)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.fence()
+
+                # Prologue: one WGMMA batch in flight before the steady state.
+                mainloop_pipeline.consumer_wait(read_state)
+                for kb in cutlass.range_constexpr(num_k_blocks):
+                    coord = (None, None, kb, read_state.index)
+                    cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
+                warpgroup.commit_group()
+                read_state.advance()
+
+                for k_tile in range(1, k_tile_cnt):
+                    mainloop_pipeline.consumer_wait(read_state)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        coord = (None, None, kb, read_state.index)
+                        cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
+                    warpgroup.commit_group()
+                    # The previous batch is done once at most one group is pending.
+                    warpgroup.wait_group(1)
+                    mainloop_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                    read_state.advance()
+
+                warpgroup.wait_group(0)
+                mainloop_pipeline.consumer_release(release_state)
+                release_state.advance()
+
+                # Epilogue.
+                tCgC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+                bSG_sD, bSG_gD = cpasync.tma_partition(
+                    tma_atom_c,
+                    0,
+                    cute.make_layout(1),
+                    cute.group_modes(sC, 0, 2),
+                    tCgC_epi,
+                )
+                epi_tile_num = cute.size(tCgC_epi, mode=[1])
+                epi_tile_shape = tCgC_epi.shape[1]
+                epi_tile_layout = cute.make_layout(epi_tile_shape, stride=(epi_tile_shape[1], 1))
+                num_prev_epi_tiles = tiles_done * epi_tile_num
+                for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                    for v in cutlass.range_constexpr(size_tRS_rD):
+                        tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
+                    tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                    epi_buffer = (num_prev_epi_tiles + epi_idx) % self.epi_stage
+                    cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_buffer)])
+                    # Make the stmatrix writes visible to the TMA unit before the store.
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epilogue_barrier.arrive_and_wait()
+                    gmem_coord = epi_tile_layout.get_hier_coord(epi_idx)
+                    if warp_idx == self.epi_store_warp_id:
+                        cute.copy(tma_atom_c, bSG_sD[(None, epi_buffer)], bSG_gD[(None, gmem_coord)])
+                        store_pipeline.producer_commit()
+                        store_pipeline.producer_acquire()
+                    epilogue_barrier.arrive_and_wait()
+
+                tiles_done += 1
+                t += tile_stride
+
+            store_pipeline.producer_tail()
+
+
+class HopperGemmTemplate:
+    """The generator's view of this template: fake arguments, launch facts and the ABI."""
+
+    #: MMA instruction the SASS must contain.
+    expected_mma = "HGMMA"
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.kernel = HopperGemmKernel(schedule)
+
+    def fake_arguments(self) -> tuple:
+        """Arguments for `cute.compile`: dynamic M, N, K and leading strides (16-byte aligned)."""
+        from cutlass.cute.runtime import make_fake_tensor
+        from cutlass.runtime import make_fake_stream
+
+        s = self.schedule
+        m = cute.sym_int32(symbol="M")
+        n = cute.sym_int32(symbol="N")
+        k = cute.sym_int32(symbol="K")
+
+        def ld(dtype: DType):
+            return cute.sym_int64(divisibility=16 // dtype.bytes)
+
+        a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
+        b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
+        d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
+        return (a, b, d, cutlass.Int32(1), make_fake_stream())
+
+    def operands(self) -> list[dict]:
+        s = self.schedule
+        return [
+            {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "d", "dtype": s.c_dtype.value, "shape": ["M", "N"], "contiguous_mode": 1, "align_bytes": 16},
+        ]
+
+    def grid_rule(self) -> dict:
+        s = self.schedule
+        return {
+            "kind": "persistent_clusters",
+            "tile_m": s.tile_m,
+            "tile_n": s.tile_n,
+            "cluster_m": s.cluster_m,
+            "cluster_n": s.cluster_n,
+            "extent_m": "M",
+            "extent_n": "N",
+        }
+
+    def launch_facts(self) -> dict:
+        s = self.schedule
+        if self.kernel.smem_bytes is None:
+            raise RuntimeError("launch_facts() is only known after the kernel has been traced")
+        return {
+            "block": [s.threads_per_cta, 1, 1],
+            "cluster": [s.cluster_m, s.cluster_n, 1],
+            "smem_bytes": int(self.kernel.smem_bytes),
+            "pdl": False,
+            "cooperative": False,
+        }
+
+    def param_bindings(self) -> list[dict]:
+        return self.kernel.param_bindings()

@@ -1,0 +1,48 @@
+"""Which kernel template implements each (arch, op); templates are imported lazily (they import the CuTe DSL)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+
+from cutegen.schedules.spec import Arch, Op, Schedule
+
+# (arch, op) → "module:Class"
+_TEMPLATES: dict[tuple[Arch, Op], str] = {
+    (Arch.SM90A, Op.BF16_GEMM_NT): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
+}
+
+
+class NoTemplateError(LookupError):
+    pass
+
+
+def template_path(schedule: Schedule) -> str:
+    key = (schedule.arch, schedule.op)
+    if key not in _TEMPLATES:
+        raise NoTemplateError(
+            f"no template implements op {schedule.op.value!r} on {schedule.arch.value}; "
+            f"available: {sorted(f'{a.value}/{o.value}' for a, o in _TEMPLATES)}"
+        )
+    return _TEMPLATES[key]
+
+
+def load_template(schedule: Schedule):
+    """Instantiate the template for a schedule (imports the CuTe DSL)."""
+    module_name, class_name = template_path(schedule).split(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)(schedule)
+
+
+def template_fingerprint(schedule: Schedule) -> str:
+    """sha256 over the sources a kernel depends on: its template module and the schedule vocabulary."""
+    module_name, _ = template_path(schedule).split(":")
+    here = Path(__file__).parent
+    sources = [here / (module_name.rsplit(".", 1)[1] + ".py"), here / "registry.py",
+               here.parent / "schedules" / "spec.py"]
+    h = hashlib.sha256()
+    for path in sources:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()

@@ -1,0 +1,159 @@
+"""CPU tier: build representative schedules with the CuTe DSL and check every artifact the build writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+
+from cutegen.gen.build import build_schedules, write_catalogue  # noqa: E402
+from cutegen.gen.ptx import parse_ptx_entry  # noqa: E402
+from cutegen.runtime.manifest import Catalogue, KernelManifest  # noqa: E402
+from cutegen.schedules.loader import default_schedules  # noqa: E402
+from cutegen.schedules.naming import procedural_name  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# Two schedules that between them cover: 1 and 2 math warpgroups, cluster 1x1 and 2x1 with
+# multicast of B, 128- and 256-wide tiles.
+REPRESENTATIVE = (
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("build")
+    cache = root / "cache"
+    out = root / "out"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTEGEN_CACHE_DIR", str(cache))
+    schedules = [s for s in default_schedules() if procedural_name(s) in REPRESENTATIVE]
+    assert len(schedules) == len(REPRESENTATIVE), "representative schedules left the default set"
+    first = build_schedules(schedules, out, jobs=2, progress=False)
+    second = build_schedules(schedules, out, jobs=2, progress=False)
+    yield {"out": out, "cache": cache, "first": first, "second": second, "schedules": schedules}
+    mp.undo()
+
+
+def test_first_build_compiles_everything(built):
+    report = built["first"]
+    assert report.ok, report.summary()
+    assert report.count("built") == len(REPRESENTATIVE)
+
+
+def test_identical_rebuild_is_all_cache_hits(built):
+    report = built["second"]
+    assert report.ok
+    assert report.count("cached") == len(REPRESENTATIVE), report.summary()
+
+
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_kernel_folder_contents(built, name):
+    d = built["out"] / name
+    for f in ("kernel.cubin", "kernel.ptx", "manifest.json", "kernel.h", "sass.txt"):
+        assert (d / f).is_file(), f"{f} missing from {d}"
+    m = KernelManifest.from_json((d / "manifest.json").read_text())
+    assert m.name == name
+    assert m.sha256 == hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
+    assert m.arch == "sm_90a" and m.op == "bf16_gemm_nt"
+    assert m.toolchain["nvidia-cutlass-dsl"] == "4.8.1"
+
+
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_manifest_matches_ptx(built, name):
+    d = built["out"] / name
+    m = KernelManifest.from_json((d / "manifest.json").read_text())
+    entry = parse_ptx_entry((d / "kernel.ptx").read_text())
+    assert entry.name == m.entry
+    assert tuple(entry.reqntid) == tuple(m.block)
+    assert [(p.offset, p.size, p.align) for p in entry.params] == [
+        (p.offset, p.size, p.align) for p in m.params
+    ]
+    kinds = [p.binding["kind"] for p in m.params]
+    assert kinds == ["tma", "shape", "tma", "shape", "tma", "shape"]
+    s = m.schedule
+    assert m.cluster == (s["cluster_m"], s["cluster_n"], 1)
+    assert 0 < m.smem_bytes <= 232448
+    # The B box is split across the multicast CTAs.
+    tma_b = m.params[2].binding
+    assert tma_b["box"] == [64, s["tile_n"] // s["cluster_m"]]
+
+
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_sass_has_hgmma_and_no_local_memory(built, name):
+    summary = json.loads((built["out"] / name / "sass_summary.json").read_text())
+    assert summary["mma"].get("HGMMA", 0) > 0, summary
+    assert summary["local_loads"] == 0 and summary["local_stores"] == 0, summary
+    assert summary["stack_bytes"] == 0
+    assert "HGMMA" in (built["out"] / name / "sass.txt").read_text()
+
+
+def test_catalogue_indexes_the_build(built):
+    cat = Catalogue.from_json((built["out"] / "catalogue.json").read_text())
+    assert sorted(k.name for k in cat.kernels) == sorted(REPRESENTATIVE)
+    for k in cat.kernels:
+        assert (built["out"] / k.manifest).is_file()
+    # Rewriting the catalogue is idempotent.
+    again = write_catalogue(built["out"])
+    assert again == cat
+
+
+def _cuda_include() -> Path | None:
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for sub in ("cu13/include", "cu12/include", "cuda_runtime/include"):
+                if (Path(base) / sub / "cuda.h").is_file():
+                    return Path(base) / sub
+    except ImportError:
+        pass
+    for p in (Path("/usr/local/cuda/include"),):
+        if (p / "cuda.h").is_file():
+            return p
+    return None
+
+
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_header_compiles_with_a_c_compiler(built, name, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    inc = _cuda_include()
+    if cc is None or inc is None:
+        pytest.fail("a C compiler and cuda.h (pip package nvidia-cuda-runtime) are needed")
+    src = tmp_path / "use.c"
+    src.write_text(
+        f'#include "{built["out"] / name / "kernel.h"}"\n'
+        f"int main(void) {{ cutegen_{name}_params p; (void)p; return sizeof(p) >= "
+        f"CUTEGEN_{name.upper()}_PARAM_BYTES ? 0 : 1; }}\n"
+    )
+    exe = tmp_path / "use"
+    proc = subprocess.run(
+        [cc, "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # The header's _Static_asserts pin every offset; the struct covers the parameter blob.
+    assert subprocess.run([str(exe)]).returncode == 0
+
+
+def test_corrupt_cache_entry_is_rebuilt(built, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTEGEN_CACHE_DIR", str(built["cache"]))
+    schedule = built["schedules"][0]
+    from cutegen.gen.build import cache_key
+
+    entry = built["cache"] / cache_key(schedule)
+    (entry / "kernel.cubin").write_bytes(b"garbage")
+    out = tmp_path / "out"
+    report = build_schedules([schedule], out, jobs=1, progress=False)
+    assert report.count("built") == 1, report.summary()
+    m = KernelManifest.from_json((out / procedural_name(schedule) / "manifest.json").read_text())
+    assert m.sha256 == hashlib.sha256((entry / "kernel.cubin").read_bytes()).hexdigest()
