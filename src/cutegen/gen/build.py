@@ -134,17 +134,20 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
 
     # The DSL reads CUTE_DSL_ARCH once, when it is first imported; a process that builds for
     # several architectures sets the target on the DSL itself before each compile.
-    CuTeDSL._get_dsl().envar.arch = schedule.arch.value
+    dsl = CuTeDSL._get_dsl()
+    dsl.envar.arch = schedule.arch.value
+    # --keep-cubin/--keep-ptx write files into the DSL's dump folder (the cwd at import by default).
+    dsl.envar.dump_dir = str(workdir)
     template = load_template(schedule)
     args = template.fake_arguments()
     old = os.getcwd()
-    os.chdir(workdir)  # --keep-cubin/--keep-ptx also write files into the current directory
+    os.chdir(workdir)
     try:
         compiled = cute.compile(template.kernel, *args, options="--keep-cubin --keep-ptx")
+        cubin = bytes(compiled.__cubin__)
+        ptx = str(compiled.__ptx__)
     finally:
         os.chdir(old)
-    cubin = bytes(compiled.__cubin__)
-    ptx = str(compiled.__ptx__)
     entry = parse_ptx_entry(ptx)
     facts = template.launch_facts()
     if entry.reqntid is not None and list(entry.reqntid) != facts["block"]:

@@ -25,6 +25,11 @@ class Arch(str, enum.Enum):
     def compute_capability(self) -> tuple[int, int]:
         return {"sm_90a": (9, 0), "sm_100a": (10, 0)}[self.value]
 
+    @property
+    def smem_opt_in_bytes(self) -> int:
+        """Largest dynamic shared memory one CTA may opt in to on this architecture."""
+        return {"sm_90a": SM90_SMEM_OPT_IN_BYTES, "sm_100a": SM100_SMEM_OPT_IN_BYTES}[self.value]
+
 
 class Op(str, enum.Enum):
     """The operation a kernel implements; the value is the torch entry point's name."""
@@ -99,6 +104,7 @@ class Raster(str, enum.Enum):
 
 # Hardware facts used by the validity rules (Hopper).
 SM90_SMEM_OPT_IN_BYTES = 232448
+SM100_SMEM_OPT_IN_BYTES = 232448
 SM90_REGISTERS_PER_SM = 65536
 THREADS_PER_WARPGROUP = 128
 # Shared memory the templates reserve beside the operand stages: mbarriers, scheduler

@@ -1,0 +1,186 @@
+"""Procedural kernel names: one readable, CUTLASS-style name per `Schedule`, and its inverse.
+
+A name encodes every field of the schedule, in a fixed order, as 16 parts joined by ``_``::
+
+    cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8
+    |       |     |    |    |    |    |   |          |    |   |  |   |       |      |  group_size
+    |       |     |    |    |    |    |   |          |    |   |  |   |       |      raster
+    |       |     |    |    |    |    |   |          |    |   |  |   |       epilogue
+    |       |     |    |    |    |    |   |          |    |   |  |   producer_regs x consumer_regs
+    |       |     |    |    |    |    |   |          |    |   |  math_warpgroups
+    |       |     |    |    |    |    |   |          |    |   stages
+    |       |     |    |    |    |    |   |          |    multicast
+    |       |     |    |    |    |    |   |          cluster_m x cluster_n
+    |       |     |    |    |    |    |   tile_m x tile_n x tile_k
+    |       |     |    |    a, b, c, acc dtypes
+    |       |     op
+    |       arch
+    prefix
+
+Enum fields use the enum's ``tag`` (lower-cased) where it has one, else its value. Integers are
+written in decimal without leading zeros; a negative integer (never valid, but the mapping is
+total) is written with an ``n`` prefix, e.g. ``n8``. Names only use ``[a-z0-9_]`` so they serve as
+directory names, and `parse_name` is the exact inverse of `procedural_name`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any, Callable
+
+from .spec import _FIELD_TYPES, Arch, DType, Epilogue, Multicast, Op, Raster, Schedule
+
+PREFIX = "cutegen"
+NAME_RE = re.compile(r"^[a-z0-9_]+$")
+_TAG_RE = re.compile(r"^[a-z0-9]+$")
+_INT = r"(?:0|n?[1-9][0-9]*)"
+
+
+def _enum_tag(member: enum.Enum) -> str:
+    tag = getattr(member, "tag", None)
+    return str(tag if tag is not None else member.value).lower()
+
+
+def _build_tags(cls: type[enum.Enum]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in cls:
+        t = _enum_tag(m)
+        if not _TAG_RE.match(t):
+            raise RuntimeError(f"{cls.__name__}.{m.name}: name tag {t!r} must match [a-z0-9]+")
+        if t in out:
+            raise RuntimeError(
+                f"{cls.__name__}: members {out[t].name} and {m.name} share the name tag {t!r}; "
+                "procedural names would be ambiguous"
+            )
+        out[t] = m
+    return out
+
+
+_TAGS: dict[type, dict[str, Any]] = {
+    cls: _build_tags(cls) for cls in (Arch, Op, DType, Multicast, Epilogue, Raster)
+}
+
+
+def _int(v: Any, field: str) -> str:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"schedule field {field!r} must be an int, got {type(v).__name__} {v!r}")
+    return f"n{-v}" if v < 0 else str(v)
+
+
+def _enum(v: Any, field: str) -> str:
+    cls = _FIELD_TYPES[field]
+    try:
+        member = cls(v)
+    except ValueError:
+        raise TypeError(f"schedule field {field!r}: {v!r} is not a {cls.__name__}") from None
+    return _enum_tag(member)
+
+
+def procedural_name(s: Schedule) -> str:
+    """The kernel name of `s`; distinct schedules have distinct names."""
+    parts = [
+        PREFIX,
+        _enum(s.arch, "arch"),
+        _enum(s.op, "op"),
+        _enum(s.a_dtype, "a_dtype"),
+        _enum(s.b_dtype, "b_dtype"),
+        _enum(s.c_dtype, "c_dtype"),
+        _enum(s.acc_dtype, "acc_dtype"),
+        f"{_int(s.tile_m, 'tile_m')}x{_int(s.tile_n, 'tile_n')}x{_int(s.tile_k, 'tile_k')}",
+        f"c{_int(s.cluster_m, 'cluster_m')}x{_int(s.cluster_n, 'cluster_n')}",
+        _enum(s.multicast, "multicast"),
+        f"s{_int(s.stages, 'stages')}",
+        f"wg{_int(s.math_warpgroups, 'math_warpgroups')}",
+        f"r{_int(s.producer_regs, 'producer_regs')}x{_int(s.consumer_regs, 'consumer_regs')}",
+        _enum(s.epilogue, "epilogue"),
+        _enum(s.raster, "raster"),
+        f"g{_int(s.group_size, 'group_size')}",
+    ]
+    return "_".join(parts)
+
+
+# ---- parsing -----------------------------------------------------------------------------------
+
+
+def _parse_int(text: str) -> int:
+    return -int(text[1:]) if text.startswith("n") else int(text)
+
+
+def _ints(pattern: str, fields: tuple[str, ...], what: str) -> Callable[[str], dict[str, Any]]:
+    rx = re.compile("^" + pattern.format(i=f"({_INT})") + "$")
+
+    def parse(part: str) -> dict[str, Any]:
+        m = rx.match(part)
+        if not m:
+            raise ValueError(f"{part!r} is not {what}")
+        return {f: _parse_int(g) for f, g in zip(fields, m.groups())}
+
+    return parse
+
+
+def _tag(field: str) -> Callable[[str], dict[str, Any]]:
+    cls = _FIELD_TYPES[field]
+    tags = _TAGS[cls]
+
+    def parse(part: str) -> dict[str, Any]:
+        if part not in tags:
+            raise ValueError(f"{part!r} is not a {field} tag (known: {', '.join(tags)})")
+        return {field: tags[part]}
+
+    return parse
+
+
+# One parser per '_'-separated part, in name order (after the prefix).
+_PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
+    _tag("arch"),
+    _tag("op"),
+    _tag("a_dtype"),
+    _tag("b_dtype"),
+    _tag("c_dtype"),
+    _tag("acc_dtype"),
+    _ints("{i}x{i}x{i}", ("tile_m", "tile_n", "tile_k"), "a tile TILE_MxTILE_NxTILE_K, e.g. 128x256x64"),
+    _ints("c{i}x{i}", ("cluster_m", "cluster_n"), "a cluster cMxN, e.g. c2x1"),
+    _tag("multicast"),
+    _ints("s{i}", ("stages",), "a stage count sN, e.g. s4"),
+    _ints("wg{i}", ("math_warpgroups",), "a math warpgroup count wgN, e.g. wg2"),
+    _ints("r{i}x{i}", ("producer_regs", "consumer_regs"), "registers rPRODUCERxCONSUMER, e.g. r40x232"),
+    _tag("epilogue"),
+    _tag("raster"),
+    _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
+)
+
+_EXAMPLE = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+
+
+def parse_name(name: str) -> Schedule:
+    """The schedule named `name` (exact inverse of `procedural_name`); ValueError if malformed."""
+    if not isinstance(name, str):
+        raise ValueError(f"a kernel name must be a string, got {type(name).__name__}")
+    parts = name.split("_")
+    if parts[0] != PREFIX:
+        raise ValueError(f"{name!r} is not a cutegen kernel name: it must start with '{PREFIX}_' (e.g. {_EXAMPLE})")
+    if len(parts) != 1 + len(_PARTS):
+        raise ValueError(
+            f"{name!r} is not a cutegen kernel name: expected {1 + len(_PARTS)} '_'-separated "
+            f"parts, got {len(parts)} (e.g. {_EXAMPLE})"
+        )
+    values: dict[str, Any] = {}
+    for i, (part, parser) in enumerate(zip(parts[1:], _PARTS), start=2):
+        try:
+            values.update(parser(part))
+        except ValueError as exc:
+            raise ValueError(f"{name!r} is not a cutegen kernel name: part {i}: {exc}") from None
+    s = Schedule(**values)
+    if procedural_name(s) != name:  # pragma: no cover - guarded by the grammar above
+        raise ValueError(f"{name!r} is not a canonical cutegen kernel name ({procedural_name(s)})")
+    return s
+
+
+def is_kernel_name(name: str) -> bool:
+    try:
+        parse_name(name)
+    except ValueError:
+        return False
+    return True
+

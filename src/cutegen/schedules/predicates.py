@@ -1,0 +1,459 @@
+"""Validity rules of schedules: one named predicate per rule.
+
+Each rule is a function ``rule_name(s: Schedule) -> str | None`` that returns ``None`` when the
+schedule satisfies it, or a reason of the form ``"field=value: what is expected"``. The rules are
+collected, in order, in `PREDICATES`; a rule may be restricted to some architectures or ops (it is
+then *not applicable* to the others and is skipped).
+
+To add a rule, write a function below and decorate it with ``@_rule(...)``; its docstring becomes
+the predicate's ``doc``. To support a new arch/op, extend the tables at the top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+from .spec import (
+    SM90_REGISTERS_PER_SM,
+    THREADS_PER_WARPGROUP,
+    Arch,
+    DType,
+    Epilogue,
+    Op,
+    Schedule,
+)
+
+# ---- tables the rules read (extend these for new archs / ops) ----------------------------------
+
+# Architectures each op has a template for.
+OP_ARCHS: dict[Op, frozenset[Arch]] = {
+    Op.BF16_GEMM_NT: frozenset({Arch.SM90A}),
+}
+
+# (a_dtype, b_dtype, c_dtype, acc_dtype) each op is written for.
+OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType]] = {
+    Op.BF16_GEMM_NT: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
+}
+
+# Epilogues each architecture's templates implement.
+ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
+    Arch.SM90A: frozenset({Epilogue.TMA_STORE}),
+    Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
+}
+
+# One K block of an operand is one 128-byte swizzle row.
+SWIZZLE_ROW_BYTES = 128
+# TMA: the inner box extent and global strides must be multiples of 16 bytes.
+TMA_ALIGN_BYTES = 16
+# Cluster extents the templates support (for now).
+CLUSTER_EXTENTS = (1, 2)
+MAX_CLUSTER_SIZE = 2
+# WGMMA (sm_90a): M per warpgroup, legal CTA tile_m, N range and step.
+WGMMA_M_PER_WARPGROUP = 64
+WGMMA_TILE_M = (64, 128, 256)
+WGMMA_N_STEP = 16
+WGMMA_N_MIN = 16
+WGMMA_N_MAX = 256
+MATH_WARPGROUPS = (1, 2)
+# setmaxnreg: multiple of 8 in [24, 256].
+SETMAXNREG_STEP = 8
+SETMAXNREG_MIN = 24
+SETMAXNREG_MAX = 256
+# Registers a math thread needs beside its accumulators (addresses, loop state, epilogue).
+REGISTER_HEADROOM = 72
+# Smallest box a multicast slice may have along its split mode.
+MIN_MULTICAST_SLICE = 8
+
+_SM90 = frozenset({Arch.SM90A})
+
+
+# ---- the registry ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicate:
+    """One validity rule.
+
+    ``check(s)`` returns None when the rule holds, else the reason. ``archs``/``ops`` restrict the
+    rule to those architectures / ops (None: all); elsewhere it is not applicable.
+    """
+
+    name: str
+    check: Callable[[Schedule], "str | None"]
+    doc: str
+    archs: frozenset[Arch] | None = None
+    ops: frozenset[Op] | None = None
+
+    def applies(self, s: Schedule) -> bool:
+        if self.archs is not None and s.arch not in self.archs:
+            return False
+        if self.ops is not None and s.op not in self.ops:
+            return False
+        return True
+
+    def evaluate(self, s: Schedule) -> str | None:
+        """The reason the rule fails for `s`, or None if it holds or does not apply."""
+        if not self.applies(s):
+            return None
+        try:
+            return self.check(s)
+        except Exception as exc:  # a rule must never crash the listing of schedules
+            return f"rule could not be evaluated: {type(exc).__name__}: {exc}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """A rule `name` that a schedule breaks, and why."""
+
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PredicateResult:
+    """The outcome of one rule on one schedule: status is "ok", "fail" or "n/a"."""
+
+    name: str
+    status: str
+    reason: str | None
+    doc: str
+
+
+class ScheduleError(ValueError):
+    """A schedule that breaks one or more validity rules."""
+
+    def __init__(self, schedule: Schedule, found: list[Violation]) -> None:
+        self.schedule = schedule
+        self.violations = found
+        try:
+            from .naming import procedural_name
+
+            label = procedural_name(schedule)
+        except Exception:
+            label = repr(schedule)
+        lines = "\n".join(f"  - {v}" for v in found)
+        super().__init__(f"invalid schedule {label}:\n{lines}")
+
+
+_REGISTRY: list[Predicate] = []
+
+
+def _rule(
+    archs: Iterable[Arch] | None = None, ops: Iterable[Op] | None = None
+) -> Callable[[Callable[[Schedule], "str | None"]], Callable[[Schedule], "str | None"]]:
+    def register(fn: Callable[[Schedule], "str | None"]) -> Callable[[Schedule], "str | None"]:
+        doc = " ".join((fn.__doc__ or "").split())
+        _REGISTRY.append(
+            Predicate(
+                name=fn.__name__,
+                check=fn,
+                doc=doc,
+                archs=frozenset(archs) if archs is not None else None,
+                ops=frozenset(ops) if ops is not None else None,
+            )
+        )
+        return fn
+
+    return register
+
+
+# ---- the rules, in the order they are reported -------------------------------------------------
+
+
+@_rule()
+def op_supported_on_arch(s: Schedule) -> str | None:
+    """The op has a kernel template for the schedule's architecture."""
+    archs = OP_ARCHS.get(s.op, frozenset())
+    if s.arch in archs:
+        return None
+    known = ", ".join(sorted(a.value for a in archs)) or "none"
+    return f"arch={s.arch.value}: op {s.op.value} has templates only for arch {known}"
+
+
+@_rule()
+def dtypes_for_op(s: Schedule) -> str | None:
+    """The operand and accumulator dtypes are the ones the op is written for."""
+    want = OP_DTYPES.get(s.op)
+    if want is None:
+        return None
+    have = (s.a_dtype, s.b_dtype, s.c_dtype, s.acc_dtype)
+    names = ("a_dtype", "b_dtype", "c_dtype", "acc_dtype")
+    bad = [f"{n}={h.value} (expected {w.value})" for n, h, w in zip(names, have, want) if h != w]
+    if not bad:
+        return None
+    return f"{', '.join(bad)}: op {s.op.value} needs " + ", ".join(
+        f"{n}={w.value}" for n, w in zip(names, want)
+    )
+
+
+@_rule()
+def stages_at_least_two(s: Schedule) -> str | None:
+    """At least two pipeline stages, so TMA loads overlap the math."""
+    if s.stages >= 2:
+        return None
+    return f"stages={s.stages}: the load/math pipeline needs at least 2 stages"
+
+
+@_rule()
+def smem_fits(s: Schedule) -> str | None:
+    """The dynamic shared memory fits the architecture's per-CTA opt-in limit."""
+    limit = s.arch.smem_opt_in_bytes
+    total = s.smem_bytes
+    if total <= limit:
+        return None
+    fixed = total - s.stages * s.stage_bytes
+    fit = (limit - fixed) // s.stage_bytes if s.stage_bytes > 0 else 0
+    hint = f"at most {fit} stages fit this tile" if fit >= 1 else "no stage count fits this tile"
+    return (
+        f"stages={s.stages}: smem_bytes={total} exceeds the {s.arch.value} opt-in limit of "
+        f"{limit} bytes (stages={s.stages} x stage_bytes={s.stage_bytes} + "
+        f"epilogue_bytes={s.epilogue_bytes} + reserved/alignment {fixed - s.epilogue_bytes}); "
+        f"{hint}"
+    )
+
+
+@_rule()
+def tile_k_matches_dtype(s: Schedule) -> str | None:
+    """tile_k spans exactly one 128-byte swizzle row of each operand (bf16: tile_k=64)."""
+    for field, dt in (("a_dtype", s.a_dtype), ("b_dtype", s.b_dtype)):
+        if s.tile_k * dt.bytes != SWIZZLE_ROW_BYTES:
+            want = SWIZZLE_ROW_BYTES // dt.bytes if dt.bytes else "?"
+            return (
+                f"tile_k={s.tile_k}: one K block must be one {SWIZZLE_ROW_BYTES}-byte swizzle "
+                f"row, so tile_k x {field} bytes ({dt.value}: {dt.bytes}) must be "
+                f"{SWIZZLE_ROW_BYTES} (tile_k={want})"
+            )
+    return None
+
+
+@_rule(archs=_SM90)
+def math_warpgroups_range(s: Schedule) -> str | None:
+    """One or two math (consumer) warpgroups."""
+    if s.math_warpgroups in MATH_WARPGROUPS:
+        return None
+    return f"math_warpgroups={s.math_warpgroups}: expected one of {list(MATH_WARPGROUPS)}"
+
+
+@_rule(archs=_SM90)
+def tile_m_wgmma(s: Schedule) -> str | None:
+    """tile_m is 64, 128 or 256 and a multiple of 64 per math warpgroup (WGMMA M=64)."""
+    if s.tile_m not in WGMMA_TILE_M:
+        return (
+            f"tile_m={s.tile_m}: WGMMA tiles need tile_m in {list(WGMMA_TILE_M)} "
+            f"(a multiple of {WGMMA_M_PER_WARPGROUP} per math warpgroup)"
+        )
+    if s.math_warpgroups >= 1:
+        step = WGMMA_M_PER_WARPGROUP * s.math_warpgroups
+        if s.tile_m % step:
+            return (
+                f"tile_m={s.tile_m}: WGMMA needs tile_m to be a multiple of "
+                f"{WGMMA_M_PER_WARPGROUP} per math warpgroup "
+                f"(math_warpgroups={s.math_warpgroups} → multiple of {step})"
+            )
+    return None
+
+
+@_rule(archs=_SM90)
+def tile_n_wgmma(s: Schedule) -> str | None:
+    """tile_n is a multiple of 16 in [16, 256] (the WGMMA N range)."""
+    if s.tile_n % WGMMA_N_STEP == 0 and WGMMA_N_MIN <= s.tile_n <= WGMMA_N_MAX:
+        return None
+    return (
+        f"tile_n={s.tile_n}: WGMMA needs tile_n to be a multiple of {WGMMA_N_STEP} "
+        f"in [{WGMMA_N_MIN}, {WGMMA_N_MAX}]"
+    )
+
+
+@_rule(archs=_SM90)
+def register_budget(s: Schedule) -> str | None:
+    """setmaxnreg values are multiples of 8 in [24, 256] and the CTA's registers fit the SM."""
+    for field in ("producer_regs", "consumer_regs"):
+        v = getattr(s, field)
+        if v % SETMAXNREG_STEP or not SETMAXNREG_MIN <= v <= SETMAXNREG_MAX:
+            return (
+                f"{field}={v}: setmaxnreg needs a multiple of {SETMAXNREG_STEP} "
+                f"in [{SETMAXNREG_MIN}, {SETMAXNREG_MAX}]"
+            )
+    if s.math_warpgroups < 1:
+        return None  # math_warpgroups_range reports it
+    total = THREADS_PER_WARPGROUP * (s.producer_regs + s.math_warpgroups * s.consumer_regs)
+    if total <= SM90_REGISTERS_PER_SM:
+        return None
+    return (
+        f"consumer_regs={s.consumer_regs}: the CTA needs 128 x producer_regs={s.producer_regs} + "
+        f"128 x math_warpgroups={s.math_warpgroups} x consumer_regs={s.consumer_regs} = {total} "
+        f"registers, more than the {SM90_REGISTERS_PER_SM} of an SM"
+    )
+
+
+@_rule(archs=_SM90)
+def accumulator_registers(s: Schedule) -> str | None:
+    """The accumulators leave 72 registers of headroom under consumer_regs."""
+    if s.math_warpgroups < 1:
+        return None  # math_warpgroups_range reports it
+    acc = s.accumulators_per_thread
+    room = s.consumer_regs - REGISTER_HEADROOM
+    if acc <= room:
+        return None
+    return (
+        f"tile_m={s.tile_m}, tile_n={s.tile_n}: {acc} accumulators per math thread "
+        f"(tile_m x tile_n / (128 x math_warpgroups={s.math_warpgroups})) exceed "
+        f"consumer_regs={s.consumer_regs} - {REGISTER_HEADROOM} headroom = {room}"
+    )
+
+
+@_rule()
+def cluster_shape(s: Schedule) -> str | None:
+    """cluster_m and cluster_n are 1 or 2, and the cluster has at most 2 CTAs (for now)."""
+    for field in ("cluster_m", "cluster_n"):
+        v = getattr(s, field)
+        if v not in CLUSTER_EXTENTS:
+            return f"{field}={v}: expected one of {list(CLUSTER_EXTENTS)}"
+    if s.cluster_size > MAX_CLUSTER_SIZE:
+        return (
+            f"cluster_m={s.cluster_m}, cluster_n={s.cluster_n}: cluster size {s.cluster_size} "
+            f"exceeds the supported {MAX_CLUSTER_SIZE} CTAs"
+        )
+    return None
+
+
+@_rule()
+def multicast_matches_cluster(s: Schedule) -> str | None:
+    """Multicast A needs cluster_n > 1, B needs cluster_m > 1; a cluster extent > 1 must multicast."""
+    mc = s.multicast
+    if mc.covers_a and s.cluster_n <= 1:
+        return (
+            f"multicast={mc.value}: A is shared along cluster_n, so multicasting A needs "
+            f"cluster_n > 1 (cluster_n={s.cluster_n})"
+        )
+    if mc.covers_b and s.cluster_m <= 1:
+        return (
+            f"multicast={mc.value}: B is shared along cluster_m, so multicasting B needs "
+            f"cluster_m > 1 (cluster_m={s.cluster_m})"
+        )
+    if s.cluster_m > 1 and not mc.covers_b:
+        return (
+            f"multicast={mc.value}: cluster_m={s.cluster_m} without multicast of B only costs; "
+            f"use multicast=b or ab"
+        )
+    if s.cluster_n > 1 and not mc.covers_a:
+        return (
+            f"multicast={mc.value}: cluster_n={s.cluster_n} without multicast of A only costs; "
+            f"use multicast=a or ab"
+        )
+    return None
+
+
+@_rule()
+def multicast_box_divisible(s: Schedule) -> str | None:
+    """A multicast operand's TMA box splits evenly over the CTAs sharing it, >= 8 rows each."""
+    checks = (
+        (s.multicast.covers_a, "tile_m", s.tile_m, "cluster_n", s.cluster_n, "A"),
+        (s.multicast.covers_b, "tile_n", s.tile_n, "cluster_m", s.cluster_m, "B"),
+    )
+    for covered, tfield, tile, cfield, ctas, operand in checks:
+        if not covered or ctas < 1:
+            continue
+        if tile % ctas or tile // ctas < MIN_MULTICAST_SLICE:
+            return (
+                f"{tfield}={tile}: multicasting {operand} over {cfield}={ctas} CTAs splits its "
+                f"TMA box, so {tfield} must be divisible by {ctas} with at least "
+                f"{MIN_MULTICAST_SLICE} rows per CTA"
+            )
+    return None
+
+
+@_rule()
+def tma_alignment(s: Schedule) -> str | None:
+    """The output tile's and epilogue tile's rows are multiples of 16 bytes (TMA rule)."""
+    b = s.c_dtype.bytes
+    if (s.tile_n * b) % TMA_ALIGN_BYTES:
+        return (
+            f"tile_n={s.tile_n}: a row of C is tile_n x {b} bytes ({s.c_dtype.value}) = "
+            f"{s.tile_n * b}, not a multiple of the TMA's {TMA_ALIGN_BYTES} bytes"
+        )
+    en = s.epi_tile[1]
+    if (en * b) % TMA_ALIGN_BYTES:
+        return (
+            f"tile_n={s.tile_n}: the epilogue tile's N extent {en} x {b} bytes "
+            f"({s.c_dtype.value}) = {en * b} is not a multiple of the TMA's "
+            f"{TMA_ALIGN_BYTES} bytes"
+        )
+    return None
+
+
+@_rule()
+def group_size_positive(s: Schedule) -> str | None:
+    """The raster swizzle group has at least one tile."""
+    if s.group_size >= 1:
+        return None
+    return f"group_size={s.group_size}: expected at least 1"
+
+
+@_rule()
+def epilogue_supported(s: Schedule) -> str | None:
+    """The epilogue is one the architecture's templates implement (tma_store)."""
+    ok = ARCH_EPILOGUES.get(s.arch, frozenset())
+    if s.epilogue in ok:
+        return None
+    known = ", ".join(sorted(e.value for e in ok)) or "none"
+    return f"epilogue={s.epilogue.value}: {s.arch.value} templates implement only {known}"
+
+
+PREDICATES: tuple[Predicate, ...] = tuple(_REGISTRY)
+PREDICATES_BY_NAME: dict[str, Predicate] = {p.name: p for p in PREDICATES}
+
+
+# ---- the public checks -------------------------------------------------------------------------
+
+
+def violations(s: Schedule) -> list[Violation]:
+    """Every rule `s` breaks, in registry order (empty when valid)."""
+    out: list[Violation] = []
+    for p in PREDICATES:
+        reason = p.evaluate(s)
+        if reason is not None:
+            out.append(Violation(p.name, reason))
+    return out
+
+
+def predicate_results(s: Schedule) -> list[PredicateResult]:
+    """The outcome of every rule on `s`: "ok", "fail" (with reason) or "n/a"."""
+    out: list[PredicateResult] = []
+    for p in PREDICATES:
+        if not p.applies(s):
+            out.append(PredicateResult(p.name, "n/a", None, p.doc))
+            continue
+        reason = p.evaluate(s)
+        out.append(PredicateResult(p.name, "ok" if reason is None else "fail", reason, p.doc))
+    return out
+
+
+def is_valid(s: Schedule) -> bool:
+    return not violations(s)
+
+
+def check(s: Schedule) -> Schedule:
+    """Return `s` if valid, else raise `ScheduleError` listing every violation."""
+    found = violations(s)
+    if found:
+        raise ScheduleError(s, found)
+    return s
+
+
+__all__ = [
+    "PREDICATES",
+    "PREDICATES_BY_NAME",
+    "Predicate",
+    "PredicateResult",
+    "ScheduleError",
+    "Violation",
+    "check",
+    "is_valid",
+    "predicate_results",
+    "violations",
+]

@@ -1,0 +1,502 @@
+"""Schedule vocabulary: predicates, procedural names and schedule files (CPU only, fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cutegen.schedules import (
+    PREDICATES,
+    Arch,
+    DType,
+    Epilogue,
+    Multicast,
+    Op,
+    Raster,
+    Schedule,
+    ScheduleError,
+    ScheduleFileError,
+    all_expanded,
+    check,
+    default_schedule_files,
+    default_schedules,
+    expand_family,
+    is_valid,
+    load_schedule_file,
+    parse_name,
+    predicate_results,
+    procedural_name,
+    violations,
+)
+from cutegen.schedules import predicates as preds
+from cutegen.schedules.spec import SM90_SMEM_OPT_IN_BYTES
+
+EXPECTED_DEFAULT_NAMES = sorted(
+    f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_epitma_rm_g8"
+    for tile, stages, wg in (
+        ("128x128x64", 6, 2),
+        ("128x256x64", 4, 2),
+        ("64x128x64", 8, 1),
+        ("64x256x64", 5, 1),
+    )
+    for cluster in ("c1x1_mc0", "c2x1_mcb")
+)
+
+BASE = Schedule(
+    arch=Arch.SM90A,
+    op=Op.BF16_GEMM_NT,
+    a_dtype=DType.BF16,
+    b_dtype=DType.BF16,
+    c_dtype=DType.BF16,
+    acc_dtype=DType.F32,
+    tile_m=128,
+    tile_n=256,
+    tile_k=64,
+    cluster_m=2,
+    cluster_n=1,
+    multicast=Multicast.B,
+    stages=4,
+    math_warpgroups=2,
+    producer_regs=40,
+    consumer_regs=232,
+    epilogue=Epilogue.TMA_STORE,
+    raster=Raster.ALONG_M,
+    group_size=8,
+)
+
+
+def bad(**changes) -> Schedule:
+    return dataclasses.replace(BASE, **changes)
+
+
+# ---- default schedules -------------------------------------------------------------------------
+
+
+def test_base_is_valid():
+    assert violations(BASE) == []
+    assert is_valid(BASE)
+    assert check(BASE) is BASE
+
+
+def test_default_schedules_are_valid_unique_and_expected():
+    scheds = default_schedules()
+    assert scheds, "no default schedules"
+    for s in scheds:
+        assert violations(s) == [], procedural_name(s)
+    names = [procedural_name(s) for s in scheds]
+    assert len(set(names)) == len(names)
+    assert names == sorted(names)
+    assert names == EXPECTED_DEFAULT_NAMES
+
+
+def test_default_files_and_filters():
+    files = default_schedule_files()
+    assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
+    assert len(default_schedules(arch="sm_90a")) == 8
+    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 8
+    assert default_schedules(arch="sm_100a") == []
+    entries = all_expanded()
+    assert all(e.valid and e.family == "hopper_bf16_gemm" and e.stages_auto for e in entries)
+
+
+# ---- predicates --------------------------------------------------------------------------------
+
+# rule name → (crafted bad schedule, field the reason must mention)
+CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
+    "op_supported_on_arch": [(bad(arch=Arch.SM100A), "arch")],
+    "dtypes_for_op": [(bad(c_dtype=DType.F32), "c_dtype"), (bad(acc_dtype=DType.F16), "acc_dtype")],
+    "stages_at_least_two": [(bad(stages=1), "stages")],
+    "smem_fits": [(bad(stages=5), "stages")],
+    "tile_k_matches_dtype": [(bad(tile_k=32), "tile_k"), (bad(tile_k=128), "tile_k")],
+    "math_warpgroups_range": [(bad(math_warpgroups=3), "math_warpgroups")],
+    "tile_m_wgmma": [(bad(tile_m=96), "tile_m"), (bad(tile_m=64), "tile_m"), (bad(tile_m=512), "tile_m")],
+    "tile_n_wgmma": [(bad(tile_n=120), "tile_n"), (bad(tile_n=272), "tile_n"), (bad(tile_n=0), "tile_n")],
+    "register_budget": [
+        (bad(producer_regs=44), "producer_regs"),
+        (bad(consumer_regs=264), "consumer_regs"),
+        (bad(producer_regs=16), "producer_regs"),
+        (bad(consumer_regs=248), "consumer_regs"),  # 128*(40 + 2*248) > 65536
+    ],
+    "accumulator_registers": [(bad(consumer_regs=192), "consumer_regs")],
+    "cluster_shape": [(bad(cluster_m=4), "cluster_m"), (bad(cluster_n=2, multicast=Multicast.AB), "cluster")],
+    "multicast_matches_cluster": [
+        (bad(multicast=Multicast.A), "multicast"),
+        (bad(multicast=Multicast.NONE), "multicast"),
+        (bad(cluster_m=1, cluster_n=2, multicast=Multicast.B), "multicast"),
+        (bad(cluster_m=1, cluster_n=2, multicast=Multicast.NONE), "cluster_n"),
+    ],
+    "multicast_box_divisible": [(bad(tile_n=8), "tile_n"), (bad(tile_n=8, tile_m=8), "tile_n")],
+    "tma_alignment": [(bad(c_dtype=DType.E4M3, tile_n=24), "tile_n")],
+    "group_size_positive": [(bad(group_size=0), "group_size")],
+    # epilogue_supported: only one Epilogue exists; see test_epilogue_supported.
+}
+
+
+def test_every_predicate_is_crafted():
+    assert set(CRAFTED) | {"epilogue_supported"} == {p.name for p in PREDICATES}
+
+
+def test_predicate_registry_shape():
+    names = [p.name for p in PREDICATES]
+    assert len(names) == len(set(names))
+    for p in PREDICATES:
+        assert p.doc, p.name
+        assert p.check.__name__ == p.name
+        assert p.check(BASE) is None
+
+
+@pytest.mark.parametrize(
+    "rule,schedule,field",
+    [(rule, s, f) for rule, cases in CRAFTED.items() for s, f in cases],
+)
+def test_predicate_rejects_crafted(rule, schedule, field):
+    found = {v.name: v.reason for v in violations(schedule)}
+    assert rule in found, f"{rule} did not fire; got {found}"
+    reason = found[rule]
+    assert field in reason, reason
+    assert not is_valid(schedule)
+    with pytest.raises(ScheduleError) as info:
+        check(schedule)
+    assert rule in str(info.value)
+    assert any(v.name == rule for v in info.value.violations)
+
+
+def test_reason_wording():
+    (tm,) = [v for v in violations(bad(tile_m=64)) if v.name == "tile_m_wgmma"]
+    assert "tile_m=64" in tm.reason and "math_warpgroups=2" in tm.reason and "128" in tm.reason
+    (sm,) = [v for v in violations(bad(stages=5)) if v.name == "smem_fits"]
+    for word in ("stages=5", "stage_bytes=49152", "epilogue_bytes", "232448", "at most 4"):
+        assert word in sm.reason, sm.reason
+    (acc,) = [v for v in violations(bad(consumer_regs=192)) if v.name == "accumulator_registers"]
+    assert "128" in acc.reason and "120" in acc.reason
+
+
+def test_epilogue_supported(monkeypatch):
+    assert preds.epilogue_supported(BASE) is None
+    monkeypatch.setitem(preds.ARCH_EPILOGUES, Arch.SM90A, frozenset())
+    reason = preds.epilogue_supported(BASE)
+    assert reason is not None and "epilogue" in reason
+
+
+def test_check_lists_all_violations():
+    s = bad(tile_m=96, stages=1, group_size=0)
+    with pytest.raises(ScheduleError) as info:
+        check(s)
+    names = {v.name for v in info.value.violations}
+    assert {"tile_m_wgmma", "stages_at_least_two", "group_size_positive"} <= names
+    assert isinstance(info.value, ValueError)
+    for n in names:
+        assert n in str(info.value)
+
+
+def test_rules_skip_other_archs():
+    s = bad(arch=Arch.SM100A, tile_m=96)
+    names = {v.name for v in violations(s)}
+    assert "op_supported_on_arch" in names
+    assert "tile_m_wgmma" not in names  # a WGMMA rule, sm_90a only
+    statuses = {r.name: r.status for r in predicate_results(s)}
+    assert statuses["tile_m_wgmma"] == "n/a"
+    assert statuses["op_supported_on_arch"] == "fail"
+
+
+def test_predicates_never_crash():
+    for s in (bad(math_warpgroups=0), bad(cluster_m=0, cluster_n=0), bad(tile_k=0), bad(stages=-3)):
+        assert violations(s)  # reported, not raised
+
+
+# ---- names -------------------------------------------------------------------------------------
+
+_INT_POOL = [0, 1, 2, 3, 4, 8, 10, 11, 12, 16, 64, 100, 101, 110, 128, 232, 256, -1, -8, -64]
+
+
+def _random_schedule(rng: random.Random) -> Schedule:
+    def i() -> int:
+        return rng.choice(_INT_POOL) if rng.random() < 0.7 else rng.randint(-1000, 100000)
+
+    return Schedule(
+        arch=rng.choice(list(Arch)),
+        op=rng.choice(list(Op)),
+        a_dtype=rng.choice(list(DType)),
+        b_dtype=rng.choice(list(DType)),
+        c_dtype=rng.choice(list(DType)),
+        acc_dtype=rng.choice(list(DType)),
+        tile_m=i(),
+        tile_n=i(),
+        tile_k=i(),
+        cluster_m=i(),
+        cluster_n=i(),
+        multicast=rng.choice(list(Multicast)),
+        stages=i(),
+        math_warpgroups=i(),
+        producer_regs=i(),
+        consumer_regs=i(),
+        epilogue=rng.choice(list(Epilogue)),
+        raster=rng.choice(list(Raster)),
+        group_size=i(),
+    )
+
+
+NAME_RE = re.compile(r"[a-z0-9_]+")
+
+
+def test_name_example():
+    assert procedural_name(BASE) == (
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+    )
+
+
+def test_roundtrip_defaults():
+    for s in default_schedules():
+        name = procedural_name(s)
+        assert NAME_RE.fullmatch(name)
+        assert parse_name(name) == s
+
+
+def test_roundtrip_random_and_one_to_one():
+    rng = random.Random(20240607)
+    scheds = [_random_schedule(rng) for _ in range(2000)]
+    # Some exact duplicates, and neighbours that differ in one field only.
+    scheds += [scheds[i] for i in range(0, 2000, 97)]
+    for s in list(scheds[:200]):
+        f = rng.choice([f.name for f in dataclasses.fields(Schedule) if isinstance(getattr(s, f.name), int)])
+        scheds.append(dataclasses.replace(s, **{f: getattr(s, f) + 1}))
+    names = []
+    for s in scheds:
+        name = procedural_name(s)
+        assert NAME_RE.fullmatch(name), name
+        back = parse_name(name)
+        assert back == s
+        assert procedural_name(back) == name
+        names.append(name)
+    # names unique iff schedules distinct
+    assert len(set(names)) == len(set(scheds))
+    by_name: dict[str, Schedule] = {}
+    for n, s in zip(names, scheds):
+        assert by_name.setdefault(n, s) == s
+
+
+def test_every_field_changes_the_name():
+    base = procedural_name(BASE)
+    for f in dataclasses.fields(Schedule):
+        v = getattr(BASE, f.name)
+        if isinstance(v, int):
+            other = dataclasses.replace(BASE, **{f.name: v + 1})
+        else:
+            alternatives = [m for m in type(v) if m != v]
+            if not alternatives:
+                continue
+            other = dataclasses.replace(BASE, **{f.name: alternatives[0]})
+        assert procedural_name(other) != base, f.name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "foo",
+        "cutegen",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcB_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s04_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm80_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_x",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_gn0",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g-1",
+        "xcutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    ],
+)
+def test_parse_name_rejects(name):
+    with pytest.raises(ValueError, match="not a cutegen kernel name"):
+        parse_name(name)
+
+
+def test_parse_name_message_names_the_part():
+    with pytest.raises(ValueError, match="multicast"):
+        parse_name(
+            "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcx_s4_wg2_r40x232_epitma_rm_g8"
+        )
+
+
+# ---- schedule files ----------------------------------------------------------------------------
+
+BASE_TOML = """
+arch = "sm_90a"
+op = "bf16_gemm_nt"
+a_dtype = "bf16"
+b_dtype = "bf16"
+c_dtype = "bf16"
+acc_dtype = "f32"
+tile_k = 64
+stages = "auto"
+producer_regs = 40
+consumer_regs = 232
+epilogue = "tma_store"
+raster = "along_m"
+group_size = 8
+"""
+
+
+def write(tmp_path: Path, body: str, name: str = "s.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+def family(base_extra: str = "", sweep: str = "", name: str = "fam") -> str:
+    return (
+        f'[[family]]\nname = "{name}"\ndescription = "test"\n'
+        f"[family.base]\n{BASE_TOML}{base_extra}\n"
+        + (f"[family.sweep]\n{sweep}\n" if sweep else "")
+    )
+
+
+GOOD_SWEEP = """
+tile = [ {tile_m = 128, tile_n = 128, math_warpgroups = 2}, {tile_m = 64, tile_n = 64, math_warpgroups = 1} ]
+cluster = [ {cluster_m = 1, cluster_n = 1, multicast = "none"}, {cluster_m = 2, cluster_n = 1, multicast = "b"} ]
+"""
+
+
+def test_load_good_file(tmp_path):
+    p = write(tmp_path, family(sweep=GOOD_SWEEP + "group_size = [8, 16]\n"))
+    entries = load_schedule_file(p)
+    assert len(entries) == 2 * 2 * 2
+    assert all(e.valid and e.family == "fam" and e.source == str(p) for e in entries)
+    # cartesian product in file order: the first axis varies slowest
+    assert [(e.schedule.tile_m, e.schedule.cluster_m, e.schedule.group_size) for e in entries][:3] == [
+        (128, 1, 8),
+        (128, 1, 16),
+        (128, 2, 8),
+    ]
+    assert len(default_schedules(paths=[p])) == 8
+
+
+def test_invalid_points_are_kept_with_reasons(tmp_path):
+    sweep = 'tile = [ {tile_m = 96, tile_n = 128, math_warpgroups = 2} ]\ncluster = [ {cluster_m = 2, cluster_n = 1, multicast = "none"} ]\n'
+    p = write(tmp_path, family(sweep=sweep))
+    (e,) = load_schedule_file(p)
+    assert not e.valid and e.schedule is not None
+    names = {v.name for v in e.violations}
+    assert {"tile_m_wgmma", "multicast_matches_cluster"} <= names
+    assert default_schedules(paths=[p]) == []
+    assert len(all_expanded(paths=[p])) == 1
+
+
+def test_duplicates_across_files_are_merged(tmp_path):
+    a = write(tmp_path, family(sweep=GOOD_SWEEP, name="a"), "a.toml")
+    b = write(tmp_path, family(sweep=GOOD_SWEEP, name="b"), "b.toml")
+    entries = all_expanded(paths=[a, b])
+    assert len(entries) == 4
+    assert {e.family for e in entries} == {"a"}
+
+
+def _auto_ok(s: Schedule) -> bool:
+    fits = s.smem_bytes <= SM90_SMEM_OPT_IN_BYTES
+    nxt = dataclasses.replace(s, stages=s.stages + 1).smem_bytes > SM90_SMEM_OPT_IN_BYTES
+    return fits and (s.stages == 8 or nxt)
+
+
+def test_auto_stages_picks_max_that_fits(tmp_path):
+    for s in default_schedules():
+        assert _auto_ok(s), procedural_name(s)
+    p = write(tmp_path, family(sweep=GOOD_SWEEP))
+    by_tile = {(e.schedule.tile_m, e.schedule.tile_n): e.schedule.stages for e in load_schedule_file(p)}
+    assert by_tile[(128, 128)] == 6
+    assert by_tile[(64, 64)] == 8  # 12 would fit; auto stops at 8
+    for e in load_schedule_file(p):
+        assert e.stages_auto and _auto_ok(e.schedule)
+
+
+def test_auto_stages_when_nothing_fits(tmp_path):
+    p = write(tmp_path, family(sweep="tile = [ {tile_m = 256, tile_n = 256, math_warpgroups = 2, tile_k = 256} ]\ncluster_m = [1]\ncluster_n = [1]\nmulticast = [\"none\"]\n"))
+    (e,) = load_schedule_file(p)
+    assert e.schedule.stages == 2
+    assert "smem_fits" in {v.name for v in e.violations}
+
+
+def test_explicit_stages_are_kept(tmp_path):
+    p = write(tmp_path, family(base_extra="", sweep=GOOD_SWEEP + "stages = [3]\n"))
+    assert {e.schedule.stages for e in load_schedule_file(p)} == {3}
+    assert not any(e.stages_auto for e in load_schedule_file(p))
+
+
+def _err(tmp_path: Path, body: str) -> str:
+    p = write(tmp_path, body)
+    with pytest.raises(ScheduleFileError) as info:
+        load_schedule_file(p)
+    msg = str(info.value)
+    assert str(p) in msg, msg
+    assert isinstance(info.value, ValueError)
+    return msg
+
+
+@pytest.mark.parametrize(
+    "base_extra,sweep,words",
+    [
+        ("tile_q = 3\n", GOOD_SWEEP, ["fam", "tile_q", "unknown field"]),
+        ("", GOOD_SWEEP.replace('multicast = "b"', 'multicast = "c"'), ["fam", "multicast", "'c'", "cluster"]),
+        ("", GOOD_SWEEP.replace("tile_m = 128", 'tile_m = "128"'), ["fam", "tile_m", "integer"]),
+        ("", GOOD_SWEEP.replace("tile_m = 128", "tile_m = 128.0"), ["fam", "tile_m", "integer"]),
+        ("", GOOD_SWEEP.replace("tile_m = 128", "tile_m = true"), ["fam", "tile_m", "integer"]),
+        ("", GOOD_SWEEP.replace("tile_m = 128", "tile_mm = 128"), ["fam", "tile_mm", "tile"]),
+        ("", GOOD_SWEEP + "group_size = 8\n", ["fam", "group_size", "list"]),
+        ("", GOOD_SWEEP + "group_size = []\n", ["fam", "group_size", "empty"]),
+        ("", GOOD_SWEEP + "foo = [1, 2]\n", ["fam", "foo", "not a schedule field"]),
+        ("", GOOD_SWEEP + "more = [ {tile_m = 64} ]\n", ["fam", "tile_m", "more", "tile"]),
+        ("", GOOD_SWEEP + 'stages = ["many"]\n', ["fam", "stages", "auto"]),
+    ],
+)
+def test_loader_errors_name_file_family_field(tmp_path, base_extra, sweep, words):
+    msg = _err(tmp_path, family(base_extra=base_extra, sweep=sweep))
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_loader_bad_arch_in_base(tmp_path):
+    body = family(sweep=GOOD_SWEEP).replace('arch = "sm_90a"', 'arch = "sm_80"')
+    msg = _err(tmp_path, body)
+    for w in ("fam", "arch", "sm_80", "sm_90a"):
+        assert w in msg
+
+
+def test_loader_missing_field(tmp_path):
+    body = family(sweep=GOOD_SWEEP).replace("group_size = 8\n", "")
+    msg = _err(tmp_path, body)
+    assert "group_size" in msg and "missing" in msg
+
+
+def test_loader_file_level_errors(tmp_path):
+    assert "TOML" in _err(tmp_path, "[[family]\n")
+    assert "[[family]]" in _err(tmp_path, "x = 1\n")
+    assert "family" in _err(tmp_path, 'title = "x"\n')
+    assert "defined twice" in _err(tmp_path, family(sweep=GOOD_SWEEP) + family(sweep=GOOD_SWEEP))
+    assert "name" in _err(tmp_path, '[[family]]\ndescription = "x"\n')
+    assert "bogus" in _err(tmp_path, family(sweep=GOOD_SWEEP) + "\n[family.bogus]\nx = 1\n")
+    with pytest.raises(ScheduleFileError, match="cannot read"):
+        load_schedule_file(tmp_path / "missing.toml")
+
+
+def test_expand_family_from_dict():
+    import tomllib
+
+    data = tomllib.loads(family(sweep=GOOD_SWEEP))
+    entries = expand_family(data["family"][0])
+    assert len(entries) == 4 and all(e.valid for e in entries)
+    with pytest.raises(ScheduleFileError, match="family 'fam'"):
+        expand_family({**data["family"][0], "sweep": {"tile": 3}})
+
+
+def test_schedules_package_imports_nothing_else():
+    code = (
+        "import sys, cutegen.schedules as s; s.default_schedules();"
+        "bad = [m for m in sys.modules if (m.startswith('cutegen.') and not m.startswith('cutegen.schedules'))"
+        " or m.split('.')[0] in ('cutlass', 'torch', 'numpy')];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
