@@ -129,7 +129,7 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
     import cutlass.cute as cute
     from cutlass.cutlass_dsl import CuTeDSL
 
-    from cutegen.gen.ptx import parse_ptx_entry
+    from cutegen.gen.ptx import parse_ptx_entry, ptx_target, ptx_version
     from cutegen.templates.registry import load_template
 
     # The DSL reads CUTE_DSL_ARCH once, when it is first imported; a process that builds for
@@ -157,6 +157,8 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
         "cubin": cubin,
         "ptx": ptx,
         "entry": entry,
+        "ptx_version": ptx_version(ptx),
+        "ptx_target": ptx_target(ptx),
         "facts": facts,
         "params": params,
         "operands": template.operands(),
@@ -187,8 +189,8 @@ def _make_manifest(schedule: Schedule, art: dict, sass_summary) -> KernelManifes
         toolchain={
             "cutegen": CUTEGEN_VERSION,
             "nvidia-cutlass-dsl": dsl_version(),
-            "ptx_version": entry.version or "",
-            "ptx_target": entry.target or "",
+            "ptx_version": art["ptx_version"] or "",
+            "ptx_target": art["ptx_target"] or "",
             "python": sys.version.split()[0],
         },
         registers=sass_summary.registers if sass_summary else None,
