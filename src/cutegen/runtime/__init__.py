@@ -1,1 +1,61 @@
-"""Standalone runtime: manifests, cuda-python loader and launcher, heuristics, torch ops. Never imports the CuTe DSL."""
+"""Standalone runtime: manifests, cuda-python loader and launcher, heuristics, torch ops. Never imports the CuTe DSL.
+
+Importing this package is cheap: it loads no torch and no CUDA library. The heavier pieces are
+reached lazily by attribute:
+
+* ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.ops`; imports torch on first access);
+* ``load_catalogue`` / ``KernelCatalogue`` (`catalogue`), ``LoadedKernel`` (`driver`),
+  ``choose`` / ``explain`` (`heuristics`). The launcher is ``cutegen.runtime.launch.launch``
+  (the submodule's name would shadow a lazy attribute).
+
+The error classes are importable directly (``from cutegen.runtime import InputError``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import (
+    ArchMismatchError,
+    ArtifactError,
+    CudaError,
+    CutegenError,
+    InputError,
+    KernelLoadError,
+    NoGpuError,
+)
+
+_LAZY = {
+    "bf16_gemm_nt": "ops",
+    "load_catalogue": "catalogue",
+    "KernelCatalogue": "catalogue",
+    "LoadedKernel": "driver",
+    "choose": "heuristics",
+    "explain": "heuristics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "ArchMismatchError",
+    "ArtifactError",
+    "CudaError",
+    "CutegenError",
+    "InputError",
+    "KernelLoadError",
+    "NoGpuError",
+    *_LAZY,
+]

@@ -1,0 +1,270 @@
+"""The catalogue of a build folder: which kernels exist, their manifests and verified cubins.
+
+A build folder holds ``catalogue.json`` (the index, `manifest.Catalogue`) and, per kernel, a
+manifest and a cubin (``build/<name>/manifest.json``, ``build/<name>/kernel.cubin``). Paths in the
+index are relative to the build folder; a manifest's ``cubin`` is relative to the manifest's own
+folder (the build folder is tried second).
+
+Listing and reading manifests work on any machine. The architecture check and the sha256 check
+happen when a kernel is loaded (`KernelCatalogue.load`), which is also the only step that touches
+the GPU driver.
+
+The build folder is, in order: the explicit path, ``$CUTEGEN_BUILD_DIR``, ``./build``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from .errors import ArchMismatchError, ArtifactError
+from .manifest import Catalogue, CatalogueEntry, KernelManifest, ManifestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .driver import LoadedKernel
+
+BUILD_DIR_ENV = "CUTEGEN_BUILD_DIR"
+CATALOGUE_FILE = "catalogue.json"
+TUNING_FILE = "tuning.json"
+
+_ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
+
+
+def resolve_build_dir(build_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The build folder to use: ``build_dir``, else ``$CUTEGEN_BUILD_DIR``, else ``./build``."""
+    if build_dir is not None:
+        return Path(build_dir)
+    env = os.environ.get(BUILD_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path.cwd() / "build"
+
+
+def required_capability(arch: str) -> tuple[int, int, str]:
+    """``(major, minor, rule)`` for an arch name; rule is ``exact``, ``family`` or ``at_least``.
+
+    ``sm_90a`` / ``sm_100a`` (architecture-specific features such as WGMMA or tcgen05) run only on
+    exactly that compute capability; ``sm_100f`` on the same major version with minor >= 0; a
+    plain ``sm_80`` cubin on the same major version with an equal or higher minor version.
+    """
+    match = _ARCH_RE.match(arch)
+    if not match:
+        raise ArtifactError(f"unknown architecture {arch!r}; expected a name like sm_90a")
+    number = int(match.group(1))
+    major, minor = divmod(number, 10)
+    rule = {"a": "exact", "f": "family", "": "at_least"}[match.group(2)]
+    return major, minor, rule
+
+
+def arch_compatible(arch: str, capability: tuple[int, int]) -> bool:
+    major, minor, rule = required_capability(arch)
+    if rule == "exact":
+        return tuple(capability) == (major, minor)
+    return capability[0] == major and capability[1] >= minor
+
+
+def check_arch(
+    manifest: KernelManifest, capability: tuple[int, int], device_name: str = "this GPU"
+) -> None:
+    """Raise `ArchMismatchError` unless ``manifest`` can run on a GPU of ``capability``."""
+    if arch_compatible(manifest.arch, capability):
+        return
+    major, minor, rule = required_capability(manifest.arch)
+    gpu = f"sm_{capability[0]}{capability[1]}"
+    need = {
+        "exact": f"{manifest.arch} kernels run only on GPUs of compute capability {major}.{minor}",
+        "family": f"{manifest.arch} kernels run only on GPUs of compute capability {major}.x",
+        "at_least": (
+            f"{manifest.arch} kernels run only on GPUs of compute capability {major}.{minor} to "
+            f"{major}.9"
+        ),
+    }[rule]
+    raise ArchMismatchError(
+        f"kernel {manifest.name} is built for {manifest.arch}; this GPU is {gpu} ({device_name}): "
+        f"{need}. Use a kernel built for {gpu}a (cutegen build --arch {gpu}a)."
+    )
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class KernelCatalogue:
+    """The kernels of one build folder; loads (and caches) them on demand."""
+
+    def __init__(self, build_dir: Path, index: Catalogue) -> None:
+        self.build_dir = Path(build_dir)
+        self.index = index
+        self._by_name: dict[str, CatalogueEntry] = {e.name: e for e in index.kernels}
+        self._manifests: dict[str, KernelManifest] = {}
+        self._loaded: dict[tuple[str, int], "LoadedKernel"] = {}
+        self._lock = threading.RLock()
+
+    # ---- opening ----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, build_dir: str | os.PathLike[str] | None = None) -> "KernelCatalogue":
+        """Read ``catalogue.json`` of the build folder (see `resolve_build_dir`)."""
+        root = resolve_build_dir(build_dir)
+        path = root / CATALOGUE_FILE
+        if not path.is_file():
+            raise ArtifactError(
+                f"no kernel catalogue at {path}: build kernels with `cutegen build -o {root}`, "
+                f"or point ${BUILD_DIR_ENV} at a build folder"
+            )
+        try:
+            index = Catalogue.from_json(path.read_text())
+        except (ManifestError, OSError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{path} cannot be used: {exc}") from exc
+        return cls(root, index)
+
+    def __repr__(self) -> str:
+        return f"KernelCatalogue({str(self.build_dir)!r}, {len(self._by_name)} kernels)"
+
+    # ---- listing (no GPU) -------------------------------------------------------------------
+    def entries(self, op: str | None = None, arch: str | None = None) -> list[CatalogueEntry]:
+        return [
+            e
+            for e in self.index.kernels
+            if (op is None or e.op == op) and (arch is None or e.arch == arch)
+        ]
+
+    def names(self, op: str | None = None, arch: str | None = None) -> list[str]:
+        return [e.name for e in self.entries(op, arch)]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def entry(self, name: str) -> CatalogueEntry:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_name)) or "none"
+            raise ArtifactError(
+                f"no kernel named {name!r} in the catalogue at {self.build_dir} (known: {known})"
+            ) from None
+
+    def manifest_path(self, name: str) -> Path:
+        return self.build_dir / self.entry(name).manifest
+
+    def manifest(self, name: str) -> KernelManifest:
+        """The kernel's manifest, read and checked against its catalogue line (cached)."""
+        cached = self._manifests.get(name)
+        if cached is not None:
+            return cached
+        entry = self.entry(name)
+        path = self.manifest_path(name)
+        if not path.is_file():
+            raise ArtifactError(
+                f"kernel {name}: manifest {path} is missing; rebuild it with `cutegen build`"
+            )
+        try:
+            manifest = KernelManifest.from_json(path.read_text())
+        except (ManifestError, OSError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"kernel {name}: manifest {path} cannot be used: {exc}") from exc
+        if (manifest.name, manifest.op, manifest.arch) != (entry.name, entry.op, entry.arch):
+            raise ArtifactError(
+                f"kernel {name}: manifest {path} describes {manifest.name} ({manifest.op}, "
+                f"{manifest.arch}) but the catalogue lists {entry.name} ({entry.op}, {entry.arch})"
+            )
+        self._manifests[name] = manifest
+        return manifest
+
+    def manifests(self, op: str | None = None, arch: str | None = None) -> list[KernelManifest]:
+        return [self.manifest(n) for n in self.names(op, arch)]
+
+    def compatible(self, op: str, capability: tuple[int, int]) -> list[KernelManifest]:
+        """Manifests of ``op`` whose architecture runs on a GPU of ``capability``."""
+        out = []
+        for entry in self.entries(op):
+            try:
+                ok = arch_compatible(entry.arch, capability)
+            except ArtifactError:
+                ok = False
+            if ok:
+                out.append(self.manifest(entry.name))
+        return out
+
+    def cubin_path(self, name: str) -> Path:
+        manifest = self.manifest(name)
+        cubin = Path(manifest.cubin)
+        if cubin.is_absolute():
+            return cubin
+        beside = self.manifest_path(name).parent / cubin
+        if beside.is_file():
+            return beside
+        in_root = self.build_dir / cubin
+        return in_root if in_root.is_file() else beside
+
+    def read_cubin(self, name: str) -> bytes:
+        """The kernel's cubin bytes, after checking their sha256 against the manifest."""
+        manifest = self.manifest(name)
+        path = self.cubin_path(name)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ArtifactError(
+                f"kernel {name}: cubin {path} cannot be read ({exc.strerror or exc}); rebuild it "
+                "with `cutegen build`"
+            ) from exc
+        digest = sha256_of(data)
+        if digest != manifest.sha256.lower():
+            raise ArtifactError(
+                f"kernel {name}: cubin {path} is corrupt or stale: sha256 {digest}, manifest "
+                f"expects {manifest.sha256}; rebuild it with `cutegen build`"
+            )
+        return data
+
+    def tuning_path(self) -> Path:
+        return self.build_dir / TUNING_FILE
+
+    # ---- loading (GPU) ----------------------------------------------------------------------
+    def load(self, name: str, device: int = 0) -> "LoadedKernel":
+        """Load kernel ``name`` on device ``device`` (cached per process and device).
+
+        Refuses a kernel built for another architecture (`ArchMismatchError`) before reading the
+        cubin, and a cubin whose sha256 differs from its manifest (`ArtifactError`).
+        """
+        key = (name, int(device))
+        kernel = self._loaded.get(key)
+        if kernel is not None:
+            return kernel
+        from . import driver  # the first GPU-touching step
+
+        with self._lock:
+            kernel = self._loaded.get(key)
+            if kernel is not None:
+                return kernel
+            manifest = self.manifest(name)
+            info = driver.device_info(int(device))
+            check_arch(manifest, info.capability, info.name)
+            cubin = self.read_cubin(name)
+            kernel = driver.LoadedKernel.load(manifest, cubin, int(device))
+            self._loaded[key] = kernel
+            return kernel
+
+    def load_all(self, names: Iterable[str], device: int = 0) -> list["LoadedKernel"]:
+        return [self.load(n, device) for n in names]
+
+
+def load_catalogue(build_dir: str | os.PathLike[str] | None = None) -> KernelCatalogue:
+    """Open the catalogue of a build folder (see `resolve_build_dir`)."""
+    return KernelCatalogue.open(build_dir)
+
+
+__all__ = [
+    "BUILD_DIR_ENV",
+    "KernelCatalogue",
+    "arch_compatible",
+    "check_arch",
+    "load_catalogue",
+    "required_capability",
+    "resolve_build_dir",
+    "sha256_of",
+]

@@ -1,0 +1,325 @@
+"""Kernel choice: a deterministic analytic cost model, overridden by an optional tuning table.
+
+Pure Python, no GPU. For GEMM-like ops (``bf16_gemm_nt``: D[M,N] = A[M,K] B[N,K]^T) each
+candidate manifest is scored from its grid rule (tile and cluster shape) and its schedule's
+multicast:
+
+* ``tiles = ceil(M/tile_m) * ceil(N/tile_n)``; ``cluster_tiles`` groups them by the cluster shape.
+* ``usable SMs = num_sms`` rounded down to a multiple of the cluster size; a wave is
+  ``usable / cluster_size`` clusters; ``waves = ceil(cluster_tiles / clusters per wave)``;
+  ``wave efficiency = tiles / (waves * usable)`` (reported, not used directly).
+* Per tile (one CTA, roofline): compute time ``2*tile_m*tile_n*K / per-SM FLOP rate``; memory time
+  ``bytes / per-SM bandwidth`` with ``bytes = (tile_m*a_bytes/mc_a + tile_n*b_bytes/mc_b)*K +
+  tile_m*tile_n*d_bytes``. ``mc_a``/``mc_b`` are the multicast factors that actually share data
+  (A is multicast along the cluster's N side, B along its M side, capped by the tile counts, so a
+  2x1 cluster with a single M tile shares nothing). The per-SM bandwidth is the operand bandwidth
+  shared by the CTAs working in a wave, capped by what one SM can pull.
+* ``estimated time = waves * max(compute, memory)``.
+
+Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
+cluster, then to the name, so the choice is total and stable. The constants in `CostModel` are the
+H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16 dense, 4.3 TB/s copy) with an
+assumed L2 reuse factor for operand traffic; they rank candidates, they do not predict times.
+
+A tuning table (JSON, ``{"bf16_gemm_nt": {"M,N,K": "kernel_name"}}``) found at
+``$CUTEGEN_TUNING`` or ``<build_dir>/tuning.json`` takes precedence when it names one of the
+candidates for the exact shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .errors import ArtifactError
+from .manifest import KernelManifest
+from .params import DTYPE_BYTES, ceil_div
+
+TUNING_ENV = "CUTEGEN_TUNING"
+TUNING_FILE = "tuning.json"
+DEFAULT_NUM_SMS = 132
+TIE_TOLERANCE = 0.005
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Machine rates for the ranking (defaults: one H200)."""
+
+    # Dense bf16 tensor-core rate of the whole GPU, FLOP/s (measured torch.matmul ~790 TFLOP/s).
+    peak_flops: float = 790e12
+    # SMs the peak rate is spread over.
+    reference_sms: int = 132
+    # Operand bytes per second the memory system feeds all SMs together: HBM copy bandwidth
+    # (4.3 TB/s) times an assumed L2 reuse of ~2.3 for GEMM operand tiles.
+    operand_bandwidth: float = 10e12
+    # What one SM can pull on its own (bounds the share of a nearly idle GPU).
+    sm_bandwidth_cap: float = 200e9
+
+    @property
+    def flops_per_sm(self) -> float:
+        return self.peak_flops / self.reference_sms
+
+
+DEFAULT_MODEL = CostModel()
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """One candidate's row of the `explain` table."""
+
+    name: str
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    cluster_n: int
+    multicast: str
+    tiles: int
+    cluster_tiles: int
+    waves: int
+    wave_efficiency: float
+    compute_us: float
+    memory_us: float
+    estimated_us: float
+    useful_multicast: int
+    source: str = "model"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _multicast(manifest: KernelManifest) -> str:
+    value = str(manifest.schedule.get("multicast", "none")).lower()
+    return value if value in ("none", "a", "b", "ab") else "none"
+
+
+def _operand_bytes(manifest: KernelManifest, index: int, default: int = 2) -> int:
+    try:
+        return DTYPE_BYTES.get(manifest.operands[index].dtype, default)
+    except IndexError:
+        return default
+
+
+def score(
+    manifest: KernelManifest,
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    model: CostModel = DEFAULT_MODEL,
+) -> Score:
+    """Score one candidate for the problem (M, N, K); see the module docstring."""
+    rule = manifest.grid
+    tm, tn, cm, cn = rule.tile_m, rule.tile_n, rule.cluster_m, rule.cluster_n
+    cluster_size = max(1, cm * cn)
+    m, n, k = max(int(m), 1), max(int(n), 1), max(int(k), 1)
+    tiles_m, tiles_n = ceil_div(m, tm), ceil_div(n, tn)
+    tiles = tiles_m * tiles_n
+    cluster_tiles = ceil_div(tiles_m, cm) * ceil_div(tiles_n, cn)
+    usable = max(cluster_size, (num_sms // cluster_size) * cluster_size)
+    clusters_per_wave = usable // cluster_size
+    waves = ceil_div(cluster_tiles, clusters_per_wave)
+    efficiency = tiles / (waves * usable)
+
+    multicast = _multicast(manifest)
+    mc_a = min(cn, tiles_n) if multicast in ("a", "ab") else 1
+    mc_b = min(cm, tiles_m) if multicast in ("b", "ab") else 1
+    a_bytes, b_bytes, d_bytes = (_operand_bytes(manifest, i) for i in range(3))
+    tile_bytes = (tm * a_bytes / mc_a + tn * b_bytes / mc_b) * k + tm * tn * d_bytes
+    active = max(1, min(tiles, clusters_per_wave * cluster_size))
+    sm_bandwidth = min(model.operand_bandwidth / active, model.sm_bandwidth_cap)
+    compute = 2.0 * tm * tn * k / model.flops_per_sm
+    memory = tile_bytes / sm_bandwidth
+    estimated = waves * max(compute, memory)
+    return Score(
+        name=manifest.name,
+        tile_m=tm,
+        tile_n=tn,
+        cluster_m=cm,
+        cluster_n=cn,
+        multicast=multicast,
+        tiles=tiles,
+        cluster_tiles=cluster_tiles,
+        waves=waves,
+        wave_efficiency=efficiency,
+        compute_us=compute * 1e6,
+        memory_us=memory * 1e6,
+        estimated_us=estimated * 1e6,
+        useful_multicast=mc_a * mc_b,
+    )
+
+
+def _rank(scores: Iterable[Score]) -> list[Score]:
+    scores = list(scores)
+    if not scores:
+        return []
+    best = min(s.estimated_us for s in scores)
+    # Everything within the tolerance of the best is a tie, broken by the stable preferences.
+    def key(s: Score) -> tuple:
+        tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
+        return (
+            0 if tied else 1,
+            s.estimated_us if not tied else 0.0,
+            -(s.tile_m * s.tile_n),
+            -s.useful_multicast,
+            s.cluster_m * s.cluster_n,
+            s.name,
+        )
+
+    return sorted(scores, key=key)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tuning table
+
+_tuning_cache: dict[tuple[str, float], dict[str, dict[str, str]]] = {}
+
+
+def tuning_path(build_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """``$CUTEGEN_TUNING`` if set, else ``<build_dir>/tuning.json`` (None without a build dir)."""
+    env = os.environ.get(TUNING_ENV)
+    if env:
+        return Path(env)
+    if build_dir is not None:
+        return Path(build_dir) / TUNING_FILE
+    return None
+
+
+def shape_key(m: int, n: int, k: int) -> str:
+    return f"{int(m)},{int(n)},{int(k)}"
+
+
+def load_tuning_table(
+    build_dir: str | os.PathLike[str] | None = None, path: str | os.PathLike[str] | None = None
+) -> dict[str, dict[str, str]]:
+    """The tuning table ``{op: {"M,N,K": kernel_name}}``; empty when there is none.
+
+    Cached by path and modification time. A table that exists but cannot be parsed is an
+    `ArtifactError` (a silent fallback would hide a broken deployment).
+    """
+    where = Path(path) if path is not None else tuning_path(build_dir)
+    if where is None or not where.is_file():
+        return {}
+    stamp = where.stat().st_mtime
+    cached = _tuning_cache.get((str(where), stamp))
+    if cached is not None:
+        return cached
+    try:
+        raw = json.loads(where.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"tuning table {where} cannot be read: {exc}") from exc
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ArtifactError(
+            f"tuning table {where} must map op names to {{\"M,N,K\": kernel_name}} objects"
+        )
+    table = {
+        str(op): {str(key).replace(" ", ""): str(name) for key, name in shapes.items()}
+        for op, shapes in raw.items()
+    }
+    _tuning_cache[(str(where), stamp)] = table
+    return table
+
+
+def _tuned(
+    op: str, candidates: list[KernelManifest], m: int, n: int, k: int, tuning: Mapping[str, Any]
+) -> KernelManifest | None:
+    name = tuning.get(op, {}).get(shape_key(m, n, k))
+    if name is None:
+        return None
+    for candidate in candidates:
+        if candidate.name == name:
+            return candidate
+    return None  # a table naming a kernel that is not available here falls back to the model
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points
+
+
+def _candidates(op: str, candidates: Iterable[KernelManifest]) -> list[KernelManifest]:
+    matching = [c for c in candidates if c.op == op]
+    if not matching:
+        raise ArtifactError(
+            f"no kernel for {op} among the candidates; build some with `cutegen build` for this GPU"
+        )
+    return matching
+
+
+def explain(
+    op: str,
+    candidates: Iterable[KernelManifest],
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    *,
+    tuning: Mapping[str, Any] | None = None,
+    build_dir: str | os.PathLike[str] | None = None,
+    model: CostModel = DEFAULT_MODEL,
+) -> list[Score]:
+    """Every candidate's score, best first; a tuning-table pick comes first with source 'tuning'."""
+    matching = _candidates(op, candidates)
+    ranked = _rank(score(c, m, n, k, num_sms, model) for c in matching)
+    table = load_tuning_table(build_dir) if tuning is None else tuning
+    tuned = _tuned(op, matching, m, n, k, table)
+    if tuned is not None:
+        first = next(s for s in ranked if s.name == tuned.name)
+        ranked = [dataclasses.replace(first, source="tuning")] + [
+            s for s in ranked if s.name != tuned.name
+        ]
+    return ranked
+
+
+def choose(
+    op: str,
+    candidates: Iterable[KernelManifest],
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    *,
+    tuning: Mapping[str, Any] | None = None,
+    build_dir: str | os.PathLike[str] | None = None,
+    model: CostModel = DEFAULT_MODEL,
+) -> KernelManifest:
+    """The candidate to run for (M, N, K): the tuning table's if it names one, else the model's.
+
+    ``tuning`` given explicitly replaces the table lookup (pass ``{}`` to ignore any table).
+    """
+    matching = _candidates(op, candidates)
+    table = load_tuning_table(build_dir) if tuning is None else tuning
+    tuned = _tuned(op, matching, m, n, k, table)
+    if tuned is not None:
+        return tuned
+    best = _rank(score(c, m, n, k, num_sms, model) for c in matching)[0]
+    return next(c for c in matching if c.name == best.name)
+
+
+def format_table(scores: Iterable[Score]) -> str:
+    """A fixed-width text rendering of `explain`'s rows."""
+    rows = [
+        "name  tile  cluster  mc  tiles  waves  eff  compute_us  memory_us  est_us  source",
+    ]
+    for s in scores:
+        rows.append(
+            f"{s.name}  {s.tile_m}x{s.tile_n}  {s.cluster_m}x{s.cluster_n}  {s.multicast}  "
+            f"{s.tiles}  {s.waves}  {s.wave_efficiency:.2f}  {s.compute_us:.2f}  "
+            f"{s.memory_us:.2f}  {s.estimated_us:.2f}  {s.source}"
+        )
+    return "\n".join(rows)
+
+
+__all__ = [
+    "CostModel",
+    "DEFAULT_MODEL",
+    "Score",
+    "choose",
+    "explain",
+    "format_table",
+    "load_tuning_table",
+    "score",
+    "shape_key",
+    "tuning_path",
+]

@@ -1,0 +1,226 @@
+"""Launching a loaded kernel: operands -> TMA descriptors -> parameter blob -> grid -> launch.
+
+`launch` is the framework-neutral entry: operands are torch tensors (duck-typed, torch is not
+imported) or ``(ptr, shape, strides, dtype)`` records or `OperandInfo`s, keyed by the manifest's
+operand names. Everything derived from the operands (checks, TMA encodings, packed blob, pointer
+array, grid, launch config) is prepared once per distinct (operands, extents) and cached on the
+kernel, so a repeated call costs one dictionary look-up and one ``cuLaunchKernelEx``.
+
+Symbols available to manifest expressions: the operands' extents (``M``, ``N``, ``K`` ...), any
+``extents`` passed in, and ``max_active_clusters``, ``sm_count``, ``cluster_tiles``, ``tiles_m``,
+``tiles_n`` and ``num_clusters`` (the grid's persistent dimension).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+from typing import Any, Mapping
+
+from .driver import LoadedKernel, check, cu, launch_config
+from .errors import InputError, KernelLoadError
+from .manifest import GridRule, KernelManifest
+from .params import (
+    OperandInfo,
+    bind_operands,
+    ceil_div,
+    kernel_param_pointers,
+    pack_params,
+    tma_args_from_binding,
+)
+from .tma import encode_tiled
+
+LAUNCH_CACHE_SIZE = 256
+
+# torch dtype (by its str) -> manifest dtype name; torch itself is never imported here.
+TORCH_DTYPES: dict[str, str] = {
+    "torch.bfloat16": "bf16",
+    "torch.float16": "f16",
+    "torch.float32": "f32",
+    "torch.float64": "f64",
+    "torch.float8_e4m3fn": "e4m3",
+    "torch.float8_e5m2": "e5m2",
+    "torch.uint8": "u8",
+    "torch.int8": "i8",
+    "torch.int16": "i16",
+    "torch.int32": "i32",
+    "torch.int64": "i64",
+}
+
+
+def operand_info(value: Any, name: str = "?", device: int | None = None) -> OperandInfo:
+    """An `OperandInfo` from a torch tensor, a ``(ptr, shape, strides, dtype)`` record, or itself.
+
+    For a tensor, ``device`` (when given) is the CUDA device ordinal it must be on.
+    """
+    if isinstance(value, OperandInfo):
+        return value
+    if hasattr(value, "data_ptr") and hasattr(value, "stride"):
+        if not getattr(value, "is_cuda", False):
+            raise InputError(f"operand {name!r} must be a CUDA tensor, got one on {value.device}")
+        if device is not None and value.device.index != device:
+            raise InputError(
+                f"operand {name!r} must be on cuda:{device} (the kernel's device), got {value.device}"
+            )
+        dtype = TORCH_DTYPES.get(str(value.dtype), str(value.dtype))
+        return OperandInfo(int(value.data_ptr()), tuple(value.shape), tuple(value.stride()), dtype)
+    if isinstance(value, (tuple, list)) and len(value) == 4:
+        ptr, shape, strides, dtype = value
+        return OperandInfo(int(ptr), tuple(int(s) for s in shape), tuple(int(s) for s in strides), str(dtype))
+    raise InputError(
+        f"operand {name!r} must be a tensor or a (ptr, shape, strides, dtype) record, "
+        f"got {type(value).__name__}"
+    )
+
+
+def persistent_grid(
+    rule: GridRule, m: int, n: int, max_active_clusters: int
+) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """The ``persistent_clusters`` grid and the derived counts (see `GridRule`)."""
+    tiles_m = ceil_div(m, rule.tile_m)
+    tiles_n = ceil_div(n, rule.tile_n)
+    cluster_tiles = ceil_div(tiles_m, rule.cluster_m) * ceil_div(tiles_n, rule.cluster_n)
+    num_clusters = max(1, min(cluster_tiles, max(1, max_active_clusters)))
+    grid = (rule.cluster_m, rule.cluster_n, num_clusters)
+    derived = {
+        "tiles_m": tiles_m,
+        "tiles_n": tiles_n,
+        "cluster_tiles": cluster_tiles,
+        "num_clusters": num_clusters,
+    }
+    return grid, derived
+
+
+def compute_grid(
+    manifest: KernelManifest, extents: Mapping[str, int], max_active_clusters: int
+) -> tuple[tuple[int, int, int], dict[str, int]]:
+    rule = manifest.grid
+    if rule.kind != "persistent_clusters":  # pragma: no cover - GridRule refuses others
+        raise KernelLoadError(f"kernel {manifest.name}: unsupported grid rule {rule.kind!r}")
+    try:
+        m = int(extents[rule.extent_m])
+        n = int(extents[rule.extent_n])
+    except KeyError as exc:
+        raise InputError(
+            f"kernel {manifest.name}: the grid needs extent {exc.args[0]!r}, not bound by the "
+            f"operands or extents (bound: {sorted(extents)})"
+        ) from None
+    return persistent_grid(rule, m, n, max_active_clusters)
+
+
+@dataclasses.dataclass
+class PreparedLaunch:
+    """Everything one distinct call needs; the blob and pointer array stay alive in here."""
+
+    grid: tuple[int, int, int]
+    skip: bool
+    config: Any = None
+    attrs: Any = None
+    blob: Any = None
+    pointers: Any = None
+    params_address: int = 0
+    env: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def prepare(
+    kernel: LoadedKernel,
+    operands: Mapping[str, OperandInfo],
+    extents: Mapping[str, int] | None = None,
+) -> PreparedLaunch:
+    """Check the operands, bind extents, encode TMA maps, pack the params, compute the grid."""
+    manifest = kernel.manifest
+    normalized, bound = bind_operands(manifest, operands, extents)
+    rule = manifest.grid
+    if int(bound.get(rule.extent_m, 1)) == 0 or int(bound.get(rule.extent_n, 1)) == 0:
+        return PreparedLaunch(grid=(0, 0, 0), skip=True, env=bound)
+    env = dict(bound)
+    env.setdefault("sm_count", kernel.device.sm_count)
+    env.setdefault("max_active_clusters", kernel.max_active_clusters())
+    grid, derived = compute_grid(manifest, env, int(env["max_active_clusters"]))
+    for key, value in derived.items():
+        env.setdefault(key, value)
+    tensor_maps: dict[str, bytes] = {}
+    for param in manifest.params:
+        if param.binding["kind"] != "tma":
+            continue
+        operand = param.binding["operand"]
+        info = normalized[operand]
+        args = tma_args_from_binding(
+            param.binding, info.shape, info.strides, info.elem_bytes, info.ptr, operand
+        )
+        tensor_maps[param.name] = encode_tiled(args)
+    blob = pack_params(manifest, env, normalized, tensor_maps)
+    pointers = kernel_param_pointers(blob)
+    config, attrs = launch_config(manifest, grid)
+    return PreparedLaunch(
+        grid=grid,
+        skip=False,
+        config=config,
+        attrs=attrs,
+        blob=blob,
+        pointers=pointers,
+        params_address=ctypes.addressof(pointers) if manifest.params else 0,
+        env=env,
+    )
+
+
+def _cache(kernel: LoadedKernel) -> "collections.OrderedDict[Any, PreparedLaunch]":
+    cache = kernel.launch_cache
+    if cache is None:
+        cache = kernel.launch_cache = collections.OrderedDict()
+    return cache
+
+
+def launch(
+    kernel: LoadedKernel,
+    operands: Mapping[str, Any],
+    extents: Mapping[str, int] | None = None,
+    stream: int = 0,
+) -> PreparedLaunch:
+    """Launch ``kernel`` on ``stream`` (a ``CUstream`` handle as int; 0 is the legacy stream).
+
+    Nothing is launched when the grid rule's M or N extent is 0. Returns the prepared launch
+    (grid, packed params) for inspection.
+    """
+    ordinal = kernel.device.ordinal
+    infos = {name: operand_info(value, name, ordinal) for name, value in operands.items()}
+    key = (tuple(sorted(infos.items())), tuple(sorted(extents.items())) if extents else ())
+    cache = _cache(kernel)
+    prepared = cache.get(key)
+    if prepared is None:
+        prepared = prepare(kernel, infos, extents)
+        cache[key] = prepared
+        if len(cache) > LAUNCH_CACHE_SIZE:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    if prepared.skip:
+        return prepared
+    config = prepared.config
+    config.hStream = cu.CUstream(int(stream))
+    current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    pushed = current is None or int(current) != int(kernel.context)
+    if pushed:
+        check(cu.cuCtxPushCurrent(kernel.context), "cuCtxPushCurrent")
+    try:
+        check(
+            cu.cuLaunchKernelEx(config, kernel.function, prepared.params_address, 0),
+            "cuLaunchKernelEx",
+            detail=f"kernel {kernel.name}, grid {prepared.grid}",
+        )
+    finally:
+        if pushed:
+            cu.cuCtxPopCurrent()
+    return prepared
+
+
+__all__ = [
+    "PreparedLaunch",
+    "TORCH_DTYPES",
+    "compute_grid",
+    "launch",
+    "operand_info",
+    "persistent_grid",
+    "prepare",
+]

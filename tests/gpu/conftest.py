@@ -1,0 +1,63 @@
+"""GPU tier: every test under tests/gpu is marked ``gpu`` and skipped, with the reason, unless
+torch sees a CUDA device and a kernel catalogue exists ($CUTEGEN_BUILD_DIR or ./build)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _unavailable_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible to torch"
+    from cutegen.runtime.catalogue import CATALOGUE_FILE, resolve_build_dir
+
+    build = resolve_build_dir()
+    if not (build / CATALOGUE_FILE).is_file():
+        return f"no kernel catalogue at {build} (run `cutegen build` or set CUTEGEN_BUILD_DIR)"
+    return None
+
+
+_REASON = _unavailable_reason()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE not in Path(str(item.fspath)).resolve().parents:
+            continue
+        item.add_marker(pytest.mark.gpu)
+        if _REASON is not None:
+            item.add_marker(pytest.mark.skip(reason=_REASON))
+
+
+@pytest.fixture(scope="session")
+def ops():
+    from cutegen.runtime import ops as module
+
+    return module
+
+
+@pytest.fixture(scope="session")
+def device_info():
+    import torch
+
+    from cutegen.runtime import driver
+
+    return driver.device_info(torch.cuda.current_device())
+
+
+@pytest.fixture(scope="session")
+def gemm_kernels(ops, device_info):
+    """Names of the catalogue's bf16_gemm_nt kernels that run on this GPU (at least one)."""
+    cat = ops.catalogue()
+    names = [m.name for m in cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability)]
+    if not names:
+        pytest.skip(f"no bf16_gemm_nt kernel in {cat.build_dir} runs on {device_info.arch}")
+    return names

@@ -1,0 +1,223 @@
+"""GPU tests of ``cutegen.runtime.ops.bf16_gemm_nt`` against an fp32 reference.
+
+Run on a Hopper GPU with a built catalogue (``CUTEGEN_BUILD_DIR``); see conftest.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cutegen.runtime.errors import ArchMismatchError, InputError  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(m, n, k) for m in (1, 127, 4096) for n in (128, 200, 4096) for k in (64, 7168)]
+
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.float() @ b.float().T
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    denominator = (x * x + y * y).sum()
+    if denominator == 0:
+        return 0.0
+    return float(1 - 2 * (x * y).sum() / denominator)
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
+    assert out.dtype == torch.bfloat16
+    assert tuple(out.shape) == tuple(ref.shape), what
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output (unwritten elements?)"
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2 * scale + 1e-6), (
+        f"{what}: max abs error {float((out.float() - ref).abs().max())} (ref max {scale})"
+    )
+    assert calc_diff(out.float(), ref) < 1e-4, what
+
+
+def inputs(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", dtype=torch.float32, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float32, generator=g).to(torch.bfloat16)
+    return a, b
+
+
+def poisoned(m: int, n: int, row_stride: int | None = None) -> torch.Tensor:
+    stride = row_stride or n
+    storage = torch.full((m, stride), float("nan"), device="cuda", dtype=torch.bfloat16)
+    return storage[:, :n]
+
+
+# ------------------------------------------------------------------------------------------------
+# Correctness
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
+def test_matches_reference(ops, gemm_kernels, m, n, k):
+    a, b = inputs(m, n, k)
+    out = poisoned(m, n)
+    result = ops.bf16_gemm_nt(a, b, out=out)
+    assert result is out
+    assert_matches(out, reference(a, b), f"{m}x{n}x{k} via {ops.choose_kernel(ops.OP_BF16_GEMM_NT, m, n, k)}")
+
+
+@pytest.mark.parametrize("m, n, k", [(1000, 1000, 512), (4096, 4096, 256)], ids=["small-grid", "full-persistent-grid"])
+def test_every_kernel_runs(ops, gemm_kernels, m, n, k):
+    # The second shape has more tiles than the GPU has clusters: every kernel runs its persistent loop.
+    a, b = inputs(m, n, k, seed=1)
+    ref = reference(a, b)
+    for name in gemm_kernels:
+        out = poisoned(m, n)
+        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
+        assert_matches(out, ref, name)
+        fresh = ops.bf16_gemm_nt(a, b, kernel=name)
+        assert_matches(fresh, ref, f"{name} (new output)")
+
+
+def test_kernels_of_other_architectures_are_refused(ops, device_info):
+    cat = ops.catalogue()
+    others = [
+        e.name
+        for e in cat.entries(ops.OP_BF16_GEMM_NT)
+        if e.name not in {m.name for m in cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability)}
+    ]
+    if not others:
+        pytest.skip("the catalogue holds no kernel for another architecture")
+    a, b = inputs(64, 128, 64)
+    with pytest.raises(ArchMismatchError, match=f"this GPU is {device_info.arch}"):
+        ops.bf16_gemm_nt(a, b, kernel=others[0])
+
+
+def test_new_output_with_ragged_n_and_strided_out(ops, gemm_kernels):
+    m, n, k = 300, 201, 520
+    a, b = inputs(m, n, k, seed=2)
+    ref = reference(a, b)
+    d = ops.bf16_gemm_nt(a, b)
+    assert d.stride() == (208, 1)
+    assert_matches(d, ref, "new output, N=201")
+    out = poisoned(m, n, row_stride=256)
+    ops.bf16_gemm_nt(a, b, out=out)
+    assert_matches(out, ref, "out with row stride 256")
+    # Inputs that are views with aligned row strides and offsets.
+    big_a = torch.randn(m, k + 16, device="cuda").to(torch.bfloat16)
+    big_b = torch.randn(n, k + 8, device="cuda").to(torch.bfloat16)
+    va, vb = big_a[:, 8 : 8 + k], big_b[:, :k]
+    assert_matches(ops.bf16_gemm_nt(va, vb), reference(va, vb), "strided views")
+
+
+def test_degenerate_extents(ops, gemm_kernels):
+    a, b = inputs(5, 16, 0)
+    out = poisoned(5, 16)
+    ops.bf16_gemm_nt(a, b, out=out)
+    assert torch.equal(out.float(), torch.zeros(5, 16, device="cuda"))
+    a, b = inputs(0, 16, 64)
+    assert tuple(ops.bf16_gemm_nt(a, b).shape) == (0, 16)
+    a, b = inputs(4, 0, 64)
+    assert tuple(ops.bf16_gemm_nt(a, b).shape) == (4, 0)
+
+
+def test_side_stream(ops, gemm_kernels):
+    a, b = inputs(256, 512, 256, seed=3)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = ops.bf16_gemm_nt(a, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert_matches(out, reference(a, b), "side stream")
+
+
+# ------------------------------------------------------------------------------------------------
+# Input validation
+
+
+def test_bad_inputs_name_the_argument(ops, gemm_kernels):
+    a, b = inputs(64, 128, 64)
+    cases = [
+        ((a, b.half()), "argument 'b' must be torch.bfloat16, got torch.float16"),
+        ((a.float(), b), "argument 'a' must be torch.bfloat16, got torch.float32"),
+        ((a[None], b), "argument 'a' must be 2-D"),
+        ((a.cpu(), b), "argument 'a' must be a CUDA tensor, got device cpu"),
+        ((a, b.cpu()), "argument 'b' must be a CUDA tensor"),
+        ((a, b[:, :56]), "argument 'b' must have K = a.shape\\[1\\] = 64"),
+        ((a.t().contiguous().t(), b), "argument 'a' must be contiguous along its last dimension"),
+        ((a, torch.empty(128, 100, device="cuda", dtype=torch.bfloat16)[:, :64]),
+         "argument 'b' must have a row stride that is a multiple of 8"),
+        # K = 519 with row stride 520: strides are fine, the base address is off by 2 bytes.
+        ((torch.empty(64, 520, device="cuda", dtype=torch.bfloat16)[:, 1:],
+          torch.empty(128, 520, device="cuda", dtype=torch.bfloat16)[:, :519]),
+         "argument 'a' must start at a 16-byte aligned address"),
+    ]
+    for args, match in cases:
+        with pytest.raises(InputError, match=match):
+            ops.bf16_gemm_nt(*args)
+    with pytest.raises(InputError, match="argument 'out' must have shape"):
+        ops.bf16_gemm_nt(a, b, out=torch.empty(64, 64, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="argument 'out' must be torch.bfloat16"):
+        ops.bf16_gemm_nt(a, b, out=torch.empty(64, 128, device="cuda"))
+    with pytest.raises(InputError, match="argument 'kernel' must name a kernel"):
+        ops.bf16_gemm_nt(a, b, kernel="no_such_kernel")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_operands_on_different_devices_are_refused(ops, gemm_kernels):
+    a, b = inputs(64, 128, 64)
+    with pytest.raises(InputError, match="argument 'b' must be on cuda:0"):
+        ops.bf16_gemm_nt(a, b.to("cuda:1"))
+
+
+# ------------------------------------------------------------------------------------------------
+# torch integration
+
+
+def test_opcheck(ops, gemm_kernels):
+    a, b = inputs(128, 256, 128, seed=4)
+    torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt.default, (a, b, ""))
+    out = torch.empty(128, 256, device="cuda", dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt_out.default, (a, b, out, ""))
+
+
+def test_torch_compile_fullgraph(ops, gemm_kernels):
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def f(a, b, c):
+        d = ops.bf16_gemm_nt(a, b)
+        e = torch.empty_like(d)
+        ops.bf16_gemm_nt(a, c, out=e)
+        return d.float() * 2 + e.float()
+
+    a, b = inputs(192, 256, 128, seed=5)
+    c = torch.randn_like(b)
+    expected = reference(a, b) * 2 + reference(a, c)
+    got = f(a, b, c)
+    assert torch.allclose(got, expected, rtol=3e-2, atol=3e-2 * float(expected.abs().max()))
+
+
+def test_cuda_graph_capture_and_replay(ops, gemm_kernels):
+    m, n, k = 384, 640, 256
+    a, b = inputs(m, n, k, seed=6)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    # Warm up on a side stream (loads the kernel, prepares the launch) as torch recommends.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.bf16_gemm_nt(a, b, out=out)
+        fresh = ops.bf16_gemm_nt(a, b)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.bf16_gemm_nt(a, b, out=out)
+        fresh = ops.bf16_gemm_nt(a, b)
+    new_a, new_b = inputs(m, n, k, seed=7)
+    a.copy_(new_a)
+    b.copy_(new_b)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference(new_a, new_b)
+    assert_matches(out, ref, "graph replay (out=)")
+    assert_matches(fresh, ref, "graph replay (new output)")
