@@ -125,7 +125,11 @@ def _bind_params(ptx_entry, bindings: list[dict]) -> list[Param]:
 
 
 def _compile(schedule: Schedule, workdir: Path) -> dict:
-    """Trace and compile one schedule; return its artifacts (cubin, PTX, manifest pieces)."""
+    """Trace and compile one schedule; return its artifacts (cubin, PTX, manifest pieces).
+
+    ``art["compiled"]`` is the DSL's compiled object (used by the ABI self-check); it is not
+    written anywhere.
+    """
     import cutlass.cute as cute
     from cutlass.cutlass_dsl import CuTeDSL
 
@@ -154,6 +158,8 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
         raise BuildError(f".reqntid {entry.reqntid} differs from the block {facts['block']}")
     params = _bind_params(entry, template.param_bindings())
     return {
+        "compiled": compiled,
+        "fake_arguments": args,
         "cubin": cubin,
         "ptx": ptx,
         "entry": entry,

@@ -5,12 +5,14 @@ Importing this module imports the CuTe DSL; only the generator does that.
 
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
@@ -198,7 +200,7 @@ class HopperGemmKernel:
         b: cute.Tensor,
         c: cute.Tensor,
         max_active_clusters: cutlass.Int32,
-        stream,
+        stream: cuda.CUstream,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -337,7 +339,7 @@ class HopperGemmKernel:
             self.b_dtype, b_smem_layout
         )
 
-        smem = utils.SmemAllocator()
+        smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
 
         mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1

@@ -1,0 +1,121 @@
+"""CPU tier: the ABI self-check. For real templates and concrete shapes, the bytes the CuTe DSL's own
+host code passes to the launch (captured by linking its `export_to_c` object against stub CUDA
+functions) must equal what the runtime packs from the manifest, and the launch facts must agree."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+
+from cutegen.gen import abi_probe as ap  # noqa: E402
+from cutegen.gen.build import _compile, _make_manifest  # noqa: E402
+from cutegen.gen.tensormap import DSL_FLAG_BITS, decode_tensor_map, encode_tensor_map  # noqa: E402
+from cutegen.runtime.launch import persistent_grid  # noqa: E402
+from cutegen.runtime.params import OperandInfo, pack_params, tma_args_from_binding  # noqa: E402
+from cutegen.schedules.naming import parse_name  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SCHEDULES = (
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+)
+# (M, N, K, padding of each leading dimension in elements, max active clusters)
+PROBLEMS = ((1000, 776, 520, 8, 66), (4096, 4096, 4096, 0, 132), (1, 128, 64, 64, 3))
+
+# cuTensorMapEncodeTiled's enum codes (CUtensorMapDataType / Swizzle / L2 promotion / ...).
+CU_DTYPE = {"bf16": 9, "f16": 6, "f32": 7, "e4m3": 0}
+CU_SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
+CU_L2 = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
+CU_INTERLEAVE = {"none": 0, "16B": 1, "32B": 2}
+CU_OOB = {"none": 0, "nan": 1}
+ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1}
+
+
+@pytest.fixture(scope="module", params=SCHEDULES)
+def compiled(request, tmp_path_factory):
+    if ap.find_runtime_static_lib() is None or shutil.which("gcc") is None:
+        pytest.fail("the ABI self-check needs gcc and the DSL's static runtime library")
+    schedule = parse_name(request.param)
+    art = _compile(schedule, tmp_path_factory.mktemp("compile"))
+    return schedule, art, _make_manifest(schedule, art, None)
+
+
+def encode_like_the_runtime(tma) -> bytes:
+    """What `cutegen.runtime.tma.encode_tiled` asks the driver for, encoded on the CPU."""
+    return encode_tensor_map(
+        tma.global_address,
+        CU_DTYPE[tma.dtype],
+        tma.global_dims,
+        tma.global_strides,
+        tma.box,
+        tma.element_strides,
+        interleave=CU_INTERLEAVE[tma.interleave],
+        swizzle=CU_SWIZZLE[tma.swizzle],
+        l2_promotion=CU_L2[tma.l2_promotion],
+        oob_fill=CU_OOB[tma.oob_fill],
+        dsl_flags=False,  # exactly what the driver writes
+    )
+
+
+def with_dsl_private_bits(ours: bytes, dsl: bytes) -> bytes:
+    """Copy the two flag bits only the DSL's own encoder sets (bits 65 and 85; no effect on the
+    copy was measured on an H200) from the DSL's descriptor; every other bit must already match."""
+    word = int.from_bytes(ours[8:16], "little")
+    theirs = int.from_bytes(dsl[8:16], "little")
+    for bit in DSL_FLAG_BITS:
+        word = (word & ~(1 << bit)) | (theirs & (1 << bit))
+    return ours[:8] + word.to_bytes(8, "little") + ours[16:]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: "x".join(map(str, p[:3])))
+def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
+    schedule, art, manifest = compiled
+    m, n, k, pad, max_clusters = problem
+    a_fake, b_fake, d_fake = art["fake_arguments"][:3]
+    operands = {
+        "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), "bf16"),
+        "b": OperandInfo(0x7F1000000000, (n, k), (k + pad, 1), "bf16"),
+        "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), "bf16"),
+    }
+    args = [
+        ap.ctensor_from_fake(a_fake, operands["a"].ptr, operands["a"].shape, operands["a"].strides),
+        ap.ctensor_from_fake(b_fake, operands["b"].ptr, operands["b"].shape, operands["b"].strides),
+        ap.ctensor_from_fake(d_fake, operands["d"].ptr, operands["d"].shape, operands["d"].strides),
+        ap.CScalar(max_clusters),
+        ap.CStream(0x5000),
+    ]
+    captured = ap.capture_launch(art["compiled"], args, tmp_path / "probe")
+
+    # Launch facts: block, cluster, dynamic shared memory, and the grid rule.
+    assert captured.block == tuple(manifest.block)
+    assert captured.cluster == tuple(manifest.cluster)
+    assert captured.smem_bytes == manifest.smem_bytes
+    grid, _ = persistent_grid(manifest.grid, m, n, max_clusters)
+    assert captured.grid == grid
+
+    # Parameters: the runtime's TMA recipes and extents, packed, equal the DSL's bytes.
+    extents = {"M": m, "N": n, "K": k}
+    maps = {}
+    for p in manifest.params:
+        if p.binding["kind"] != "tma":
+            continue
+        op = operands[p.binding["operand"]]
+        tma = tma_args_from_binding(p.binding, op.shape, op.strides, ELEM_BYTES[op.dtype], op.ptr, p.binding["operand"])
+        maps[p.name] = with_dsl_private_bits(encode_like_the_runtime(tma), captured.params[p.index])
+        # Field by field first, so a failure says which field differs.
+        dsl = decode_tensor_map(captured.params[p.index])
+        assert dsl["global_address"] == tma.global_address, p.name
+        assert dsl["global_dims"] == list(tma.global_dims), p.name
+        assert dsl["global_strides"] == list(tma.global_strides), p.name
+        assert dsl["box_dims"] == list(tma.box), p.name
+        assert dsl["element_strides"] == list(tma.element_strides), p.name
+        assert dsl["swizzle"] == tma.swizzle, p.name
+        assert dsl["l2_promotion"] == tma.l2_promotion, p.name
+        assert dsl["oob_fill"] == tma.oob_fill and dsl["interleave"] == tma.interleave, p.name
+    blob = pack_params(manifest, extents, operands, maps).tobytes()
+    ours = [blob[p.offset : p.offset + p.size] for p in manifest.params]
+    assert captured.mismatches(ours) == []
