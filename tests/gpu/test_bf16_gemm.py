@@ -78,18 +78,26 @@ def test_every_kernel_runs(ops, gemm_kernels, m, n, k):
         assert_matches(fresh, ref, f"{name} (new output)")
 
 
-def test_kernels_of_other_architectures_are_refused(ops, device_info):
-    cat = ops.catalogue()
-    others = [
-        e.name
-        for e in cat.entries(ops.OP_BF16_GEMM_NT)
-        if e.name not in {m.name for m in cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability)}
-    ]
-    if not others:
-        pytest.skip("the catalogue holds no kernel for another architecture")
-    a, b = inputs(64, 128, 64)
-    with pytest.raises(ArchMismatchError, match=f"this GPU is {device_info.arch}"):
-        ops.bf16_gemm_nt(a, b, kernel=others[0])
+def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kernels, tmp_path):
+    """A catalogue entry built for another architecture is refused with a clear message."""
+    import json
+    import shutil
+
+    from cutegen.runtime.catalogue import load_catalogue
+
+    src = ops.catalogue().build_dir
+    name = gemm_kernels[0]
+    shutil.copytree(src / name, tmp_path / name)
+    manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+    manifest["arch"] = "sm_100a"  # as an sm_100a build of the same kernel would say
+    (tmp_path / name / "manifest.json").write_text(json.dumps(manifest))
+    catalogue = json.loads((src / "catalogue.json").read_text())
+    catalogue["kernels"] = [dict(k, arch="sm_100a") for k in catalogue["kernels"] if k["name"] == name]
+    (tmp_path / "catalogue.json").write_text(json.dumps(catalogue))
+    cat = load_catalogue(tmp_path)
+    assert cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability) == []
+    with pytest.raises(ArchMismatchError, match="sm_100a"):
+        cat.load(name, 0)
 
 
 def test_new_output_with_ragged_n_and_strided_out(ops, gemm_kernels):
