@@ -20,8 +20,8 @@ from cutegen.schedules.naming import parse_name  # noqa: E402
 pytestmark = pytest.mark.slow
 
 SCHEDULES = (
-    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
-    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
 )
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
 PROBLEMS = ((1000, 776, 520, 8, 66), (4096, 4096, 4096, 0, 132), (1, 128, 64, 64, 3))

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 # Two schedules that between them cover: 1 and 2 math warpgroups, cluster 1x1 and 2x1 with
 # multicast of B, 128- and 256-wide tiles.
 REPRESENTATIVE = (
-    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
-    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
 )
 
 

@@ -19,7 +19,7 @@ from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Para
 from cutegen.schedules import all_expanded, default_schedules, procedural_name
 
 NAMES = [procedural_name(s) for s in default_schedules()]
-NAME = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+NAME = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -44,6 +44,7 @@ def with_invalid(tmp_path, monkeypatch):
             b_dtype = "bf16"
             c_dtype = "bf16"
             acc_dtype = "f32"
+            scale = "none"
             tile_k = 64
             stages = "auto"
             producer_regs = 40

@@ -20,6 +20,7 @@ from cutegen.schedules import (
     Multicast,
     Op,
     Raster,
+    ScaleFormat,
     Schedule,
     ScheduleError,
     ScheduleFileError,
@@ -39,7 +40,7 @@ from cutegen.schedules import predicates as preds
 from cutegen.schedules.spec import SM90_SMEM_OPT_IN_BYTES
 
 EXPECTED_DEFAULT_NAMES = sorted(
-    f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_epitma_rm_g8"
+    f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_epitma_rm_g8"
     for tile, stages, wg in (
         ("128x128x64", 6, 2),
         ("128x256x64", 4, 2),
@@ -56,6 +57,7 @@ BASE = Schedule(
     b_dtype=DType.BF16,
     c_dtype=DType.BF16,
     acc_dtype=DType.F32,
+    scale=ScaleFormat.NONE,
     tile_m=128,
     tile_n=256,
     tile_k=64,
@@ -135,6 +137,7 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     "multicast_box_divisible": [(bad(tile_n=8), "tile_n"), (bad(tile_n=8, tile_m=8), "tile_n")],
     "tma_alignment": [(bad(c_dtype=DType.E4M3, tile_n=24), "tile_n")],
     "group_size_positive": [(bad(group_size=0), "group_size")],
+    "scale_format_for_op": [(bad(scale=ScaleFormat.F32), "scale")],
     # epilogue_supported: only one Epilogue exists; see test_epilogue_supported.
 }
 
@@ -227,6 +230,7 @@ def _random_schedule(rng: random.Random) -> Schedule:
         b_dtype=rng.choice(list(DType)),
         c_dtype=rng.choice(list(DType)),
         acc_dtype=rng.choice(list(DType)),
+        scale=rng.choice(list(ScaleFormat)),
         tile_m=i(),
         tile_n=i(),
         tile_k=i(),
@@ -248,7 +252,7 @@ NAME_RE = re.compile(r"[a-z0-9_]+")
 
 def test_name_example():
     assert procedural_name(BASE) == (
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
     )
 
 
@@ -302,14 +306,14 @@ def test_every_field_changes_the_name():
         "",
         "foo",
         "cutegen",
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcB_s4_wg2_r40x232_epitma_rm_g8",
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s04_wg2_r40x232_epitma_rm_g8",
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
-        "cutegen_sm80_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_x",
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_gn0",
-        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g-1",
-        "xcutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcB_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s04_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm80_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_x",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_gn0",
+        "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g-1",
+        "xcutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     ],
 )
 def test_parse_name_rejects(name):
@@ -320,7 +324,7 @@ def test_parse_name_rejects(name):
 def test_parse_name_message_names_the_part():
     with pytest.raises(ValueError, match="multicast"):
         parse_name(
-            "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcx_s4_wg2_r40x232_epitma_rm_g8"
+            "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcx_s4_wg2_r40x232_epitma_rm_g8"
         )
 
 
@@ -333,6 +337,7 @@ a_dtype = "bf16"
 b_dtype = "bf16"
 c_dtype = "bf16"
 acc_dtype = "f32"
+scale = "none"
 tile_k = 64
 stages = "auto"
 producer_regs = 40

@@ -22,7 +22,7 @@ from .predicates import (
     predicate_results,
     violations,
 )
-from .spec import Arch, DType, Epilogue, Multicast, Op, Raster, Schedule
+from .spec import Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
 
 __all__ = [
     "Arch",
@@ -35,6 +35,7 @@ __all__ = [
     "Predicate",
     "PredicateResult",
     "Raster",
+    "ScaleFormat",
     "Schedule",
     "ScheduleError",
     "ScheduleFileError",

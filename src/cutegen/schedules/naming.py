@@ -1,21 +1,12 @@
 """Procedural kernel names: one readable, CUTLASS-style name per `Schedule`, and its inverse.
 
-A name encodes every field of the schedule, in a fixed order, as 16 parts joined by ``_``::
+A name encodes every field of the schedule, in a fixed order, as 17 parts joined by ``_``::
 
-    cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8
-    |       |     |    |    |    |    |   |          |    |   |  |   |       |      |  group_size
-    |       |     |    |    |    |    |   |          |    |   |  |   |       |      raster
-    |       |     |    |    |    |    |   |          |    |   |  |   |       epilogue
-    |       |     |    |    |    |    |   |          |    |   |  |   producer_regs x consumer_regs
-    |       |     |    |    |    |    |   |          |    |   |  math_warpgroups
-    |       |     |    |    |    |    |   |          |    |   stages
-    |       |     |    |    |    |    |   |          |    multicast
-    |       |     |    |    |    |    |   |          cluster_m x cluster_n
-    |       |     |    |    |    |    |   tile_m x tile_n x tile_k
-    |       |     |    |    a, b, c, acc dtypes
-    |       |     op
-    |       arch
-    prefix
+    cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8
+
+    parts in order: prefix, arch, op, a/b/c/acc dtypes, scale format (nosf, sff32, sfue8m0),
+    tile_m x tile_n x tile_k, cluster cMxN, multicast, stages sN, math warpgroups wgN,
+    registers rPRODUCERxCONSUMER, epilogue, raster, swizzle group gN.
 
 Enum fields use the enum's ``tag`` (lower-cased) where it has one, else its value. Integers are
 written in decimal without leading zeros; a negative integer (never valid, but the mapping is
@@ -29,7 +20,7 @@ import enum
 import re
 from typing import Any, Callable
 
-from .spec import _FIELD_TYPES, Arch, DType, Epilogue, Multicast, Op, Raster, Schedule
+from .spec import _FIELD_TYPES, Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
 
 PREFIX = "cutegen"
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
@@ -58,7 +49,7 @@ def _build_tags(cls: type[enum.Enum]) -> dict[str, Any]:
 
 
 _TAGS: dict[type, dict[str, Any]] = {
-    cls: _build_tags(cls) for cls in (Arch, Op, DType, Multicast, Epilogue, Raster)
+    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster)
 }
 
 
@@ -87,6 +78,7 @@ def procedural_name(s: Schedule) -> str:
         _enum(s.b_dtype, "b_dtype"),
         _enum(s.c_dtype, "c_dtype"),
         _enum(s.acc_dtype, "acc_dtype"),
+        _enum(s.scale, "scale"),
         f"{_int(s.tile_m, 'tile_m')}x{_int(s.tile_n, 'tile_n')}x{_int(s.tile_k, 'tile_k')}",
         f"c{_int(s.cluster_m, 'cluster_m')}x{_int(s.cluster_n, 'cluster_n')}",
         _enum(s.multicast, "multicast"),
@@ -139,6 +131,7 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _tag("b_dtype"),
     _tag("c_dtype"),
     _tag("acc_dtype"),
+    _tag("scale"),
     _ints("{i}x{i}x{i}", ("tile_m", "tile_n", "tile_k"), "a tile TILE_MxTILE_NxTILE_K, e.g. 128x256x64"),
     _ints("c{i}x{i}", ("cluster_m", "cluster_n"), "a cluster cMxN, e.g. c2x1"),
     _tag("multicast"),
@@ -150,7 +143,7 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
 )
 
-_EXAMPLE = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+_EXAMPLE = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
 
 
 def parse_name(name: str) -> Schedule:

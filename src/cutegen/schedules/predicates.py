@@ -21,6 +21,7 @@ from .spec import (
     DType,
     Epilogue,
     Op,
+    ScaleFormat,
     Schedule,
 )
 
@@ -34,6 +35,11 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
 # (a_dtype, b_dtype, c_dtype, acc_dtype) each op is written for.
 OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType]] = {
     Op.BF16_GEMM_NT: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
+}
+
+# Scale formats each op accepts (NONE for unscaled ops).
+OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
+    Op.BF16_GEMM_NT: frozenset({ScaleFormat.NONE}),
 }
 
 # Epilogues each architecture's templates implement.
@@ -187,6 +193,18 @@ def dtypes_for_op(s: Schedule) -> str | None:
         return None
     return f"{', '.join(bad)}: op {s.op.value} needs " + ", ".join(
         f"{n}={w.value}" for n, w in zip(names, want)
+    )
+
+
+@_rule()
+def scale_format_for_op(s: Schedule) -> str | None:
+    """The block-scale format is one the op is written for (none for unscaled ops)."""
+    want = OP_SCALES.get(s.op)
+    if want is None or s.scale in want:
+        return None
+    return (
+        f"scale={s.scale.value}: op {s.op.value} takes scale "
+        + " or ".join(sorted(w.value for w in want))
     )
 
 

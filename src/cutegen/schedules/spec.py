@@ -35,10 +35,11 @@ class Op(str, enum.Enum):
     """The operation a kernel implements; the value is the torch entry point's name."""
 
     BF16_GEMM_NT = "bf16_gemm_nt"
+    FP8_GEMM_NT = "fp8_gemm_nt"
 
     @property
     def tag(self) -> str:
-        return {"bf16_gemm_nt": "gemm"}[self.value]
+        return {"bf16_gemm_nt": "gemm", "fp8_gemm_nt": "fp8gemm"}[self.value]
 
 
 class DType(str, enum.Enum):
@@ -54,6 +55,18 @@ class DType(str, enum.Enum):
     @property
     def bytes(self) -> int:
         return self.bits // 8
+
+
+class ScaleFormat(str, enum.Enum):
+    """How block scales of quantised operands are stored (none for unscaled ops)."""
+
+    NONE = "none"
+    F32 = "f32"
+    UE8M0 = "ue8m0"
+
+    @property
+    def tag(self) -> str:
+        return {"none": "nosf", "f32": "sff32", "ue8m0": "sfue8m0"}[self.value]
 
 
 class Multicast(str, enum.Enum):
@@ -128,6 +141,7 @@ class Schedule:
     b_dtype: DType
     c_dtype: DType
     acc_dtype: DType
+    scale: ScaleFormat
     tile_m: int
     tile_n: int
     tile_k: int
@@ -213,6 +227,7 @@ _FIELD_TYPES: dict[str, Any] = {
     "b_dtype": DType,
     "c_dtype": DType,
     "acc_dtype": DType,
+    "scale": ScaleFormat,
     "tile_m": int,
     "tile_n": int,
     "tile_k": int,
