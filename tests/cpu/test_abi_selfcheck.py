@@ -22,9 +22,10 @@ pytestmark = pytest.mark.slow
 SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
 )
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
-PROBLEMS = ((1000, 776, 520, 8, 66), (4096, 4096, 4096, 0, 132), (1, 128, 64, 64, 3))
+PROBLEMS = ((1000, 776, 640, 16, 66), (4096, 4096, 4096, 0, 132), (1, 128, 128, 64, 3))
 
 # cuTensorMapEncodeTiled's enum codes (CUtensorMapDataType / Swizzle / L2 promotion / ...).
 CU_DTYPE = {"bf16": 9, "f16": 6, "f32": 7, "e4m3": 0}
@@ -75,19 +76,36 @@ def with_dsl_private_bits(ours: bytes, dsl: bytes) -> bytes:
 def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     schedule, art, manifest = compiled
     m, n, k, pad, max_clusters = problem
-    a_fake, b_fake, d_fake = art["fake_arguments"][:3]
+    ab = schedule.a_dtype.value
     operands = {
-        "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), "bf16"),
-        "b": OperandInfo(0x7F1000000000, (n, k), (k + pad, 1), "bf16"),
+        "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), ab),
+        "b": OperandInfo(0x7F1000000000, (n, k), (k + pad, 1), ab),
         "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), "bf16"),
     }
-    args = [
-        ap.ctensor_from_fake(a_fake, operands["a"].ptr, operands["a"].shape, operands["a"].strides),
-        ap.ctensor_from_fake(b_fake, operands["b"].ptr, operands["b"].shape, operands["b"].strides),
-        ap.ctensor_from_fake(d_fake, operands["d"].ptr, operands["d"].shape, operands["d"].strides),
-        ap.CScalar(max_clusters),
-        ap.CStream(0x5000),
-    ]
+    fakes = art["fake_arguments"]
+
+    def tensor(fake, name):
+        op = operands[name]
+        return ap.ctensor_from_fake(fake, op.ptr, op.shape, op.strides)
+
+    if schedule.block_scaled:
+        kb, nb = -(-k // 128), -(-n // 128)
+        operands["sfa"] = OperandInfo(0x7F3000000000, (m, kb), (1, -(-m // 4) * 4), "f32")
+        operands["sfb"] = OperandInfo(0x7F4000000000, (nb, kb), (kb, 1), "f32")
+        a_fake, sfa_fake, b_fake, _, d_fake = fakes[:5]
+        args = [
+            tensor(a_fake, "a"),
+            tensor(sfa_fake, "sfa"),
+            tensor(b_fake, "b"),
+            ap.CPointer(operands["sfb"].ptr),
+            tensor(d_fake, "d"),
+        ]
+        extents = {"M": m, "N": n, "K": k, "KB": kb, "NB": nb}
+    else:
+        a_fake, b_fake, d_fake = fakes[:3]
+        args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]
+        extents = {"M": m, "N": n, "K": k}
+    args += [ap.CScalar(max_clusters), ap.CStream(0x5000)]
     captured = ap.capture_launch(art["compiled"], args, tmp_path / "probe")
 
     # Launch facts: block, cluster, dynamic shared memory, and the grid rule.
@@ -98,7 +116,6 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     assert captured.grid == grid
 
     # Parameters: the runtime's TMA recipes and extents, packed, equal the DSL's bytes.
-    extents = {"M": m, "N": n, "K": k}
     maps = {}
     for p in manifest.params:
         if p.binding["kind"] != "tma":

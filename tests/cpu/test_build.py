@@ -25,7 +25,9 @@ pytestmark = pytest.mark.slow
 REPRESENTATIVE = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
 )
+EXPECTED_MMA = {"bf16_gemm_nt": "HGMMA", "fp8_gemm_nt": "QGMMA"}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def test_kernel_folder_contents(built, name):
     m = KernelManifest.from_json((d / "manifest.json").read_text())
     assert m.name == name
     assert m.sha256 == hashlib.sha256((d / "kernel.cubin").read_bytes()).hexdigest()
-    assert m.arch == "sm_90a" and m.op == "bf16_gemm_nt"
+    assert m.arch == "sm_90a" and m.op in EXPECTED_MMA
     assert m.toolchain["nvidia-cutlass-dsl"] == "4.8.1"
 
 
@@ -78,22 +80,29 @@ def test_manifest_matches_ptx(built, name):
         (p.offset, p.size, p.align) for p in m.params
     ]
     kinds = [p.binding["kind"] for p in m.params]
-    assert kinds == ["tma", "shape", "tma", "shape", "tma", "shape"]
+    if m.op == "fp8_gemm_nt":
+        assert kinds == ["tma", "shape", "tma", "shape", "tma", "shape", "pointer", "tma", "shape"]
+        assert [p.binding.get("operand") for p in m.params if p.binding["kind"] != "shape"] == [
+            "a", "b", "sfa", "sfb", "d"
+        ]
+    else:
+        assert kinds == ["tma", "shape", "tma", "shape", "tma", "shape"]
     s = m.schedule
     assert m.cluster == (s["cluster_m"], s["cluster_n"], 1)
     assert 0 < m.smem_bytes <= 232448
     # The B box is split across the multicast CTAs.
     tma_b = m.params[2].binding
-    assert tma_b["box"] == [64, s["tile_n"] // s["cluster_m"]]
+    assert tma_b["box"] == [s["tile_k"], s["tile_n"] // s["cluster_m"]]
 
 
 @pytest.mark.parametrize("name", REPRESENTATIVE)
-def test_sass_has_hgmma_and_no_local_memory(built, name):
+def test_sass_has_the_mma_and_no_local_memory(built, name):
+    mma = EXPECTED_MMA[KernelManifest.from_json((built["out"] / name / "manifest.json").read_text()).op]
     summary = json.loads((built["out"] / name / "sass_summary.json").read_text())
-    assert summary["mma"].get("HGMMA", 0) > 0, summary
+    assert summary["mma"].get(mma, 0) > 0, summary
     assert summary["local_loads"] == 0 and summary["local_stores"] == 0, summary
     assert summary["stack_bytes"] == 0
-    assert "HGMMA" in (built["out"] / name / "sass.txt").read_text()
+    assert mma in (built["out"] / name / "sass.txt").read_text()
 
 
 def test_catalogue_indexes_the_build(built):

@@ -18,7 +18,7 @@ from cutegen.gen.cli import main
 from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Param
 from cutegen.schedules import all_expanded, default_schedules, procedural_name
 
-NAMES = [procedural_name(s) for s in default_schedules()]
+NAMES = [procedural_name(s) for s in default_schedules(op="bf16_gemm_nt")]
 NAME = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
 
 
@@ -79,24 +79,24 @@ def test_list_defaults(capsys):
 
 
 def test_list_json_and_names(capsys):
-    rc, out, _ = run(capsys, "list", "--json")
+    rc, out, _ = run(capsys, "list", "--json", "--op", "bf16_gemm_nt")
     assert rc == 0
     data = json.loads(out)
     assert [d["name"] for d in data] == NAMES
     assert all(d["valid"] and d["violations"] == [] for d in data)
-    assert data[0]["derived"]["smem_bytes"] == default_schedules()[0].smem_bytes
+    assert data[0]["derived"]["smem_bytes"] == default_schedules(op="bf16_gemm_nt")[0].smem_bytes
     rc, out, _ = run(capsys, "list", "--names")
-    assert rc == 0 and out.split() == NAMES
+    assert rc == 0 and out.split() == [procedural_name(s) for s in default_schedules()]
 
 
 def test_list_patterns(capsys):
-    rc, out, _ = run(capsys, "list", "--names", "cutegen_*_c2x1_*")
+    rc, out, _ = run(capsys, "list", "--names", "--op", "bf16_gemm_nt", "cutegen_*_c2x1_*")
     assert rc == 0 and out.split() == [n for n in NAMES if "_c2x1_" in n]
-    rc, out, _ = run(capsys, "list", "--names", "128x256")  # substring
+    rc, out, _ = run(capsys, "list", "--names", "--op", "bf16_gemm_nt", "128x256")  # substring
     assert rc == 0 and out.split() == [n for n in NAMES if "128x256" in n]
-    rc, out, _ = run(capsys, "list", "--names", "128x256", "64x128x64")  # union
+    rc, out, _ = run(capsys, "list", "--names", "--op", "bf16_gemm_nt", "128x256", "64x128x64")  # union
     assert rc == 0 and len(out.split()) == 4
-    rc, out, _ = run(capsys, "list", "--names", "MCB")  # case-insensitive
+    rc, out, _ = run(capsys, "list", "--names", "--op", "bf16_gemm_nt", "MCB")  # case-insensitive
     assert rc == 0 and len(out.split()) == 4
 
 
@@ -265,7 +265,7 @@ def fake_build(monkeypatch):
 
 def test_build_defaults(capsys, fake_build):
     calls, _ = fake_build
-    rc, out, _ = run(capsys, "build")
+    rc, out, _ = run(capsys, "build", "--op", "bf16_gemm_nt")
     assert rc == 0
     assert "FAKE SUMMARY 8 kernels" in out
     (call,) = calls
@@ -277,7 +277,7 @@ def test_build_defaults(capsys, fake_build):
 
 def test_build_options(capsys, fake_build, tmp_path):
     calls, state = fake_build
-    rc, out, _ = run(capsys, "build", "c2x1", "-o", str(tmp_path), "-j", "3", "--force", "--arch", "sm_90a")
+    rc, out, _ = run(capsys, "build", "c2x1", "-o", str(tmp_path), "-j", "3", "--force", "--arch", "sm_90a", "--op", "bf16_gemm_nt")
     assert rc == 0
     (call,) = calls
     assert all(s.cluster_m == 2 for s in call["schedules"]) and len(call["schedules"]) == 4

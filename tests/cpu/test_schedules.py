@@ -95,16 +95,18 @@ def test_default_schedules_are_valid_unique_and_expected():
     names = [procedural_name(s) for s in scheds]
     assert len(set(names)) == len(names)
     assert names == sorted(names)
-    assert names == EXPECTED_DEFAULT_NAMES
+    bf16 = [n for n in names if "_gemm_bf16_" in n]
+    assert bf16 == EXPECTED_DEFAULT_NAMES
 
 
 def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
-    assert len(default_schedules(arch="sm_90a")) == 8
     assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 8
+    assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
+    assert len(default_schedules(arch="sm_90a")) >= 8
     assert default_schedules(arch="sm_100a") == []
-    entries = all_expanded()
+    entries = all_expanded(op=Op.BF16_GEMM_NT)
     assert all(e.valid and e.family == "hopper_bf16_gemm" and e.stages_auto for e in entries)
 
 
@@ -138,6 +140,11 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     "tma_alignment": [(bad(c_dtype=DType.E4M3, tile_n=24), "tile_n")],
     "group_size_positive": [(bad(group_size=0), "group_size")],
     "scale_format_for_op": [(bad(scale=ScaleFormat.F32), "scale")],
+    "epilogue_tile_divides": [(bad(tile_n=24), "tile_n")],
+    "scale_blocks_per_tile": [
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128, tile_n=176), "tile_n"),
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=64), "tile_k"),
+    ],
     # epilogue_supported: only one Epilogue exists; see test_epilogue_supported.
 }
 

@@ -64,7 +64,7 @@ class SassSummary:
         for op, n in sorted(self.mma.items()):
             lines.append(f"{op:<20}{n}")
         for shape, n in sorted(self.mma_shapes.items()):
-            lines.append(f"  {shape:<18}{n}")
+            lines.append(f"  {shape:<30} {n}")
         lines += [
             f"LDL (local loads)   {self.local_loads}",
             f"STL (local stores)  {self.local_stores}",

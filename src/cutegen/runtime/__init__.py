@@ -4,6 +4,7 @@ Importing this package is cheap: it loads no torch and no CUDA library. The heav
 reached lazily by attribute:
 
 * ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.ops`; imports torch on first access);
+* ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
 * ``load_catalogue`` / ``KernelCatalogue`` (`catalogue`), ``LoadedKernel`` (`driver`),
   ``choose`` / ``explain`` (`heuristics`). The launcher is ``cutegen.runtime.launch.launch``
   (the submodule's name would shadow a lazy attribute).
@@ -28,6 +29,8 @@ from .errors import (
 
 _LAZY = {
     "bf16_gemm_nt": "ops",
+    "fp8_gemm_nt": "fp8_ops",
+    "to_mn_major_tma_aligned": "fp8_ops",
     "load_catalogue": "catalogue",
     "KernelCatalogue": "catalogue",
     "LoadedKernel": "driver",

@@ -1,6 +1,6 @@
 """Kernel choice: a deterministic analytic cost model, overridden by an optional tuning table.
 
-Pure Python, no GPU. For GEMM-like ops (``bf16_gemm_nt``: D[M,N] = A[M,K] B[N,K]^T) each
+Pure Python, no GPU. For GEMM-like ops (``bf16_gemm_nt``, ``fp8_gemm_nt``: D[M,N] = A[M,K] B[N,K]^T) each
 candidate manifest is scored from its grid rule (tile and cluster shape) and its schedule's
 multicast:
 
@@ -8,7 +8,8 @@ multicast:
 * ``usable SMs = num_sms`` rounded down to a multiple of the cluster size; a wave is
   ``usable / cluster_size`` clusters; ``waves = ceil(cluster_tiles / clusters per wave)``;
   ``wave efficiency = tiles / (waves * usable)`` (reported, not used directly).
-* Per tile (one CTA, roofline): compute time ``2*tile_m*tile_n*K / per-SM FLOP rate``; memory time
+* Per tile (one CTA, roofline): compute time ``2*tile_m*tile_n*K / per-SM FLOP rate`` (twice the
+  bf16 rate for 8-bit operands); memory time
   ``bytes / per-SM bandwidth`` with ``bytes = (tile_m*a_bytes/mc_a + tile_n*b_bytes/mc_b)*K +
   tile_m*tile_n*d_bytes``. ``mc_a``/``mc_b`` are the multicast factors that actually share data
   (A is multicast along the cluster's N side, B along its M side, capped by the tile counts, so a
@@ -95,11 +96,15 @@ def _multicast(manifest: KernelManifest) -> str:
     return value if value in ("none", "a", "b", "ab") else "none"
 
 
-def _operand_bytes(manifest: KernelManifest, index: int, default: int = 2) -> int:
-    try:
-        return DTYPE_BYTES.get(manifest.operands[index].dtype, default)
-    except IndexError:
-        return default
+def _operand_bytes(manifest: KernelManifest, name: str, default: int = 2) -> int:
+    for operand in manifest.operands:
+        if operand.name == name:
+            return DTYPE_BYTES.get(operand.dtype, default)
+    return default
+
+
+# Tensor-core rate relative to bf16: 8-bit operands run at twice the rate.
+_RATE_BY_ELEMENT_BYTES = {1: 2.0, 2: 1.0, 4: 0.5}
 
 
 def score(
@@ -126,11 +131,11 @@ def score(
     multicast = _multicast(manifest)
     mc_a = min(cn, tiles_n) if multicast in ("a", "ab") else 1
     mc_b = min(cm, tiles_m) if multicast in ("b", "ab") else 1
-    a_bytes, b_bytes, d_bytes = (_operand_bytes(manifest, i) for i in range(3))
+    a_bytes, b_bytes, d_bytes = (_operand_bytes(manifest, name) for name in ("a", "b", "d"))
     tile_bytes = (tm * a_bytes / mc_a + tn * b_bytes / mc_b) * k + tm * tn * d_bytes
     active = max(1, min(tiles, clusters_per_wave * cluster_size))
     sm_bandwidth = min(model.operand_bandwidth / active, model.sm_bandwidth_cap)
-    compute = 2.0 * tm * tn * k / model.flops_per_sm
+    compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
     memory = tile_bytes / sm_bandwidth
     estimated = waves * max(compute, memory)
     return Score(

@@ -12,9 +12,11 @@ the predicate's ``doc``. To support a new arch/op, extend the tables at the top.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Iterable
 
 from .spec import (
+    SCALE_BLOCK,
     SM90_REGISTERS_PER_SM,
     THREADS_PER_WARPGROUP,
     Arch,
@@ -30,16 +32,20 @@ from .spec import (
 # Architectures each op has a template for.
 OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.BF16_GEMM_NT: frozenset({Arch.SM90A}),
+    Op.FP8_GEMM_NT: frozenset({Arch.SM90A}),
 }
 
 # (a_dtype, b_dtype, c_dtype, acc_dtype) each op is written for.
 OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType]] = {
     Op.BF16_GEMM_NT: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
+    Op.FP8_GEMM_NT: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
 }
 
 # Scale formats each op accepts (NONE for unscaled ops).
 OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.BF16_GEMM_NT: frozenset({ScaleFormat.NONE}),
+    # Hopper takes fp32 scales (UE8M0 is the Blackwell format).
+    Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32}),
 }
 
 # Epilogues each architecture's templates implement.
@@ -310,17 +316,53 @@ def register_budget(s: Schedule) -> str | None:
 
 @_rule(archs=_SM90)
 def accumulator_registers(s: Schedule) -> str | None:
-    """The accumulators leave 72 registers of headroom under consumer_regs."""
+    """The accumulators leave 72 registers of headroom under consumer_regs (block-scaled ops
+    hold two accumulator sets: the WGMMA one and the promoted sum)."""
     if s.math_warpgroups < 1:
         return None  # math_warpgroups_range reports it
-    acc = s.accumulators_per_thread
+    acc = s.accumulator_registers
     room = s.consumer_regs - REGISTER_HEADROOM
     if acc <= room:
         return None
+    sets = " x 2 accumulator sets" if s.block_scaled else ""
     return (
-        f"tile_m={s.tile_m}, tile_n={s.tile_n}: {acc} accumulators per math thread "
-        f"(tile_m x tile_n / (128 x math_warpgroups={s.math_warpgroups})) exceed "
+        f"tile_m={s.tile_m}, tile_n={s.tile_n}: {acc} accumulator registers per math thread "
+        f"(tile_m x tile_n / (128 x math_warpgroups={s.math_warpgroups}){sets}) exceed "
         f"consumer_regs={s.consumer_regs} - {REGISTER_HEADROOM} headroom = {room}"
+    )
+
+
+@_rule()
+def epilogue_tile_divides(s: Schedule) -> str | None:
+    """The epilogue's sub-tile divides the CTA tile, so every sub-tile is a full TMA store."""
+    em, en = s.epi_tile
+    if em <= 0 or en <= 0:
+        return None  # the tile rules report it
+    if s.tile_m % em == 0 and s.tile_n % en == 0:
+        return None
+    return (
+        f"tile_n={s.tile_n}, tile_m={s.tile_m}: the epilogue stores {em}x{en} sub-tiles, which "
+        f"must divide the tile (tile_n a multiple of 16)"
+    )
+
+
+@_rule()
+def scale_blocks_per_tile(s: Schedule) -> str | None:
+    """A block-scaled tile spans at most two 128-column blocks of SFB wherever it starts
+    (tile_n - gcd(tile_n, 128) <= 128), and tile_k is one 128-wide scale block."""
+    if not s.block_scaled:
+        return None
+    if s.tile_k != SCALE_BLOCK:
+        return f"tile_k={s.tile_k}: block-scaled ops promote per {SCALE_BLOCK}-wide K block, so tile_k must be {SCALE_BLOCK}"
+    if s.tile_n <= 0:
+        return None  # tile_n_wgmma reports it
+    span = s.tile_n - math.gcd(s.tile_n, SCALE_BLOCK)
+    if span <= SCALE_BLOCK:
+        return None
+    return (
+        f"tile_n={s.tile_n}: a tile can start {SCALE_BLOCK - math.gcd(s.tile_n, SCALE_BLOCK)} columns "
+        f"into a {SCALE_BLOCK}-column scale block and then spans three SFB blocks; the kernel "
+        f"selects between two (tile_n - gcd(tile_n, {SCALE_BLOCK}) must be <= {SCALE_BLOCK})"
     )
 
 

@@ -125,6 +125,8 @@ THREADS_PER_WARPGROUP = 128
 SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
+# Block-scaled ops: one scale per 128 elements along K (and per 128 rows of B).
+SCALE_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -167,14 +169,21 @@ class Schedule:
         return (1 + self.math_warpgroups) * THREADS_PER_WARPGROUP
 
     @property
+    def block_scaled(self) -> bool:
+        return self.scale != ScaleFormat.NONE
+
+    @property
     def stage_bytes(self) -> int:
-        """Shared memory of one A+B pipeline stage."""
-        return self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
+        """Shared memory of one pipeline stage: A and B tiles, plus the tile's SFA column when scaled."""
+        ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
+        return ab + (4 * self.tile_m if self.block_scaled else 0)
 
     @property
     def epi_tile(self) -> tuple[int, int]:
         """The (M, N) sub-tile one epilogue step moves through shared memory with one TMA store."""
-        return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, 32))
+        # 32 columns per step when they divide the tile, else 16 (tiles such as 112 or 144 wide).
+        en = 32 if self.tile_n % 32 == 0 else 16
+        return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, en))
 
     @property
     def epilogue_bytes(self) -> int:
@@ -199,6 +208,14 @@ class Schedule:
     @property
     def accumulators_per_thread(self) -> int:
         return self.tile_m * self.tile_n // (self.math_warpgroups * THREADS_PER_WARPGROUP)
+
+    @property
+    def accumulator_registers(self) -> int:
+        """fp32 registers per math thread that hold accumulators: the block-scaled path keeps
+        both the WGMMA accumulator and the promoted sum."""
+        if self.block_scaled:
+            return 2 * self.accumulators_per_thread
+        return self.accumulators_per_thread
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -1,4 +1,8 @@
-"""Hopper (sm_90a) warp-specialised persistent GEMM template: D[M,N] = A[M,K] · B[N,K]ᵀ, bf16 in and out.
+"""Hopper (sm_90a) warp-specialised persistent GEMM templates: D[M,N] = A[M,K] · B[N,K]ᵀ.
+
+Two ops share one kernel: `bf16_gemm_nt` (bf16 operands, fp32 accumulation) and `fp8_gemm_nt`
+(e4m3 operands with DeepSeek-V3 block scales: fp32 per 1x128 of A, per 128x128 of B, promoted into
+fp32 registers after every 128-wide K block). D is bf16.
 
 Importing this module imports the CuTe DSL; only the generator does that.
 """
@@ -18,9 +22,11 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.schedules.spec import (
     EPILOGUE_STAGES,
+    SCALE_BLOCK,
     THREADS_PER_WARPGROUP,
     DType,
     Raster,
+    ScaleFormat,
     Schedule,
 )
 
@@ -66,8 +72,17 @@ class HopperGemmKernel:
         swizzled shared-memory ring of EPILOGUE_STAGES sub-tiles, one elected warp issues the TMA
         store of each sub-tile.
 
+    Block-scaled path (`fp8_gemm_nt`, scale = f32; K a multiple of 128 = tile_k): each stage also
+    holds the tile's column of SFA (tile_m fp32, loaded by TMA with A from the MN-major,
+    TMA-aligned SFA [M, ⌈K/128⌉]); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math
+    threads (one or two values per K block: a tile spans at most two 128-column scale blocks).
+    Per K block each math warpgroup zeroes its WGMMA accumulator (ACCUMULATE=False on the first
+    MMA), waits for its own WGMMAs, reads its rows' SFA from the stage, releases the stage and
+    promotes: final += acc · sfa[row] · sfb[col block]. The two math warpgroups own different
+    rows, so one promotes while the other's WGMMAs run on the tensor cores.
+
     Pipelines:
-      - **mainloop** (PipelineTmaAsync, `stages` slots of A+B): producer = the TMA warp (one
+      - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
         arrive per stage with the transaction byte count of A+B, completed by the TMA unit);
         consumers = every math warp of every CTA that receives the stage through multicast: the
         empty barrier expects `mcast_size · 4 · math_warpgroups` warp arrivals, where
@@ -110,6 +125,9 @@ class HopperGemmKernel:
         self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
         self.raster_along_m = s.raster == Raster.ALONG_M
+        self.block_scaled = s.scale != ScaleFormat.NONE
+        # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
+        self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         self.group_size = s.group_size
         self.buffer_align_bytes = 1024
         self.load_warp_id = 0
@@ -183,14 +201,35 @@ class HopperGemmKernel:
         # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
         a_rows = tm // cn if self.is_a_mcast else tm
         b_rows = tn // cm if self.is_b_mcast else tn
-        return [
+        params = [
             {"name": "tma_a", **tma("a", s.a_dtype, a_rows, tk)},
             {"name": "extents_a", **shape("a", ["M", "K"])},
             {"name": "tma_b", **tma("b", s.b_dtype, b_rows, tk)},
             {"name": "extents_b", **shape("b", ["N", "K"])},
+        ]
+        if self.block_scaled:
+            params += [
+                {
+                    "name": "tma_sfa",
+                    "kind": "tma",
+                    "operand": "sfa",
+                    "dtype": "f32",
+                    # SFA [M, KB] is contiguous along M: TMA dimension 0 is M.
+                    "modes": [0, 1],
+                    "box": [tm, 1],
+                    "swizzle": "none",
+                    "interleave": "none",
+                    "l2_promotion": "128B",
+                    "oob_fill": "none",
+                },
+                {"name": "extents_sfa", **shape("sfa", ["M", "KB"])},
+                {"name": "sfb", "kind": "pointer", "operand": "sfb"},
+            ]
+        params += [
             {"name": "tma_d", **tma("d", s.c_dtype, em, en)},
             {"name": "extents_d", **shape("d", ["M", "N"])},
         ]
+        return params
 
     # ---- host side --------------------------------------------------------------------------
     @cute.jit
@@ -198,10 +237,15 @@ class HopperGemmKernel:
         self,
         a: cute.Tensor,
         b: cute.Tensor,
-        c: cute.Tensor,
+        d: cute.Tensor,
         max_active_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
+        """`bf16_gemm_nt`: D = A · Bᵀ."""
+        self._launch(a, b, d, None, None, max_active_clusters, stream)
+
+    @cute.jit
+    def _launch(self, a, b, c, sfa, sfb, max_active_clusters, stream):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
         a_staged, b_staged, epi_staged = self._make_smem_layouts()
@@ -233,6 +277,18 @@ class HopperGemmKernel:
             cute.slice_(epi_staged, (None, None, 0)),
             self.epi_tile,
         )
+        # SFA: one column of tile_m scales per stage, contiguous along M (no swizzle).
+        sfa_staged = cute.make_layout((tm, 1, self.ab_stage), stride=(1, 0, tm))
+        tma_atom_sfa = None
+        tma_tensor_sfa = None
+        if cutlass.const_expr(self.block_scaled):
+            tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(),
+                sfa,
+                cute.make_layout((tm, 1)),
+                (tm, 1),
+            )
+        sfa_elems = tm * self.ab_stage if self.block_scaled else 1
 
         @cute.struct
         class SharedStorage:
@@ -249,6 +305,7 @@ class HopperGemmKernel:
                 cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged)],
                 self.buffer_align_bytes,
             ]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfa_elems], 128]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -267,10 +324,14 @@ class HopperGemmKernel:
             tma_tensor_a,
             tma_atom_b,
             tma_tensor_b,
+            tma_atom_sfa,
+            tma_tensor_sfa,
+            sfb,
             tma_atom_c,
             tma_tensor_c,
             a_staged,
             b_staged,
+            sfa_staged,
             epi_staged,
         ).launch(
             grid=[cm, cn, persistent],
@@ -301,6 +362,77 @@ class HopperGemmKernel:
             local = t - band * per_band
             return local // cols, first + local % cols
 
+    @cute.jit
+    def _mainloop(
+        self, tiled_mma, acc, tCrA, tCrB, pipe, read_state, release_state, k_tile_cnt, num_k_blocks
+    ):
+        """Unscaled mainloop: accumulate every K block into `acc`, one WGMMA batch in flight."""
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.fence()
+        pipe.consumer_wait(read_state)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            coord = (None, None, kb, read_state.index)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+        warpgroup.commit_group()
+        read_state.advance()
+        for k_tile in range(1, k_tile_cnt):
+            pipe.consumer_wait(read_state)
+            for kb in cutlass.range_constexpr(num_k_blocks):
+                coord = (None, None, kb, read_state.index)
+                cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+            warpgroup.commit_group()
+            # The previous batch is done once at most one group is pending.
+            warpgroup.wait_group(1)
+            pipe.consumer_release(release_state)
+            release_state.advance()
+            read_state.advance()
+        warpgroup.wait_group(0)
+        pipe.consumer_release(release_state)
+        release_state.advance()
+
+    @cute.jit
+    def _mainloop_block_scaled(
+        self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        k_tile_cnt, num_k_blocks, tile_n,
+    ):
+        """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
+        promoted += acc · sfa[row] · sfb[column block] in fp32 registers."""
+        tn = self.tile_shape_mnk[1]
+        n0 = tile_n * tn
+        nb0 = n0 // SCALE_BLOCK
+        nb_last = mSFB.shape[0] - 1
+        nb1 = cutlass.min(nb0 + 1, nb_last)
+        # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
+        boundary = (nb0 + 1) * SCALE_BLOCK - n0
+        promoted.fill(0.0)
+        for k_tile in range(k_tile_cnt):
+            # Issue the SFB loads before waiting for the stage: their latency hides behind it.
+            sfb0 = mSFB[(nb0, k_tile)]
+            sfb1 = sfb0
+            if cutlass.const_expr(not self.single_sfb_block):
+                sfb1 = mSFB[(nb1, k_tile)]
+            pipe.consumer_wait(read_state)
+            warpgroup.fence()
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+            for kb in cutlass.range_constexpr(num_k_blocks):
+                coord = (None, None, kb, read_state.index)
+                cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            # This thread's rows' SFA, read before the stage is handed back to the producer.
+            sfa = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                sfa[i] = sSFA[(tCcC[i][0], 0, read_state.index)]
+            pipe.consumer_release(read_state)
+            read_state.advance()
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                sfb = sfb0
+                if cutlass.const_expr(not self.single_sfb_block):
+                    sfb = sfb0 if tCcC[i][1] < boundary else sfb1
+                promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
+
     @cute.kernel
     def kernel(
         self,
@@ -308,10 +440,14 @@ class HopperGemmKernel:
         mA_mk: cute.Tensor,
         tma_atom_b: cute.CopyAtom,
         mB_nk: cute.Tensor,
+        tma_atom_sfa,
+        mSFA_mk,
+        sfb_ptr,
         tma_atom_c: cute.CopyAtom,
         mC_mn: cute.Tensor,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
+        sfa_smem_layout_staged: cute.Layout,
         epi_smem_layout_staged: cute.ComposedLayout,
     ):
         tm, tn, tk = self.tile_shape_mnk
@@ -323,6 +459,8 @@ class HopperGemmKernel:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_c)
+            if cutlass.const_expr(self.block_scaled):
+                cpasync.prefetch_descriptor(tma_atom_sfa)
 
         tiled_mma = self._make_tiled_mma()
         cta_layout_mnk = cute.make_layout((cm, cn, 1))
@@ -338,6 +476,8 @@ class HopperGemmKernel:
         tma_copy_bytes = cute.size_in_bytes(self.a_dtype, a_smem_layout) + cute.size_in_bytes(
             self.b_dtype, b_smem_layout
         )
+        if cutlass.const_expr(self.block_scaled):
+            tma_copy_bytes += tm * 4
 
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -360,6 +500,27 @@ class HopperGemmKernel:
         sC = storage.sC.get_tensor(
             epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner
         )
+
+        # SFA stage buffers and their TMA partition; SFB as a [⌈N/128⌉, ⌈K/128⌉] row-major view.
+        sSFA = None
+        tSFAsSFA = None
+        tSFAgSFA = None
+        mSFB = None
+        if cutlass.const_expr(self.block_scaled):
+            sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
+            gSFA = cute.local_tile(mSFA_mk, (tm, 1), (None, None))
+            tSFAsSFA, tSFAgSFA = cpasync.tma_partition(
+                tma_atom_sfa,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sSFA, 0, 2),
+                cute.group_modes(gSFA, 0, 2),
+            )
+            k_blocks = mSFA_mk.shape[1]
+            n_blocks = (mC_mn.shape[1] + SCALE_BLOCK - 1) // SCALE_BLOCK
+            mSFB = cute.make_tensor(
+                sfb_ptr, cute.make_layout((n_blocks, k_blocks), stride=(k_blocks, 1))
+            )
 
         # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK), (bM, bN, RestM, RestN)
         gA_mk = cute.local_tile(mA_mk, (tm, tk), (None, None))
@@ -392,6 +553,16 @@ class HopperGemmKernel:
         tCrB = tiled_mma.make_fragment_B(tCsB)
         tCgC = thr_mma.partition_C(gC_mn)
         accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
+        # The block-scaled path promotes each K block's WGMMA result into `promoted`; the
+        # epilogue stores whichever tensor holds the final sum.
+        promoted = accumulators
+        tCcC = None
+        if cutlass.const_expr(self.block_scaled):
+            promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
+            # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
+            # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's).
+            thr_mma_own = tiled_mma.get_slice(tidx - THREADS_PER_WARPGROUP)
+            tCcC = thr_mma_own.partition_C(cute.make_identity_tensor((tm, tn)))
 
         k_tile_cnt = cute.size(gA_mk, mode=[3])
         tiles_m = cute.size(gC_mn, mode=[2])
@@ -437,6 +608,13 @@ class HopperGemmKernel:
                         tma_bar_ptr=barrier,
                         mcast_mask=b_mcast_mask,
                     )
+                    if cutlass.const_expr(self.block_scaled):
+                        cute.copy(
+                            tma_atom_sfa,
+                            tSFAgSFA[(None, tile_m, producer_state.count)],
+                            tSFAsSFA[(None, producer_state.index)],
+                            tma_bar_ptr=barrier,
+                        )
                     mainloop_pipeline.producer_commit(producer_state)
                     producer_state.advance()
                 t += tile_stride
@@ -464,7 +642,7 @@ class HopperGemmKernel:
             tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, tiled_copy_c_atom)
             thr_copy_r2s = tiled_copy_r2s.get_slice(tidx - THREADS_PER_WARPGROUP)
             tRS_sD = thr_copy_r2s.partition_D(sC)
-            tRS_rAcc = tiled_copy_r2s.retile(accumulators)
+            tRS_rAcc = tiled_copy_r2s.retile(promoted)
             rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))
             tRS_rD = cute.make_rmem_tensor(rD_shape[:3], self.acc_dtype)
             tRS_rD_out = cute.make_rmem_tensor(rD_shape[:3], self.c_dtype)
@@ -490,33 +668,16 @@ class HopperGemmKernel:
 
                 read_state.reset_count()
                 release_state.reset_count()
-                accumulators.fill(0.0)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.fence()
-
-                # Prologue: one WGMMA batch in flight before the steady state.
-                mainloop_pipeline.consumer_wait(read_state)
-                for kb in cutlass.range_constexpr(num_k_blocks):
-                    coord = (None, None, kb, read_state.index)
-                    cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
-                warpgroup.commit_group()
-                read_state.advance()
-
-                for k_tile in range(1, k_tile_cnt):
-                    mainloop_pipeline.consumer_wait(read_state)
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        coord = (None, None, kb, read_state.index)
-                        cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
-                    warpgroup.commit_group()
-                    # The previous batch is done once at most one group is pending.
-                    warpgroup.wait_group(1)
-                    mainloop_pipeline.consumer_release(release_state)
-                    release_state.advance()
-                    read_state.advance()
-
-                warpgroup.wait_group(0)
-                mainloop_pipeline.consumer_release(release_state)
-                release_state.advance()
+                if cutlass.const_expr(self.block_scaled):
+                    self._mainloop_block_scaled(
+                        tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
+                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
+                    )
+                else:
+                    self._mainloop(
+                        tiled_mma, accumulators, tCrA, tCrB, mainloop_pipeline, read_state,
+                        release_state, k_tile_cnt, num_k_blocks,
+                    )
 
                 # Epilogue.
                 tCgC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
@@ -553,6 +714,23 @@ class HopperGemmKernel:
             store_pipeline.producer_tail()
 
 
+class HopperFp8GemmKernel(HopperGemmKernel):
+    """`fp8_gemm_nt`: D = (A · sfa) · (B · sfb)ᵀ with 1x128 / 128x128 fp32 block scales."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
+
+
 class HopperGemmTemplate:
     """The generator's view of this template: fake arguments, launch facts and the ABI."""
 
@@ -561,7 +739,12 @@ class HopperGemmTemplate:
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
-        self.kernel = HopperGemmKernel(schedule)
+        self.block_scaled = schedule.scale != ScaleFormat.NONE
+        if self.block_scaled:
+            self.expected_mma = "QGMMA"
+            self.kernel = HopperFp8GemmKernel(schedule)
+        else:
+            self.kernel = HopperGemmKernel(schedule)
 
     def fake_arguments(self) -> tuple:
         """Arguments for `cute.compile`: dynamic M, N, K and leading strides (16-byte aligned)."""
@@ -579,15 +762,32 @@ class HopperGemmTemplate:
         a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
         b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
         d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
-        return (a, b, d, cutlass.Int32(1), make_fake_stream())
+        if not self.block_scaled:
+            return (a, b, d, cutlass.Int32(1), make_fake_stream())
+        from cutlass.cute.runtime import make_ptr
+
+        # SFA [M, ⌈K/128⌉], MN-major with a 16-byte aligned column stride (align(M, 4)).
+        kb = cute.sym_int32(symbol="KB")
+        sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+        sfb = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
 
     def operands(self) -> list[dict]:
         s = self.schedule
-        return [
+        ops = [
             {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
             {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "d", "dtype": s.c_dtype.value, "shape": ["M", "N"], "contiguous_mode": 1, "align_bytes": 16},
         ]
+        if self.block_scaled:
+            ops += [
+                {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
+                # Row-major and contiguous [NB, KB]; the kernel derives its strides from K.
+                {"name": "sfb", "dtype": "f32", "shape": ["NB", "KB"], "contiguous_mode": 1, "align_bytes": 4},
+            ]
+        ops.append(
+            {"name": "d", "dtype": s.c_dtype.value, "shape": ["M", "N"], "contiguous_mode": 1, "align_bytes": 16}
+        )
+        return ops
 
     def grid_rule(self) -> dict:
         s = self.schedule

@@ -11,6 +11,7 @@ from cutegen.schedules.spec import Arch, Op, Schedule
 # (arch, op) → "module:Class"
 _TEMPLATES: dict[tuple[Arch, Op], str] = {
     (Arch.SM90A, Op.BF16_GEMM_NT): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
+    (Arch.SM90A, Op.FP8_GEMM_NT): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
 }
 
 

@@ -1,0 +1,244 @@
+"""PyTorch entry point of the FP8 GEMM with DeepSeek-V3 block scales (``torch.ops.cutegen.fp8_gemm_nt``).
+
+``fp8_gemm_nt(a, sfa, b, sfb, out=None, *, kernel=None)`` computes, DeepGEMM-compatibly,
+D[M, N] (bf16) = Σ_kb (A[:, kb] · sfa[:, kb]) · (B[:, kb] · sfb[n/128, kb])ᵀ with fp32 promotion
+after every 128-wide K block:
+
+* ``a`` [M, K], ``b`` [N, K]: ``torch.float8_e4m3fn`` CUDA tensors, K-major (``stride(1) == 1``),
+  K a multiple of 128, row strides multiples of 16 elements (16 bytes), 16-byte aligned bases.
+* ``sfa``: fp32 [M, ⌈K/128⌉] per 1x128 block of A, **MN-major and TMA-aligned**: strides
+  (1, align(M, 4)) — the layout DeepGEMM users produce. `to_mn_major_tma_aligned` converts a
+  row-major SFA into it (and returns it unchanged when it already is).
+* ``sfb``: fp32 [⌈N/128⌉, ⌈K/128⌉] per 128x128 block of B, row-major contiguous.
+* ``out`` (optional): bf16 [M, N], ``stride(1) == 1``, row stride a multiple of 8, 16-byte aligned.
+* M == 0 or N == 0: nothing is launched; K == 0: the result is zero-filled.
+
+Bad inputs raise `InputError` naming the argument before anything is launched. What cannot be
+checked without reading device memory: that the scales are finite and positive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import ops
+from .errors import InputError, KernelLoadError
+from .launch import launch
+
+OP_FP8_GEMM_NT = "fp8_gemm_nt"
+SCALE_BLOCK = 128
+FP8_ROW_ALIGN_ELEMS = 16  # 16 bytes of e4m3
+OUT_ROW_ALIGN_ELEMS = 8  # 16 bytes of bf16
+SFA_COLUMN_ALIGN = 4  # 16 bytes of fp32: TMA's stride rule
+PTR_ALIGN_BYTES = 16
+
+
+def _fail(arg: str, what: str) -> InputError:
+    return InputError(f"{OP_FP8_GEMM_NT}: argument '{arg}' {what}")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tma_aligned_rows(m: int) -> int:
+    """The column stride of an MN-major TMA-aligned scale tensor with m rows: align(m, 4)."""
+    return ceil_div(m, SFA_COLUMN_ALIGN) * SFA_COLUMN_ALIGN
+
+
+def is_mn_major_tma_aligned(sf: torch.Tensor) -> bool:
+    """True when `sf` [M, G] has strides (1, align(M, 4)) (a mode of extent 1 may have any stride)."""
+    if sf.dim() != 2:
+        return False
+    m, g = sf.shape
+    unit_ok = m <= 1 or sf.stride(0) == 1
+    column_ok = g <= 1 or sf.stride(1) == tma_aligned_rows(m)
+    return unit_ok and column_ok
+
+
+def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
+    """SFA in the MN-major, TMA-aligned layout `fp8_gemm_nt` takes: [M, G] with strides
+    (1, align(M, 4)). Returns `sf` itself when it already has that layout, else a copy."""
+    if not isinstance(sf, torch.Tensor) or sf.dim() != 2:
+        raise InputError(f"to_mn_major_tma_aligned: expected a 2-D [M, G] tensor, got {sf!r:.80}")
+    if is_mn_major_tma_aligned(sf):
+        return sf
+    m, g = sf.shape
+    storage = torch.empty((g, tma_aligned_rows(m)), dtype=sf.dtype, device=sf.device)
+    view = storage[:, :m].t()
+    view.copy_(sf)
+    return view
+
+
+def _check_operand(arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise _fail(arg, f"must be a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise _fail(arg, f"must be on {device} (the device of 'a'), got {t.device}")
+    if t.dtype != dtype:
+        raise _fail(arg, f"must be {dtype}, got {t.dtype}")
+    if t.dim() != 2:
+        raise _fail(arg, f"must be 2-D, got {t.dim()}-D with shape {list(t.shape)}")
+    rows, cols = t.shape
+    if cols > 1 and t.stride(1) != 1:
+        raise _fail(arg, f"must be contiguous along its last dimension (stride(1) == 1), got strides {list(t.stride())}")
+    if rows > 1 and cols > 0 and t.stride(0) % row_align != 0:
+        raise _fail(
+            arg,
+            f"must have a row stride that is a multiple of {row_align} elements (16 bytes), got stride(0) = {t.stride(0)}",
+        )
+
+
+def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[int, int, int]:
+    """Everything checkable without data (also under fake tensors); returns (M, N, K)."""
+    _check_operand("a", a, None, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    _check_operand("b", b, a.device, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    m, k = a.shape
+    n, kb = b.shape
+    if kb != k:
+        raise _fail("b", f"must have K = a.shape[1] = {k} columns, got shape {list(b.shape)}")
+    if k % SCALE_BLOCK:
+        raise _fail("a", f"must have K a multiple of {SCALE_BLOCK} (one scale per 128 along K), got K = {k}")
+    k_blocks, n_blocks = ceil_div(k, SCALE_BLOCK), ceil_div(n, SCALE_BLOCK)
+    for arg, t in (("sfa", sfa), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != a.device:
+            raise _fail(arg, f"must be on {a.device} (the device of 'a'), got {t.device}")
+        if t.dtype != torch.float32:
+            raise _fail(arg, f"must be torch.float32 (fp32 scales on Hopper), got {t.dtype}")
+    if tuple(sfa.shape) != (m, k_blocks):
+        raise _fail("sfa", f"must have shape [M, ceil(K/128)] = [{m}, {k_blocks}], got {list(sfa.shape)}")
+    if not is_mn_major_tma_aligned(sfa):
+        raise _fail(
+            "sfa",
+            f"must be MN-major and TMA-aligned: strides (1, {tma_aligned_rows(m)}) for M = {m}, got "
+            f"{list(sfa.stride())}; convert with cutegen.runtime.to_mn_major_tma_aligned(sfa)",
+        )
+    if tuple(sfb.shape) != (n_blocks, k_blocks):
+        raise _fail("sfb", f"must have shape [ceil(N/128), ceil(K/128)] = [{n_blocks}, {k_blocks}], got {list(sfb.shape)}")
+    if not sfb.is_contiguous():
+        raise _fail("sfb", f"must be row-major contiguous, got strides {list(sfb.stride())}")
+    if out is not None:
+        _check_operand("out", out, a.device, torch.bfloat16, OUT_ROW_ALIGN_ELEMS)
+        if tuple(out.shape) != (m, n):
+            raise _fail("out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
+    return m, n, k
+
+
+def _check_pointers(**tensors: torch.Tensor | None) -> None:
+    for arg, t in tensors.items():
+        if t is None or t.numel() == 0:
+            continue
+        align = 4 if arg == "sfb" else PTR_ALIGN_BYTES
+        if t.data_ptr() % align:
+            raise _fail(arg, f"must start at a {align}-byte aligned address, got 0x{t.data_ptr():x}")
+
+
+def _new_out(a: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
+    stride = (n + OUT_ROW_ALIGN_ELEMS - 1) // OUT_ROW_ALIGN_ELEMS * OUT_ROW_ALIGN_ELEMS
+    return torch.empty_strided((m, n), (stride, 1), dtype=torch.bfloat16, device=a.device)
+
+
+def _run(a, sfa, b, sfb, out, kernel: str) -> None:
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        out.zero_()
+        return
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(device):
+        loaded = ops._kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel)
+        names = [s.name for s in loaded.manifest.operands]
+        if sorted(names) != ["a", "b", "d", "sfa", "sfb"]:
+            raise KernelLoadError(
+                f"kernel {loaded.name}: a {OP_FP8_GEMM_NT} kernel must declare operands a, sfa, b, sfb, d; got {names}"
+            )
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}, stream=stream)
+
+
+def _impl(a, sfa, b, sfb, kernel: str) -> torch.Tensor:
+    m, n, _ = _check_meta(a, sfa, b, sfb, None)
+    _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb)
+    out = _new_out(a, m, n)
+    _run(a, sfa, b, sfb, out, kernel)
+    return out
+
+
+def _out_impl(a, sfa, b, sfb, out, kernel: str) -> None:
+    _check_meta(a, sfa, b, sfb, out)
+    _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=out)
+    _run(a, sfa, b, sfb, out, kernel)
+
+
+@torch.library.custom_op("cutegen::fp8_gemm_nt", mutates_args=())
+def _fp8_gemm_nt_op(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, kernel_name: str = ""
+) -> torch.Tensor:
+    return _impl(a, sfa, b, sfb, kernel_name)
+
+
+@_fp8_gemm_nt_op.register_fake
+def _fp8_gemm_nt_fake(a, sfa, b, sfb, kernel_name: str = ""):
+    m, n, _ = _check_meta(a, sfa, b, sfb, None)
+    return _new_out(a, m, n)
+
+
+@torch.library.custom_op("cutegen::fp8_gemm_nt_out", mutates_args=("out",))
+def _fp8_gemm_nt_out_op(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    out: torch.Tensor,
+    kernel_name: str = "",
+) -> None:
+    _out_impl(a, sfa, b, sfb, out, kernel_name)
+
+
+@_fp8_gemm_nt_out_op.register_fake
+def _fp8_gemm_nt_out_fake(a, sfa, b, sfb, out, kernel_name: str = "") -> None:
+    _check_meta(a, sfa, b, sfb, out)
+
+
+def fp8_gemm_nt(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """D[M, N] = (A · sfa) @ (B · sfb)^T in bf16; see the module docstring.
+
+    ``kernel`` forces a catalogue kernel by name; by default the heuristic (or the tuning table)
+    chooses. Plain eager calls skip the dispatcher; under ``torch.compile``, autograd or dispatch
+    modes the call goes through ``torch.ops.cutegen.fp8_gemm_nt``.
+    """
+    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise _fail("out", f"must be a torch.Tensor or None, got {type(out).__name__}")
+    if ops._plain_eager(a, sfa, b, sfb, out):
+        if out is None:
+            return _impl(a, sfa, b, sfb, kernel or "")
+        _out_impl(a, sfa, b, sfb, out, kernel or "")
+        return out
+    if out is None:
+        return torch.ops.cutegen.fp8_gemm_nt(a, sfa, b, sfb, kernel or "")
+    torch.ops.cutegen.fp8_gemm_nt_out(a, sfa, b, sfb, out, kernel or "")
+    return out
+
+
+__all__ = ["fp8_gemm_nt", "is_mn_major_tma_aligned", "to_mn_major_tma_aligned", "tma_aligned_rows"]
