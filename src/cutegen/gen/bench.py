@@ -113,6 +113,129 @@ def bench_bf16_gemm(shapes=BF16_SHAPES) -> tuple[list[BenchRow], dict]:
     return rows, overhead
 
 
+# DeepGEMM on our H200 (its own benchmark, July 2025 build), TFLOPS: the anchors to beat.
+DEEPGEMM_FP8_TFLOPS = {
+    (64, 2112, 7168): 180, (64, 576, 7168): 112, (64, 24576, 1536): 295, (64, 32768, 512): 241,
+    (64, 7168, 16384): 389, (64, 4096, 7168): 257, (64, 7168, 2048): 238,
+    (128, 2112, 7168): 333, (128, 576, 7168): 204, (128, 24576, 1536): 540, (128, 32768, 512): 431,
+    (128, 7168, 16384): 625, (128, 4096, 7168): 459, (128, 7168, 2048): 408,
+    (4096, 2112, 7168): 1155, (4096, 576, 7168): 894, (4096, 24576, 1536): 1326,
+    (4096, 32768, 512): 1003, (4096, 7168, 16384): 1465, (4096, 4096, 7168): 1436,
+    (4096, 7168, 2048): 1280,
+}
+FP8_SHAPES = sorted(DEEPGEMM_FP8_TFLOPS)
+
+
+def _fp8_inputs(m: int, n: int, k: int):
+    import torch
+
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    sfa = torch.rand(m, k // 128, device="cuda") + 0.5
+    sfb = torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5
+    return a, to_mn_major_tma_aligned(sfa), b, sfb.contiguous(), sfa
+
+
+def _cublas_blockwise(a, sfa_rows, b, sfb):
+    """cuBLAS blockwise FP8 through torch.nn.functional.scaled_mm (BlockWise1x128 / 128x128)."""
+    import torch
+    import torch.nn.functional as F
+
+    m, k = a.shape
+    n = b.shape[0]
+    kb = k // 128
+    l4 = -(-kb // 4) * 4
+    scale_a = sfa_rows.t().contiguous().t()  # [M, K/128], strides (1, M)
+    sb = torch.zeros(sfb.shape[0], l4, device=a.device)
+    sb[:, :kb] = sfb
+    scale_b = sb.t()[:kb]  # [K/128, N/128] view with strides (1, L4)
+    st = F.ScalingType
+    return lambda: F.scaled_mm(a, b.t(), scale_a, st.BlockWise1x128, scale_b, st.BlockWise128x128,
+                               output_dtype=torch.bfloat16)
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), measured now."""
+    import torch
+
+    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_cuda(lambda: dst.copy_(src), warmup=3, reps=10, flush_l2=False)
+    return 2 * src.numel() / us / 1e3
+
+
+def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
+    import torch
+
+    from cutegen.runtime import fp8_ops, ops
+
+    rows = []
+    for m, n, k in shapes:
+        a, sfa, b, sfb, sfa_rows = _fp8_inputs(m, n, k)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        kernel = ops.choose_kernel("fp8_gemm_nt", m, n, k)
+        ours = time_cuda(lambda: fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out))
+        try:
+            cublas = time_cuda(_cublas_blockwise(a, sfa_rows, b, sfb))
+        except Exception as exc:  # an unsupported shape for cuBLAS is reported, not fatal
+            cublas = None
+            print(f"cuBLAS blockwise failed at {m}x{n}x{k}: {type(exc).__name__}: {str(exc)[:120]}")
+        flops = 2.0 * m * n * k
+        rows.append(
+            {
+                "shape": [m, n, k],
+                "kernel": kernel,
+                "ours_us": ours,
+                "ours_tflops": flops / ours / 1e6,
+                "cublas_us": cublas,
+                "cublas_tflops": flops / cublas / 1e6 if cublas else None,
+                "deepgemm_tflops": DEEPGEMM_FP8_TFLOPS.get((m, n, k)),
+                "b_gbs": (n * k + n * (k // 128) * 4) / ours / 1e3,
+            }
+        )
+        del a, b, out
+    return rows
+
+
+def render_fp8(rows: list[dict], env: dict, copy_gbs: float) -> str:
+    import math
+
+    lines = [
+        f"# fp8_gemm_nt on {env['gpu']} ({env['date']}; torch {env['torch']}, CUDA {env['cuda']}); copy bandwidth {copy_gbs:.0f} GB/s",
+        "",
+        "| M, N, K | kernel | µs | TFLOPS | cuBLAS TFLOPS | vs cuBLAS | DeepGEMM TFLOPS | vs DeepGEMM | B stream % of copy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    vs_cublas, vs_dg = [], []
+    for r in rows:
+        cb = r["cublas_tflops"]
+        dg = r["deepgemm_tflops"]
+        rc = r["ours_tflops"] / cb if cb else None
+        rd = r["ours_tflops"] / dg if dg else None
+        if rc:
+            vs_cublas.append(rc)
+        if rd:
+            vs_dg.append(rd)
+        short = r["kernel"].split("_sff32_")[-1].split("_r40")[0]
+        lines.append(
+            f"| {', '.join(map(str, r['shape']))} | {short} | {r['ours_us']:.1f} | {r['ours_tflops']:.0f} | "
+            f"{cb and f'{cb:.0f}' or 'n/a'} | {rc and f'{rc:.2f}' or 'n/a'} | {dg or 'n/a'} | "
+            f"{rd and f'{rd:.2f}' or 'n/a'} | {100 * r['b_gbs'] / copy_gbs:.0f} |"
+        )
+
+    def geo(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+    lines += [
+        "",
+        f"Geometric mean vs DeepGEMM: {geo(vs_dg):.3f} (min {min(vs_dg, default=float('nan')):.3f}); "
+        f"vs cuBLAS blockwise: {geo(vs_cublas):.3f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def environment() -> dict:
     import torch
 
@@ -144,24 +267,45 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(json_out: str | None = None) -> int:
+OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "quantize")
+
+
+def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
     import torch
 
     if not torch.cuda.is_available():
         print("cutegen bench needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
+    from cutegen.runtime import ops as runtime_ops
+
     env = environment()
-    rows, overhead = bench_bf16_gemm()
-    print(render(rows, overhead, env))
+    results: dict = {"environment": env}
+    available = set()
+    for op in ("bf16_gemm_nt", "fp8_gemm_nt"):
+        if runtime_ops.catalogue().names(op):
+            available.add(op)
+    if "bf16_gemm_nt" in ops and "bf16_gemm_nt" in available:
+        rows, overhead = bench_bf16_gemm()
+        print(render(rows, overhead, env))
+        results["bf16_gemm_nt"] = {
+            "rows": [dataclasses.asdict(r) | {"ours_tflops": r.ours_tflops, "anchor_tflops": r.anchor_tflops, "ratio": r.ratio} for r in rows],
+            "host_overhead_us": overhead,
+        }
+    if "fp8_gemm_nt" in ops and "fp8_gemm_nt" in available:
+        copy_gbs = copy_bandwidth_gbs()
+        rows = bench_fp8_gemm()
+        print(render_fp8(rows, env, copy_gbs))
+        results["fp8_gemm_nt"] = {"rows": rows, "copy_gbs": copy_gbs}
+    if "quantize" in ops:
+        try:
+            from cutegen.gen import bench_quant
+        except ImportError:
+            bench_quant = None
+        if bench_quant is not None:
+            quant = bench_quant.bench_quant()
+            print(bench_quant.render(quant, env))
+            results["quantize"] = quant
     if json_out:
         with open(json_out, "w") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "rows": [dataclasses.asdict(r) | {"ours_tflops": r.ours_tflops, "anchor_tflops": r.anchor_tflops, "ratio": r.ratio} for r in rows],
-                    "host_overhead_us": overhead,
-                },
-                f,
-                indent=2,
-            )
+            json.dump(results, f, indent=2, default=str)
     return 0

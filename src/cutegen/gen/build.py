@@ -69,7 +69,10 @@ def artifact_writers_fingerprint() -> str:
     here = Path(__file__).parent
     sources = [here / "build.py", here / "ptx.py", here / "sass.py",
                here.parent / "runtime" / "manifest.py"]
-    sources += sorted((here.parent / "templates" / "artifacts").glob("*.j2"))
+    # The export_*.j2 templates (cutegen export) shape no kernel folder: they do not invalidate builds.
+    sources += sorted(
+        p for p in (here.parent / "templates" / "artifacts").glob("*.j2") if not p.name.startswith("export_")
+    )
     h = hashlib.sha256()
     for path in sources:
         h.update(path.name.encode())
@@ -113,6 +116,10 @@ def _bind_params(ptx_entry, bindings: list[dict]) -> list[Param]:
             expected = 8
         elif kind == "scalar":
             expected = {"i32": 4, "i64": 8, "f32": 4}[binding["dtype"]]
+        elif kind == "tensor":
+            from cutegen.runtime.params import tensor_struct_layout
+
+            expected = tensor_struct_layout(binding)[1]
         else:
             expected = pp.size
         if pp.size != expected:
@@ -140,7 +147,9 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
     # several architectures sets the target on the DSL itself before each compile.
     dsl = CuTeDSL._get_dsl()
     dsl.envar.arch = schedule.arch.value
-    # --keep-cubin/--keep-ptx write files into the DSL's dump folder (the cwd at import by default).
+    # --keep-cubin/--keep-ptx write files into the DSL's dump folder (the cwd at import by
+    # default); point it at the scratch folder for this compile only.
+    old_dump_dir = dsl.envar.dump_dir
     dsl.envar.dump_dir = str(workdir)
     template = load_template(schedule)
     args = template.fake_arguments()
@@ -152,6 +161,9 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
         ptx = str(compiled.__ptx__)
     finally:
         os.chdir(old)
+        dsl.envar.dump_dir = old_dump_dir
+    if ".entry" not in ptx:
+        raise BuildError(f"the DSL returned no PTX text for {procedural_name(schedule)}: {ptx[:200]!r}")
     entry = parse_ptx_entry(ptx)
     facts = template.launch_facts()
     if entry.reqntid is not None and list(entry.reqntid) != facts["block"]:

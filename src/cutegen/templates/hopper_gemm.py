@@ -366,7 +366,8 @@ class HopperGemmKernel:
     def _mainloop(
         self, tiled_mma, acc, tCrA, tCrB, pipe, read_state, release_state, k_tile_cnt, num_k_blocks
     ):
-        """Unscaled mainloop: accumulate every K block into `acc`, one WGMMA batch in flight."""
+        """Unscaled mainloop: accumulate every K block into `acc`, one WGMMA batch in flight.
+        Returns the advanced pipeline states (the caller must rebind them)."""
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.fence()
@@ -390,6 +391,7 @@ class HopperGemmKernel:
         warpgroup.wait_group(0)
         pipe.consumer_release(release_state)
         release_state.advance()
+        return read_state, release_state
 
     @cute.jit
     def _mainloop_block_scaled(
@@ -397,7 +399,8 @@ class HopperGemmKernel:
         k_tile_cnt, num_k_blocks, tile_n,
     ):
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
-        promoted += acc · sfa[row] · sfb[column block] in fp32 registers."""
+        promoted += acc · sfa[row] · sfb[column block] in fp32 registers. Returns the advanced
+        pipeline state (the caller must rebind it)."""
         tn = self.tile_shape_mnk[1]
         n0 = tile_n * tn
         nb0 = n0 // SCALE_BLOCK
@@ -432,6 +435,7 @@ class HopperGemmKernel:
                 if cutlass.const_expr(not self.single_sfb_block):
                     sfb = sfb0 if tCcC[i][1] < boundary else sfb1
                 promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
+        return read_state
 
     @cute.kernel
     def kernel(
@@ -668,13 +672,16 @@ class HopperGemmKernel:
 
                 read_state.reset_count()
                 release_state.reset_count()
+                # The helpers advance the pipeline states; assigning them back is what makes
+                # the DSL carry the states across iterations of this persistent loop (state
+                # merely passed to a call is not loop-carried, and the next tile would hang).
                 if cutlass.const_expr(self.block_scaled):
-                    self._mainloop_block_scaled(
+                    read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
                         mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
                     )
                 else:
-                    self._mainloop(
+                    read_state, release_state = self._mainloop(
                         tiled_mma, accumulators, tCrA, tCrB, mainloop_pipeline, read_state,
                         release_state, k_tile_cnt, num_k_blocks,
                     )

@@ -1,0 +1,162 @@
+"""GPU tests of ``cutegen.runtime.fp8_ops.fp8_gemm_nt`` (DeepSeek-V3 block-scaled FP8 GEMM).
+
+Two references: the fp32 product of the *unquantised* bf16 inputs (DeepGEMM's acceptance test,
+calc_diff < 1e-3) and the fp32 product of the dequantised operands (what the kernel computes up to
+fp32 summation order and the bf16 output rounding; a much tighter bound that catches a scale
+applied to the wrong row or column block).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cutegen.runtime.errors import InputError  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+OP = "fp8_gemm_nt"
+NK = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in NK] + [
+    (1000, 2112, 7168),
+    (4095, 4096, 512),
+    (333, 200, 384),  # N not a multiple of any tile, nor of the 128-row scale block
+]
+FP8_MAX = 448.0
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    denominator = (x * x + y * y).sum()
+    return 0.0 if denominator == 0 else float(1 - 2 * (x * y).sum() / denominator)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """1x128 blocks along K: q e4m3 [M, K], scales fp32 [M, K/128] (row-major)."""
+    m, k = x.shape
+    xg = x.float().view(m, k // 128, 128)
+    s = xg.abs().amax(dim=2).clamp(min=1e-4) / FP8_MAX
+    q = (xg / s.unsqueeze(2)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(m, k), s
+
+
+def quantize_per_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """128x128 blocks: q e4m3 [N, K], scales fp32 [ceil(N/128), K/128]."""
+    n, k = w.shape
+    npad = ceil_div(n, 128) * 128
+    wp = torch.zeros(npad, k, device=w.device, dtype=torch.float32)
+    wp[:n] = w.float()
+    wg = wp.view(npad // 128, 128, k // 128, 128)
+    s = wg.abs().amax(dim=(1, 3)).clamp(min=1e-4) / FP8_MAX
+    q = (wg / s[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(npad, k)[:n].contiguous(), s.contiguous()
+
+
+def dequantized_reference(qa, sa, qb, sb) -> torch.Tensor:
+    m, k = qa.shape
+    n = qb.shape[0]
+    a = qa.float().view(m, k // 128, 128) * sa.unsqueeze(2)
+    b = qb.float().view(n, k // 128, 128) * sb.repeat_interleave(128, dim=0)[:n].unsqueeze(2)
+    return a.view(m, k) @ b.view(n, k).T
+
+
+def make_problem(m: int, n: int, k: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    # Row and column magnitudes spread over 2^-6 .. 2^6, so that every row of SFA and every
+    # 128-row block of SFB differs and a misplaced scale cannot hide in the tolerance.
+    row_mag = torch.exp2(torch.rand(m, 1, device="cuda", generator=g) * 12 - 6)
+    col_mag = torch.exp2(torch.rand(n, 1, device="cuda", generator=g) * 12 - 6)
+    a = (torch.randn(m, k, device="cuda", generator=g) * row_mag).to(torch.bfloat16)
+    b = (torch.randn(n, k, device="cuda", generator=g) * col_mag).to(torch.bfloat16)
+    qa, sa = quantize_per_token(a)
+    qb, sb = quantize_per_block(b)
+    return a, b, qa, sa, qb, sb
+
+
+def poisoned(m: int, n: int) -> torch.Tensor:
+    stride = ceil_div(n, 8) * 8
+    return torch.full((m, stride), float("nan"), device="cuda", dtype=torch.bfloat16)[:, :n]
+
+
+@pytest.fixture(scope="module")
+def fp8(ops):
+    from cutegen.runtime import fp8_ops
+
+    if not ops.catalogue().names(OP):
+        pytest.skip("the catalogue holds no fp8_gemm_nt kernel")
+    return fp8_ops
+
+
+def check(out, a, b, qa, sa, qb, sb, what):
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output (unwritten elements?)"
+    exact = dequantized_reference(qa, sa, qb, sb)
+    assert calc_diff(out.float(), exact) < 2e-5, f"{what}: differs from the dequantised product"
+    assert calc_diff(out.float(), a.float() @ b.float().T) < 1e-3, f"{what}: calc_diff vs unquantised"
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
+def test_matches_references(ops, fp8, m, n, k):
+    a, b, qa, sa, qb, sb = make_problem(m, n, k)
+    out = poisoned(m, n)
+    result = fp8.fp8_gemm_nt(qa, fp8.to_mn_major_tma_aligned(sa), qb, sb, out=out)
+    assert result is out
+    check(out, a, b, qa, sa, qb, sb, f"{m}x{n}x{k} via {ops.choose_kernel(OP, m, n, k)}")
+
+
+@pytest.mark.parametrize("m, n, k", [(1000, 1000, 512), (4096, 4096, 256)], ids=["small-grid", "full-grid"])
+def test_every_kernel_runs(ops, fp8, m, n, k):
+    a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=3)
+    sfa = fp8.to_mn_major_tma_aligned(sa)
+    for name in ops.catalogue().names(OP):
+        out = poisoned(m, n)
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name)
+        check(out, a, b, qa, sa, qb, sb, name)
+
+
+def test_to_mn_major_tma_aligned(fp8):
+    sa = torch.randn(37, 5, device="cuda")
+    aligned = fp8.to_mn_major_tma_aligned(sa)
+    assert aligned.stride() == (1, 40) and torch.equal(aligned, sa)
+    assert fp8.to_mn_major_tma_aligned(aligned) is aligned
+
+
+def test_bad_inputs_name_the_argument(fp8):
+    a, b, qa, sa, qb, sb = make_problem(64, 256, 256)
+    sfa = fp8.to_mn_major_tma_aligned(sa)
+    with pytest.raises(InputError, match="'sfa'.*MN-major"):
+        fp8.fp8_gemm_nt(qa, sa.contiguous(), qb, sb)
+    with pytest.raises(InputError, match="'a'.*float8_e4m3fn"):
+        fp8.fp8_gemm_nt(a, sfa, qb, sb)
+    with pytest.raises(InputError, match="'a'.*multiple of 128"):
+        fp8.fp8_gemm_nt(qa[:, :192], sfa[:, :2], qb[:, :192], sb[:, :2])
+    with pytest.raises(InputError, match="'sfb'.*shape"):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb[:1])
+    with pytest.raises(InputError, match="'sfb'.*float32"):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb.double())
+    with pytest.raises(InputError, match="'b'.*CUDA"):
+        fp8.fp8_gemm_nt(qa, sfa, qb.cpu(), sb)
+    with pytest.raises(InputError, match="'out'.*shape"):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=torch.empty(64, 128, device="cuda", dtype=torch.bfloat16))
+
+
+def test_torch_compile_and_cuda_graph(fp8):
+    a, b, qa, sa, qb, sb = make_problem(256, 512, 1024, seed=5)
+    sfa = fp8.to_mn_major_tma_aligned(sa)
+    compiled = torch.compile(lambda *t: fp8.fp8_gemm_nt(*t) * 2, fullgraph=True)
+    out = compiled(qa, sfa, qb, sb)
+    assert calc_diff(out.float() / 2, dequantized_reference(qa, sa, qb, sb)) < 2e-5
+
+    static_out = poisoned(256, 512)
+    fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=static_out)  # load the kernel outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=static_out)
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert calc_diff(static_out.float(), dequantized_reference(qa, sa, qb, sb)) < 2e-5
