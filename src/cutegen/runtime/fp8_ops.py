@@ -73,24 +73,7 @@ def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
 
 
 def _check_operand(arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
-        raise _fail(arg, f"must be a CUDA tensor, got device {t.device}")
-    if device is not None and t.device != device:
-        raise _fail(arg, f"must be on {device} (the device of 'a'), got {t.device}")
-    if t.dtype != dtype:
-        raise _fail(arg, f"must be {dtype}, got {t.dtype}")
-    if t.dim() != 2:
-        raise _fail(arg, f"must be 2-D, got {t.dim()}-D with shape {list(t.shape)}")
-    rows, cols = t.shape
-    if cols > 1 and t.stride(1) != 1:
-        raise _fail(arg, f"must be contiguous along its last dimension (stride(1) == 1), got strides {list(t.stride())}")
-    if rows > 1 and cols > 0 and t.stride(0) % row_align != 0:
-        raise _fail(
-            arg,
-            f"must have a row stride that is a multiple of {row_align} elements (16 bytes), got stride(0) = {t.stride(0)}",
-        )
+    ops.check_matrix(OP_FP8_GEMM_NT, arg, t, device, dtype, row_align)
 
 
 def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[int, int, int]:

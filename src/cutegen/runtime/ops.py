@@ -139,30 +139,40 @@ def _fail(arg: str, what: str) -> InputError:
     return InputError(f"{OP_BF16_GEMM_NT}: argument '{arg}' {what}")
 
 
-def _check_matrix(arg: str, t: Any, device: Any | None) -> None:
+def check_matrix(
+    op: str, arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int
+) -> None:
+    """A 2-D CUDA operand of `dtype`, on `device`, unit stride along its last dimension and a row
+    stride that is a multiple of `row_align` elements (TMA's 16-byte rule); InputError otherwise."""
+
+    def fail(what: str) -> InputError:
+        return InputError(f"{op}: argument '{arg}' {what}")
+
     if not isinstance(t, torch.Tensor):
-        raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        raise fail(f"must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
-        raise _fail(arg, f"must be a CUDA tensor, got device {t.device}")
+        raise fail(f"must be a CUDA tensor, got device {t.device}")
     if device is not None and t.device != device:
-        raise _fail(arg, f"must be on {device} (the device of 'a'), got {t.device}")
-    if t.dtype != torch.bfloat16:
-        raise _fail(arg, f"must be torch.bfloat16, got {t.dtype}")
+        raise fail(f"must be on {device} (the device of 'a'), got {t.device}")
+    if t.dtype != dtype:
+        raise fail(f"must be {dtype}, got {t.dtype}")
     if t.dim() != 2:
-        raise _fail(arg, f"must be 2-D, got {t.dim()}-D with shape {list(t.shape)}")
+        raise fail(f"must be 2-D, got {t.dim()}-D with shape {list(t.shape)}")
     rows, cols = t.shape
     if cols > 1 and t.stride(1) != 1:
-        raise _fail(
-            arg,
+        raise fail(
             f"must be contiguous along its last dimension (stride(1) == 1), got strides "
-            f"{list(t.stride())}",
+            f"{list(t.stride())}"
         )
-    if rows > 1 and cols > 0 and t.stride(0) % ROW_ALIGN_ELEMS != 0:
-        raise _fail(
-            arg,
-            f"must have a row stride that is a multiple of {ROW_ALIGN_ELEMS} elements (16 bytes), "
-            f"got stride(0) = {t.stride(0)}",
+    if rows > 1 and cols > 0 and t.stride(0) % row_align != 0:
+        raise fail(
+            f"must have a row stride that is a multiple of {row_align} elements (16 bytes), "
+            f"got stride(0) = {t.stride(0)}"
         )
+
+
+def _check_matrix(arg: str, t: Any, device: Any | None) -> None:
+    check_matrix(OP_BF16_GEMM_NT, arg, t, device, torch.bfloat16, ROW_ALIGN_ELEMS)
 
 
 def _check_meta(a: Any, b: Any, out: Any | None) -> tuple[int, int, int]:
