@@ -4,6 +4,8 @@
 #   make test       the CPU test tier (what CI runs)
 #   make gpu-test   the GPU tier, on a machine with a Hopper GPU, from a build/ folder made elsewhere
 #   make bench      the benchmark (GPU), reporting beside torch in the same run
+#   make verify     check the SASS invariants of the built kernels (MMA opcode, no spills, registers, smem)
+#   make export     export the built kernels with their C launcher into build/export (see examples/c_launcher)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +17,9 @@ ARCH ?= sm_90a
 TORCH ?= torch==2.13.0
 PATTERN ?=
 
-.PHONY: build test gpu-test bench env clean install
+EXPORT_DIR ?= $(BUILD_DIR)/export
+
+.PHONY: build test gpu-test bench env clean install verify export
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +32,12 @@ install: $(VENV)/.installed
 
 build: $(VENV)/.installed
 	$(VENV)/bin/cutegen build $(PATTERN) --arch $(ARCH) -o $(BUILD_DIR) -j $(JOBS)
+
+verify: $(VENV)/.installed
+	$(VENV)/bin/cutegen verify $(PATTERN) --build-dir $(BUILD_DIR)
+
+export: $(VENV)/.installed
+	$(VENV)/bin/cutegen export $(PATTERN) --build-dir $(BUILD_DIR) -o $(EXPORT_DIR)
 
 test: $(VENV)/.installed
 	$(VPY) -m pytest tests/cpu -q -ra

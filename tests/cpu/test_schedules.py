@@ -148,6 +148,31 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     # epilogue_supported: only one Epilogue exists; see test_epilogue_supported.
 }
 
+# Quantize schedules (their own rules; the GEMM rules do not apply to them).
+QUANT_BASE = Schedule(
+    arch=Arch.SM90A, op=Op.PER_TOKEN_QUANT_FP8, a_dtype=DType.BF16, b_dtype=DType.BF16,
+    c_dtype=DType.E4M3, acc_dtype=DType.F32, scale=ScaleFormat.F32, tile_m=8, tile_n=512,
+    tile_k=128, cluster_m=1, cluster_n=1, multicast=Multicast.NONE, stages=2, math_warpgroups=2,
+    producer_regs=0, consumer_regs=0, epilogue=Epilogue.TMA_STORE, raster=Raster.ALONG_M, group_size=1,
+)
+
+
+def qbad(**changes) -> Schedule:
+    return dataclasses.replace(QUANT_BASE, **changes)
+
+
+CRAFTED.update({
+    "quant_unused_fields_neutral": [
+        (qbad(cluster_m=2), "cluster_m"), (qbad(producer_regs=40), "producer_regs"),
+        (qbad(b_dtype=DType.F16), "b_dtype"), (qbad(group_size=8), "group_size"),
+    ],
+    "quant_group_128": [(qbad(tile_k=64), "tile_k")],
+    "quant_warpgroups": [(qbad(op=Op.GROUPED_TRANSPOSED_QUANT_FP8, tile_m=128, tile_n=64, math_warpgroups=1), "math_warpgroups")],
+    "quant_tile": [(qbad(tile_m=16), "tile_m"), (qbad(tile_n=256), "tile_n"),
+                   (qbad(op=Op.PER_BLOCK_QUANT_FP8, stages=1, tile_m=64, tile_n=128), "tile_m")],
+    "quant_stages": [(qbad(stages=5), "stages"), (qbad(op=Op.PER_BLOCK_QUANT_FP8, stages=2, tile_m=128, tile_n=128), "stages")],
+})
+
 
 def test_every_predicate_is_crafted():
     assert set(CRAFTED) | {"epilogue_supported"} == {p.name for p in PREDICATES}
@@ -160,6 +185,7 @@ def test_predicate_registry_shape():
         assert p.doc, p.name
         assert p.check.__name__ == p.name
         assert p.check(BASE) is None
+        assert p.evaluate(QUANT_BASE) is None, p.name
 
 
 @pytest.mark.parametrize(
@@ -415,8 +441,9 @@ def _auto_ok(s: Schedule) -> bool:
 
 
 def test_auto_stages_picks_max_that_fits(tmp_path):
-    for s in default_schedules():
-        assert _auto_ok(s), procedural_name(s)
+    for e in all_expanded():
+        if e.stages_auto:
+            assert _auto_ok(e.schedule), e.name
     p = write(tmp_path, family(sweep=GOOD_SWEEP))
     by_tile = {(e.schedule.tile_m, e.schedule.tile_n): e.schedule.stages for e in load_schedule_file(p)}
     assert by_tile[(128, 128)] == 6

@@ -1,7 +1,12 @@
-"""The ``cutegen`` command line: list, show and build schedules, and report the environment.
+"""The ``cutegen`` command line: list, show, build, verify and export kernels; report the environment.
 
 Importing this module is cheap: it reads only the schedule vocabulary and the manifest schema.
-The builder (and with it the CuTe DSL) is imported by ``cutegen build`` only.
+The builder (and with it the CuTe DSL) is imported by ``cutegen build`` only; ``verify`` and
+``export`` read build folders and never import the CuTe DSL.
+
+Exit status: 0 success; 1 the command ran and found a failure (a build or verify failure, a
+``list`` pattern that matches nothing); 2 a usage error (bad arguments, unknown kernel names, a
+missing or unusable build folder or schedule file); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from cutegen.schedules import (
     Schedule,
     ScheduleFileError,
     all_expanded,
+    default_schedule_files,
     parse_name,
     predicate_results,
     violations,
@@ -60,8 +66,19 @@ def matches(name: str, pattern: str) -> bool:
     return pattern in name
 
 
-def _load(arch: str | None, op: str | None) -> list[Expanded]:
-    return all_expanded(arch=arch, op=op)
+def _load(arch: str | None, op: str | None, extra: Sequence[str] = ()) -> list[Expanded]:
+    """The shipped schedules plus those of the ``extra`` schedule files."""
+    if not extra:
+        return all_expanded(arch=arch, op=op)
+    for path in extra:
+        if not Path(path).is_file():
+            raise CliError(f"--schedules {path}: no such file", 2)
+    return all_expanded(arch=arch, op=op, paths=[*default_schedule_files(), *map(Path, extra)])
+
+
+def _entries(args: argparse.Namespace, arch: str | None, op: str | None) -> list[Expanded]:
+    extra = list(getattr(args, "schedules", None) or [])
+    return _load(arch, op, extra) if extra else _load(arch, op)
 
 
 def _filters(arch: str | None, op: str | None) -> str:
@@ -170,7 +187,7 @@ def _status(e: Expanded) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    entries = _load(args.arch, args.op)
+    entries = _entries(args, args.arch, args.op)
     chosen = select(entries, args.patterns, args.all, _filters(args.arch, args.op))
     if not chosen:
         raise CliError(f"no {'' if args.all else 'valid '}schedules{_filters(args.arch, args.op)}", 1)
@@ -288,7 +305,7 @@ def _manifest_text(m: KernelManifest, path: Path) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    entries = _load(None, None)
+    entries = _entries(args, None, None)
     e, note = _find(args.name, entries)
     s = e.schedule
     assert s is not None and e.name is not None
@@ -370,7 +387,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise CliError(f"-j/--jobs must be at least 1, got {args.jobs}", 2)
     jobs = args.jobs or os.cpu_count() or 1
-    entries = _load(args.arch, args.op)
+    entries = _entries(args, args.arch, args.op)
     chosen = select(entries, args.patterns, False, _filters(args.arch, args.op))
     if not chosen:
         raise CliError(f"no valid schedules{_filters(args.arch, args.op)} to build", 1)
@@ -391,6 +408,130 @@ def cmd_build(args: argparse.Namespace) -> int:
     report = build_schedules(schedules, out_dir=out_dir, jobs=jobs, force=args.force)
     print(report.summary())
     return 0 if report.ok else 1
+
+
+# ---- built kernels (verify, export) ------------------------------------------------------------
+
+
+def built_kernels(build_dir: Path) -> list[Any]:
+    """The catalogue entries of a build (or export) folder; CliError(code=2) if there is none."""
+    from cutegen.runtime.manifest import Catalogue
+
+    path = build_dir / "catalogue.json"
+    if not path.is_file():
+        hint = f"`{PROG} build -o {build_dir}`" if build_dir.exists() else f"{build_dir} does not exist"
+        raise CliError(f"no kernel catalogue at {path} ({hint}; or pass --build-dir DIR)", 2)
+    try:
+        return list(Catalogue.from_json(path.read_text()).kernels)
+    except (ManifestError, OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path} cannot be used: {exc}", 2) from None
+
+
+def select_built(
+    entries: list[Any], patterns: Sequence[str], build_dir: Path, arch: str | None, op: str | None
+) -> list[Any]:
+    """The built kernels matching any pattern (all when none); CliError(code=2) for a pattern
+    that matches none, saying whether it names schedules that were not built."""
+    filters = _filters(arch, op)
+    pool = [e for e in entries if (arch is None or e.arch == arch) and (op is None or e.op == op)]
+    if not pool:
+        raise CliError(f"no kernels{filters} in {build_dir} (`{PROG} build -o {build_dir}`)", 2)
+    if not patterns:
+        return pool
+    chosen: set[int] = set()
+    for pattern in patterns:
+        if not pattern.strip():
+            raise CliError("an empty pattern matches nothing; give a kernel name or a pattern", 2)
+        hits = [i for i, e in enumerate(pool) if matches(e.name, pattern)]
+        if not hits:
+            raise CliError(_not_built(pattern, pool, build_dir, filters), 2)
+        chosen.update(hits)
+    return [e for i, e in enumerate(pool) if i in chosen]
+
+
+def _not_built(pattern: str, pool: list[Any], build_dir: Path, filters: str) -> str:
+    msg = f"no kernel{filters} built in {build_dir} matches {pattern!r}"
+    try:
+        known = [e.name for e in all_expanded() if e.valid and e.name and matches(e.name, pattern)]
+    except ScheduleFileError:
+        known = []
+    if known:
+        msg += (
+            f"; it matches {len(known)} schedule(s) that are not built there: "
+            f"`{PROG} build '{pattern}' -o {build_dir}`"
+        )
+        return msg
+    close = difflib.get_close_matches(pattern.lower(), [e.name for e in pool], n=3, cutoff=0.5)
+    if close:
+        msg += "; did you mean:\n  " + "\n  ".join(close)
+    msg += (
+        f"\n(a pattern with '*' must match the whole name, one without matches any part of it; "
+        f"{len(pool)} kernel(s) are built there: `{PROG} verify --build-dir {build_dir}` lists them)"
+    )
+    return msg
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from cutegen.gen.verify import verify_kernel
+
+    build_dir = Path(args.build_dir)
+    chosen = select_built(built_kernels(build_dir), args.patterns, build_dir, args.arch, args.op)
+    verdicts = [verify_kernel((build_dir / e.manifest).parent) for e in chosen]
+    n_bad = sum(not v.ok for v in verdicts)
+    if args.json:
+        print(json.dumps({"build_dir": str(build_dir), "ok": n_bad == 0,
+                          "kernels": [v.to_dict() for v in verdicts]}, indent=2))
+        return 0 if n_bad == 0 else 1
+    rows = []
+    for v in verdicts:
+        f = v.facts
+        mma = f.get("mma") or {}
+        want = f.get("expected_mma")
+        mma_text = f"{want} x{mma.get(want, 0)}" if want else (", ".join(mma) or "none")
+        status = "ok" if v.ok else "FAIL " + "; ".join(f"{c.name}: {c.detail}" for c in v.failures())
+        rows.append(
+            [
+                v.name,
+                mma_text if "mma" in f else "?",
+                f"{f['local_loads']}/{f['local_stores']}" if "local_loads" in f else "?",
+                str(f.get("stack_bytes", "?")),
+                f"{f['registers']}/{f['register_budget']}" if "register_budget" in f else "?",
+                f"{f['smem_bytes'] + f['static_smem_bytes']}/{f['smem_limit']}" if "smem_limit" in f else "?",
+                status,
+            ]
+        )
+    print(_table(rows, ["NAME", "MMA", "LDL/STL", "STACK", "REGS/BUDGET", "SMEM/LIMIT", "STATUS"]))
+    print(f"{len(verdicts)} kernel(s) verified in {build_dir}: {len(verdicts) - n_bad} ok, {n_bad} failed")
+    return 0 if n_bad == 0 else 1
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    try:
+        import jinja2  # noqa: F401
+
+        from cutegen.gen.export import ExportError, export_kernels
+    except ImportError as exc:
+        raise CliError(
+            f"export needs jinja2 ({exc}); install it with `pip install jinja2` or 'cutegen[gen]'", 2
+        ) from None
+    build_dir = Path(args.build_dir)
+    chosen = select_built(built_kernels(build_dir), args.patterns, build_dir, args.arch, args.op)
+    try:
+        report = export_kernels(build_dir, [e.name for e in chosen], Path(args.out))
+    except ExportError as exc:
+        raise CliError(str(exc), 2 if exc.usage else 1) from None
+    if args.json:
+        print(json.dumps({"out_dir": str(report.out_dir), "kernels": report.kernels,
+                          "files": report.files, "no_op_launcher": report.skipped_dispatch}, indent=2))
+    else:
+        print(report.summary())
+    return 0
 
 
 # ---- env ---------------------------------------------------------------------------------------
@@ -469,9 +610,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from cutegen.gen.bench import OPS
     from cutegen.gen.bench import main as bench_main
 
-    return bench_main(json_out=args.json_out)
+    return bench_main(json_out=args.json_out, ops=tuple(args.op) if args.op else OPS)
 
 
 # ---- the parser --------------------------------------------------------------------------------
@@ -487,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     pat_help = "name patterns: with '*' they match the whole name, without any part of it"
+    sched_help = (
+        "also read this schedule file (TOML families, like src/cutegen/schedules/*.toml); repeatable"
+    )
 
     ls = sub.add_parser("list", help="list the schedules and whether they are valid")
     ls.add_argument("patterns", nargs="*", metavar="PATTERN", help=pat_help)
@@ -496,6 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = ls.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--names", action="store_true", help="print only the names")
+    ls.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
     ls.set_defaults(func=cmd_list)
 
     sh = sub.add_parser("show", help="show one schedule, its rules and its built kernel")
@@ -507,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"build folder holding NAME/manifest.json and NAME/sass.txt (default: {DEFAULT_BUILD_DIR})",
     )
     sh.add_argument("--json", action="store_true", help="print JSON")
+    sh.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
     sh.set_defaults(func=cmd_show)
 
     bd = sub.add_parser("build", help="compile schedules into cubins, manifests and headers")
@@ -516,10 +663,42 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--arch", choices=archs, help="only this architecture")
     bd.add_argument("--op", choices=ops, help="only this op")
     bd.add_argument("--force", action="store_true", help="rebuild kernels that are up to date")
+    bd.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
     bd.set_defaults(func=cmd_build)
+
+    built_help = f"build (or export) folder holding catalogue.json (default: {DEFAULT_BUILD_DIR})"
+    vf = sub.add_parser(
+        "verify",
+        help="check the SASS invariants of built kernels (MMA opcode, no local memory, registers, smem)",
+    )
+    vf.add_argument("patterns", nargs="*", metavar="PATTERN", help=pat_help + " (default: all built)")
+    vf.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=built_help)
+    vf.add_argument("--arch", choices=archs, help="only this architecture")
+    vf.add_argument("--op", choices=ops, help="only this op")
+    vf.add_argument("--json", action="store_true", help="print JSON")
+    vf.set_defaults(func=cmd_verify)
+
+    ex = sub.add_parser(
+        "export",
+        help="copy built kernels into a self-contained folder with a generated C launcher",
+    )
+    ex.add_argument("patterns", nargs="*", metavar="PATTERN", help=pat_help + " (default: all built)")
+    ex.add_argument("-o", "--out", required=True, metavar="DIR",
+                    help="the export folder (created; an earlier export there is replaced)")
+    ex.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=built_help)
+    ex.add_argument("--arch", choices=archs, help="only this architecture")
+    ex.add_argument("--op", choices=ops, help="only this op")
+    ex.add_argument("--json", action="store_true", help="print what was written as JSON")
+    ex.set_defaults(func=cmd_export)
 
     bn = sub.add_parser("bench", help="benchmark the built kernels on this GPU beside torch (needs CUDA)")
     bn.add_argument("--json-out", metavar="PATH", help="also write the results as JSON")
+    bn.add_argument(
+        "--op",
+        action="append",
+        choices=("bf16_gemm_nt", "fp8_gemm_nt", "quantize"),
+        help="only this op (repeatable; default: every op with built kernels)",
+    )
     bn.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("env", help="report versions, cuobjdump, GPU and cache location")

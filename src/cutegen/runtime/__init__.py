@@ -5,6 +5,9 @@ reached lazily by attribute:
 
 * ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.ops`; imports torch on first access);
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
+* ``per_token_quant_fp8``, ``per_block_quant_fp8``, ``grouped_transposed_quant_fp8``
+  (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch references are in
+  `cutegen.runtime.quant_reference`);
 * ``load_catalogue`` / ``KernelCatalogue`` (`catalogue`), ``LoadedKernel`` (`driver`),
   ``choose`` / ``explain`` (`heuristics`). The launcher is ``cutegen.runtime.launch.launch``
   (the submodule's name would shadow a lazy attribute).
@@ -30,6 +33,9 @@ from .errors import (
 _LAZY = {
     "bf16_gemm_nt": "ops",
     "fp8_gemm_nt": "fp8_ops",
+    "per_token_quant_fp8": "quant_ops",
+    "per_block_quant_fp8": "quant_ops",
+    "grouped_transposed_quant_fp8": "quant_ops",
     "to_mn_major_tma_aligned": "fp8_ops",
     "load_catalogue": "catalogue",
     "KernelCatalogue": "catalogue",

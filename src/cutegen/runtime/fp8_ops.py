@@ -26,6 +26,8 @@ import torch
 from . import ops
 from .errors import InputError, KernelLoadError
 from .launch import launch
+# One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
+from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
 
 OP_FP8_GEMM_NT = "fp8_gemm_nt"
 SCALE_BLOCK = 128
@@ -46,30 +48,6 @@ def ceil_div(a: int, b: int) -> int:
 def tma_aligned_rows(m: int) -> int:
     """The column stride of an MN-major TMA-aligned scale tensor with m rows: align(m, 4)."""
     return ceil_div(m, SFA_COLUMN_ALIGN) * SFA_COLUMN_ALIGN
-
-
-def is_mn_major_tma_aligned(sf: torch.Tensor) -> bool:
-    """True when `sf` [M, G] has strides (1, align(M, 4)) (a mode of extent 1 may have any stride)."""
-    if sf.dim() != 2:
-        return False
-    m, g = sf.shape
-    unit_ok = m <= 1 or sf.stride(0) == 1
-    column_ok = g <= 1 or sf.stride(1) == tma_aligned_rows(m)
-    return unit_ok and column_ok
-
-
-def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
-    """SFA in the MN-major, TMA-aligned layout `fp8_gemm_nt` takes: [M, G] with strides
-    (1, align(M, 4)). Returns `sf` itself when it already has that layout, else a copy."""
-    if not isinstance(sf, torch.Tensor) or sf.dim() != 2:
-        raise InputError(f"to_mn_major_tma_aligned: expected a 2-D [M, G] tensor, got {sf!r:.80}")
-    if is_mn_major_tma_aligned(sf):
-        return sf
-    m, g = sf.shape
-    storage = torch.empty((g, tma_aligned_rows(m)), dtype=sf.dtype, device=sf.device)
-    view = storage[:, :m].t()
-    view.copy_(sf)
-    return view
 
 
 def _check_operand(arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int) -> None:

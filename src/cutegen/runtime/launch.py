@@ -8,7 +8,9 @@ kernel, so a repeated call costs one dictionary look-up and one ``cuLaunchKernel
 
 Symbols available to manifest expressions: the operands' extents (``M``, ``N``, ``K`` ...), any
 ``extents`` passed in, and ``max_active_clusters``, ``sm_count``, ``cluster_tiles``, ``tiles_m``,
-``tiles_n`` and ``num_clusters`` (the grid's persistent dimension).
+``tiles_n`` and ``num_clusters`` (the grid's persistent dimension). Kernels with the ``blocks``
+grid rule get their grid from its expressions over the same symbols; a dimension of 0 launches
+nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .params import (
     OperandInfo,
     bind_operands,
     ceil_div,
+    evaluate,
     kernel_param_pointers,
     pack_params,
     tma_args_from_binding,
@@ -92,10 +95,23 @@ def persistent_grid(
     return grid, derived
 
 
+def blocks_grid(rule: GridRule, env: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The ``blocks`` grid: its three expressions evaluated over ``env`` (see `GridRule`)."""
+    exprs = list(rule.blocks or [])
+    if len(exprs) != 3:
+        raise KernelLoadError(f"grid rule 'blocks' needs three expressions, got {exprs!r}")
+    x, y, z = (int(evaluate(e, env)) for e in exprs)
+    return (x, y, z)
+
+
 def compute_grid(
     manifest: KernelManifest, extents: Mapping[str, int], max_active_clusters: int
 ) -> tuple[tuple[int, int, int], dict[str, int]]:
     rule = manifest.grid
+    if rule.kind == "blocks":
+        env = dict(extents)
+        env.setdefault("max_active_clusters", max_active_clusters)
+        return blocks_grid(rule, env), {}
     if rule.kind != "persistent_clusters":  # pragma: no cover - GridRule refuses others
         raise KernelLoadError(f"kernel {manifest.name}: unsupported grid rule {rule.kind!r}")
     try:
@@ -132,12 +148,16 @@ def prepare(
     manifest = kernel.manifest
     normalized, bound = bind_operands(manifest, operands, extents)
     rule = manifest.grid
-    if int(bound.get(rule.extent_m, 1)) == 0 or int(bound.get(rule.extent_n, 1)) == 0:
+    if rule.kind == "persistent_clusters" and (
+        int(bound.get(rule.extent_m, 1)) == 0 or int(bound.get(rule.extent_n, 1)) == 0
+    ):
         return PreparedLaunch(grid=(0, 0, 0), skip=True, env=bound)
     env = dict(bound)
     env.setdefault("sm_count", kernel.device.sm_count)
     env.setdefault("max_active_clusters", kernel.max_active_clusters())
     grid, derived = compute_grid(manifest, env, int(env["max_active_clusters"]))
+    if min(grid) <= 0:
+        return PreparedLaunch(grid=grid, skip=True, env=env)
     for key, value in derived.items():
         env.setdefault(key, value)
     tensor_maps: dict[str, bytes] = {}
@@ -218,6 +238,7 @@ def launch(
 __all__ = [
     "PreparedLaunch",
     "TORCH_DTYPES",
+    "blocks_grid",
     "compute_grid",
     "launch",
     "operand_info",

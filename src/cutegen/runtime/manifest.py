@@ -25,6 +25,15 @@ Bindings (``Param.binding["kind"]``):
     the extent symbols.
 ``pointer``
     The 64-bit device address of operand ``operand``.
+``tensor``
+    A plain global-memory tensor passed by value: the C struct the DSL declares for a dynamic
+    ``cute.Tensor`` argument, ``{void *data; shape leaves...; stride leaves...}``. ``operand``
+    names the tensor (the struct's ``data`` is its 64-bit address); ``shape`` lists the dynamic
+    extents as expressions over the extent symbols, packed as ``shape_widths``-bit integers;
+    ``strides`` lists, for each dynamic stride leaf, the operand mode whose stride (in elements)
+    it is, packed as ``stride_widths``-bit integers. Fields follow one another in that order,
+    each at its natural alignment; the struct is padded to its largest alignment (8). A fully
+    static tensor has empty lists (the pointer alone). See `params.tensor_struct_layout`.
 """
 
 from __future__ import annotations
@@ -35,8 +44,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-BINDING_KINDS = ("tma", "shape", "zeros", "scalar", "pointer")
-GRID_RULES = ("persistent_clusters",)
+BINDING_KINDS = ("tma", "shape", "zeros", "scalar", "pointer", "tensor")
+GRID_RULES = ("persistent_clusters", "blocks")
 
 
 class ManifestError(ValueError):
@@ -68,7 +77,8 @@ class OperandSpec:
     dtype: str
     # Symbolic extents, e.g. ["M", "K"]; the runtime binds the symbols from the actual tensors.
     shape: list[str]
-    # Index of the mode with unit stride (the contiguous one).
+    # Index of the mode with unit stride (the contiguous one); -1: no mode must have unit stride
+    # (the kernel takes every stride at run time), only the alignment rule applies.
     contiguous_mode: int
     # Required alignment of the base address and of the non-unit strides, in bytes.
     align_bytes: int
@@ -82,19 +92,30 @@ class GridRule:
     grouped into cluster_m x cluster_n cluster tiles; the grid is
     (cluster_m, cluster_n, min(cluster tiles, max active clusters)) and each cluster walks the
     cluster tiles in a persistent loop.
+
+    ``blocks``: the grid is ``blocks``, three expressions (x, y, z) over the launch symbols (the
+    operands' extents, given extents, ``sm_count`` and ``max_active_clusters``, which for a
+    kernel without clusters is the number of co-resident CTAs on the device), evaluated by the
+    runtime's expression evaluator, e.g. ``["min(ceil_div(M, 8) * ceil_div(K, 512),
+    max_active_clusters)", "1", "1"]`` for a persistent kernel over tiles. A dimension that
+    evaluates to 0 or less means there is nothing to do: nothing is launched. The tile and
+    cluster fields are unused (0).
     """
 
     kind: str
-    tile_m: int
-    tile_n: int
-    cluster_m: int
-    cluster_n: int
+    tile_m: int = 0
+    tile_n: int = 0
+    cluster_m: int = 0
+    cluster_n: int = 0
     extent_m: str = "M"
     extent_n: str = "N"
+    blocks: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in GRID_RULES:
             raise ManifestError(f"unknown grid rule {self.kind!r}")
+        if self.kind == "blocks" and (not isinstance(self.blocks, list) or len(self.blocks) != 3):
+            raise ManifestError(f"grid rule 'blocks' needs three expressions, got {self.blocks!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,8 @@ launch) lives in `tma.py` and `launch.py` and consumes what this module computes
 * `bind_operands`: checks the operands against the manifest's `OperandSpec`s (dtype, rank,
   contiguous mode, alignment) and binds the extent symbols (``M``, ``N``, ``K`` ...).
 * `tma_args_from_binding`: the exact arguments of ``cuTensorMapEncodeTiled`` for a ``tma`` binding.
+* `tensor_struct_layout` / `pack_tensor_struct`: the C struct of a ``tensor`` binding (a plain
+  dynamic tensor passed by value: pointer, dynamic extents, dynamic strides).
 * `pack_params`: the 64-byte aligned parameter blob, each `.param` at its manifest offset, and
   `kernel_param_pointers`, the ``void*[]`` that ``cuLaunchKernelEx`` takes as ``kernelParams``.
 * `check_manifest`: the static consistency of a manifest's parameter layout and bindings, checked
@@ -155,13 +157,13 @@ def normalize_operand(kernel: str, spec: OperandSpec, info: OperandInfo) -> Oper
     for mode, extent in enumerate(shape):
         if extent == 1 and mode != spec.contiguous_mode:
             strides[mode] = canonical
-    cm = spec.contiguous_mode
-    if shape[cm] > 1 and strides[cm] != 1:
+    cm = spec.contiguous_mode  # -1: no unit-stride mode required
+    if cm >= 0 and shape[cm] > 1 and strides[cm] != 1:
         raise InputError(
             f"{where} must be contiguous along mode {cm} ({spec.shape[cm]}): expected stride 1, "
             f"got strides {list(info.strides)}"
         )
-    if shape[cm] == 1:
+    if cm >= 0 and shape[cm] == 1:
         strides[cm] = 1
     align = max(1, spec.align_bytes)
     if info.ptr % align:
@@ -369,7 +371,7 @@ def check_manifest(manifest: KernelManifest) -> None:
             raise KernelLoadError(
                 f"kernel {manifest.name}: operand {spec.name!r} has unknown dtype {spec.dtype!r}"
             )
-        if not 0 <= spec.contiguous_mode < len(spec.shape):
+        if not -1 <= spec.contiguous_mode < len(spec.shape):
             raise KernelLoadError(
                 f"kernel {manifest.name}: operand {spec.name!r} contiguous_mode "
                 f"{spec.contiguous_mode} is out of range for shape {spec.shape}"
@@ -391,7 +393,7 @@ def check_manifest(manifest: KernelManifest) -> None:
         end = param.offset + param.size
         binding = param.binding
         kind = binding["kind"]
-        if kind in ("tma", "pointer"):
+        if kind in ("tma", "pointer", "tensor"):
             operand = binding.get("operand")
             if operand not in operand_names:
                 raise _param_error(
@@ -425,6 +427,24 @@ def check_manifest(manifest: KernelManifest) -> None:
                 )
             for value in values:
                 compile_expr(value)
+        elif kind == "tensor":
+            try:
+                _, size, align = tensor_struct_layout(binding)
+            except ValueError as exc:
+                raise _param_error(manifest, param, str(exc)) from None
+            if param.size != size or param.align % align:
+                raise _param_error(
+                    manifest,
+                    param,
+                    f"the tensor struct is {size} bytes aligned to {align}, the param is "
+                    f"{param.size} bytes aligned to {param.align}",
+                )
+            rank = len(manifest.operand(binding["operand"]).shape)
+            bad = [m for m in binding.get("strides", []) if not 0 <= int(m) < rank]
+            if bad:
+                raise _param_error(manifest, param, f"stride modes {bad} out of range for rank {rank}")
+            for value in binding.get("shape", []):
+                compile_expr(value)
         elif kind == "tma":
             if param.size != TMA_DESCRIPTOR_BYTES or param.offset % TMA_DESCRIPTOR_ALIGN:
                 raise _param_error(
@@ -438,6 +458,9 @@ def check_manifest(manifest: KernelManifest) -> None:
                 check_tma_recipe(binding, len(spec.shape), DTYPE_BYTES[spec.dtype])
             except ValueError as exc:
                 raise _param_error(manifest, param, str(exc)) from None
+    if manifest.grid.kind == "blocks":
+        for expr in manifest.grid.blocks or []:
+            compile_expr(expr)
 
 
 def check_tma_recipe(binding: Mapping[str, Any], operand_rank: int, operand_elem_bytes: int) -> None:
@@ -658,12 +681,76 @@ def pack_params(
             payload = b"".join(
                 _pack_int(evaluate(v, extents), width, f"{what} value {v!r}") for v in binding["values"]
             )
+        elif kind == "tensor":
+            operand = binding["operand"]
+            if operand not in operands:
+                raise InputError(f"{what}: operand {operand!r} was not given")
+            payload = pack_tensor_struct(binding, operands[operand], extents, what)
         else:  # pragma: no cover - Param.__post_init__ refuses other kinds
             raise KernelLoadError(f"{what}: unknown binding kind {kind!r}")
         if len(payload) > param.size:
             raise KernelLoadError(f"{what}: {len(payload)} bytes do not fit in {param.size}")
         data[param.offset : param.offset + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
     return ParamBlob(data=data, offsets=tuple(p.offset for p in manifest.params))
+
+
+def tensor_struct_layout(binding: Mapping[str, Any]) -> tuple[list[int], int, int]:
+    """Byte offsets of the fields of a ``tensor`` binding's C struct, its size and alignment.
+
+    Fields in order: the 64-bit data pointer, one integer per ``shape`` entry
+    (``shape_widths``), one per ``strides`` entry (``stride_widths``), each at its natural
+    alignment; the size is rounded up to the largest alignment (the pointer's 8). Raises
+    ValueError for a malformed binding.
+    """
+    shape = list(binding.get("shape", []))
+    strides = list(binding.get("strides", []))
+    shape_widths = [int(w) for w in binding.get("shape_widths", [32] * len(shape))]
+    stride_widths = [int(w) for w in binding.get("stride_widths", [64] * len(strides))]
+    if len(shape_widths) != len(shape) or len(stride_widths) != len(strides):
+        raise ValueError(
+            f"tensor binding: {len(shape)} shape values with {len(shape_widths)} widths, "
+            f"{len(strides)} strides with {len(stride_widths)} widths"
+        )
+    for width in shape_widths + stride_widths:
+        if width not in (32, 64):
+            raise ValueError(f"tensor binding: field width {width} is not 32 or 64")
+    offsets = [0]
+    end = 8
+    for width in shape_widths + stride_widths:
+        size = width // 8
+        start = -(-end // size) * size
+        offsets.append(start)
+        end = start + size
+    align = 8
+    return offsets, -(-end // align) * align, align
+
+
+def pack_tensor_struct(
+    binding: Mapping[str, Any], info: OperandInfo, extents: Mapping[str, Any], what: str = "tensor"
+) -> bytes:
+    """The bytes of a ``tensor`` binding's C struct for operand ``info`` (see `tensor_struct_layout`).
+
+    Shape values are the binding's expressions evaluated over ``extents``; stride values are the
+    operand's strides (in elements) of the listed modes. Padding bytes are zero.
+    """
+    try:
+        offsets, size, _ = tensor_struct_layout(binding)
+    except ValueError as exc:
+        raise KernelLoadError(f"{what}: {exc}") from None
+    shape = list(binding.get("shape", []))
+    strides = [int(m) for m in binding.get("strides", [])]
+    shape_widths = [int(w) for w in binding.get("shape_widths", [32] * len(shape))]
+    stride_widths = [int(w) for w in binding.get("stride_widths", [64] * len(strides))]
+    out = bytearray(size)
+    out[0:8] = _pack_int(info.ptr, 64, f"{what} (address)")
+    fields = [
+        (evaluate(v, extents), w, f"{what} extent {v!r}") for v, w in zip(shape, shape_widths)
+    ] + [
+        (info.strides[m], w, f"{what} stride of mode {m}") for m, w in zip(strides, stride_widths)
+    ]
+    for offset, (value, width, label) in zip(offsets[1:], fields):
+        out[offset : offset + width // 8] = _pack_int(value, width, label)
+    return bytes(out)
 
 
 def kernel_param_pointers(blob: ParamBlob) -> ctypes.Array:
@@ -696,5 +783,7 @@ __all__ = [
     "kernel_param_pointers",
     "normalize_operand",
     "pack_params",
+    "pack_tensor_struct",
+    "tensor_struct_layout",
     "tma_args_from_binding",
 ]

@@ -16,13 +16,16 @@ import math
 from typing import Callable, Iterable
 
 from .spec import (
+    QUANT_GROUP,
     SCALE_BLOCK,
     SM90_REGISTERS_PER_SM,
     THREADS_PER_WARPGROUP,
     Arch,
     DType,
     Epilogue,
+    Multicast,
     Op,
+    Raster,
     ScaleFormat,
     Schedule,
 )
@@ -33,12 +36,20 @@ from .spec import (
 OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.BF16_GEMM_NT: frozenset({Arch.SM90A}),
     Op.FP8_GEMM_NT: frozenset({Arch.SM90A}),
+    Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A}),
+    Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A}),
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: frozenset({Arch.SM90A}),
 }
 
-# (a_dtype, b_dtype, c_dtype, acc_dtype) each op is written for.
-OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType]] = {
+# (a_dtype, b_dtype, c_dtype, acc_dtype) each op is written for, or a set of such tuples.
+# Quantize ops: a = b = the input dtype, c = e4m3 (the output), acc = f32 (the math).
+_QUANT_IN = lambda *dts: frozenset((d, d, DType.E4M3, DType.F32) for d in dts)  # noqa: E731
+OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, DType, DType, DType]]] = {
     Op.BF16_GEMM_NT: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.FP8_GEMM_NT: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
+    Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
+    Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: _QUANT_IN(DType.BF16),
 }
 
 # Scale formats each op accepts (NONE for unscaled ops).
@@ -46,6 +57,10 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.BF16_GEMM_NT: frozenset({ScaleFormat.NONE}),
     # Hopper takes fp32 scales (UE8M0 is the Blackwell format).
     Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32}),
+    # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
+    Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
+    Op.PER_BLOCK_QUANT_FP8: frozenset({ScaleFormat.F32}),
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: frozenset({ScaleFormat.F32}),
 }
 
 # Epilogues each architecture's templates implement.
@@ -78,6 +93,26 @@ REGISTER_HEADROOM = 72
 MIN_MULTICAST_SLICE = 8
 
 _SM90 = frozenset({Arch.SM90A})
+# Quantize ops (no MMA): the GEMM rules below do not apply to them; the quant_* rules do.
+_QUANT_OPS = frozenset(op for op in Op if op.is_quantize)
+_GEMM_OPS = frozenset(Op) - _QUANT_OPS
+# Quantize templates: the group, the CTA tile per op, warpgroups, stages (see the quant_* rules).
+QUANT_TILES: dict[Op, tuple[int | None, int]] = {
+    # (tile_m, tile_n); None: one row per warp (4 x math_warpgroups).
+    Op.PER_TOKEN_QUANT_FP8: (None, 512),
+    Op.PER_BLOCK_QUANT_FP8: (128, 128),
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: (128, 64),
+}
+QUANT_WARPGROUPS: dict[Op, tuple[int, ...]] = {
+    Op.PER_TOKEN_QUANT_FP8: (1, 2),
+    Op.PER_BLOCK_QUANT_FP8: (1, 2),
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: (2,),
+}
+QUANT_STAGES: dict[Op, tuple[int, ...]] = {
+    Op.PER_TOKEN_QUANT_FP8: (1, 2, 3, 4),  # tiles each thread loads before computing the first
+    Op.PER_BLOCK_QUANT_FP8: (1,),  # the whole 128x128 block is held in registers
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: (2,),  # double-buffered shared-memory tile
+}
 
 
 # ---- the registry ------------------------------------------------------------------------------
@@ -194,6 +229,16 @@ def dtypes_for_op(s: Schedule) -> str | None:
         return None
     have = (s.a_dtype, s.b_dtype, s.c_dtype, s.acc_dtype)
     names = ("a_dtype", "b_dtype", "c_dtype", "acc_dtype")
+    if isinstance(want, frozenset):
+        if have in want:
+            return None
+        options = " or ".join(
+            "(" + ", ".join(d.value for d in w) + ")" for w in sorted(want, key=lambda w: [d.value for d in w])
+        )
+        return (
+            ", ".join(f"{n}={h.value}" for n, h in zip(names, have))
+            + f": op {s.op.value} takes ({', '.join(names)}) = {options}"
+        )
     bad = [f"{n}={h.value} (expected {w.value})" for n, h, w in zip(names, have, want) if h != w]
     if not bad:
         return None
@@ -214,7 +259,7 @@ def scale_format_for_op(s: Schedule) -> str | None:
     )
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def stages_at_least_two(s: Schedule) -> str | None:
     """At least two pipeline stages, so TMA loads overlap the math."""
     if s.stages >= 2:
@@ -240,7 +285,7 @@ def smem_fits(s: Schedule) -> str | None:
     )
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def tile_k_matches_dtype(s: Schedule) -> str | None:
     """tile_k spans exactly one 128-byte swizzle row of each operand (bf16: tile_k=64)."""
     for field, dt in (("a_dtype", s.a_dtype), ("b_dtype", s.b_dtype)):
@@ -254,7 +299,7 @@ def tile_k_matches_dtype(s: Schedule) -> str | None:
     return None
 
 
-@_rule(archs=_SM90)
+@_rule(archs=_SM90, ops=_GEMM_OPS)
 def math_warpgroups_range(s: Schedule) -> str | None:
     """One or two math (consumer) warpgroups."""
     if s.math_warpgroups in MATH_WARPGROUPS:
@@ -262,7 +307,7 @@ def math_warpgroups_range(s: Schedule) -> str | None:
     return f"math_warpgroups={s.math_warpgroups}: expected one of {list(MATH_WARPGROUPS)}"
 
 
-@_rule(archs=_SM90)
+@_rule(archs=_SM90, ops=_GEMM_OPS)
 def tile_m_wgmma(s: Schedule) -> str | None:
     """tile_m is 64, 128 or 256 and a multiple of 64 per math warpgroup (WGMMA M=64)."""
     if s.tile_m not in WGMMA_TILE_M:
@@ -281,7 +326,7 @@ def tile_m_wgmma(s: Schedule) -> str | None:
     return None
 
 
-@_rule(archs=_SM90)
+@_rule(archs=_SM90, ops=_GEMM_OPS)
 def tile_n_wgmma(s: Schedule) -> str | None:
     """tile_n is a multiple of 16 in [16, 256] (the WGMMA N range)."""
     if s.tile_n % WGMMA_N_STEP == 0 and WGMMA_N_MIN <= s.tile_n <= WGMMA_N_MAX:
@@ -292,7 +337,7 @@ def tile_n_wgmma(s: Schedule) -> str | None:
     )
 
 
-@_rule(archs=_SM90)
+@_rule(archs=_SM90, ops=_GEMM_OPS)
 def register_budget(s: Schedule) -> str | None:
     """setmaxnreg values are multiples of 8 in [24, 256] and the CTA's registers fit the SM."""
     for field in ("producer_regs", "consumer_regs"):
@@ -314,7 +359,7 @@ def register_budget(s: Schedule) -> str | None:
     )
 
 
-@_rule(archs=_SM90)
+@_rule(archs=_SM90, ops=_GEMM_OPS)
 def accumulator_registers(s: Schedule) -> str | None:
     """The accumulators leave 72 registers of headroom under consumer_regs (block-scaled ops
     hold two accumulator sets: the WGMMA one and the promoted sum)."""
@@ -332,7 +377,7 @@ def accumulator_registers(s: Schedule) -> str | None:
     )
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def epilogue_tile_divides(s: Schedule) -> str | None:
     """The epilogue's sub-tile divides the CTA tile, so every sub-tile is a full TMA store."""
     em, en = s.epi_tile
@@ -346,7 +391,7 @@ def epilogue_tile_divides(s: Schedule) -> str | None:
     )
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def scale_blocks_per_tile(s: Schedule) -> str | None:
     """A block-scaled tile spans at most two 128-column blocks of SFB wherever it starts
     (tile_n - gcd(tile_n, 128) <= 128), and tile_k is one 128-wide scale block."""
@@ -366,7 +411,7 @@ def scale_blocks_per_tile(s: Schedule) -> str | None:
     )
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def cluster_shape(s: Schedule) -> str | None:
     """cluster_m and cluster_n are 1 or 2, and the cluster has at most 2 CTAs (for now)."""
     for field in ("cluster_m", "cluster_n"):
@@ -381,7 +426,7 @@ def cluster_shape(s: Schedule) -> str | None:
     return None
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def multicast_matches_cluster(s: Schedule) -> str | None:
     """Multicast A needs cluster_n > 1, B needs cluster_m > 1; a cluster extent > 1 must multicast."""
     mc = s.multicast
@@ -408,7 +453,7 @@ def multicast_matches_cluster(s: Schedule) -> str | None:
     return None
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def multicast_box_divisible(s: Schedule) -> str | None:
     """A multicast operand's TMA box splits evenly over the CTAs sharing it, >= 8 rows each."""
     checks = (
@@ -427,7 +472,7 @@ def multicast_box_divisible(s: Schedule) -> str | None:
     return None
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def tma_alignment(s: Schedule) -> str | None:
     """The output tile's and epilogue tile's rows are multiples of 16 bytes (TMA rule)."""
     b = s.c_dtype.bytes
@@ -446,7 +491,7 @@ def tma_alignment(s: Schedule) -> str | None:
     return None
 
 
-@_rule()
+@_rule(ops=_GEMM_OPS)
 def group_size_positive(s: Schedule) -> str | None:
     """The raster swizzle group has at least one tile."""
     if s.group_size >= 1:
@@ -462,6 +507,81 @@ def epilogue_supported(s: Schedule) -> str | None:
         return None
     known = ", ".join(sorted(e.value for e in ok)) or "none"
     return f"epilogue={s.epilogue.value}: {s.arch.value} templates implement only {known}"
+
+
+@_rule(ops=_QUANT_OPS)
+def quant_unused_fields_neutral(s: Schedule) -> str | None:
+    """Fields a quantize kernel does not use hold their neutral values: b_dtype = a_dtype,
+    cluster 1x1, multicast none, producer_regs = consumer_regs = 0, raster along_m, group_size 1."""
+    if not s.op.is_quantize:
+        return None  # the rule is registered for quantize ops only
+    checks = (
+        ("b_dtype", s.b_dtype, s.a_dtype, "the input dtype (a_dtype)"),
+        ("cluster_m", s.cluster_m, 1, "1"),
+        ("cluster_n", s.cluster_n, 1, "1"),
+        ("multicast", s.multicast, Multicast.NONE, "none"),
+        ("producer_regs", s.producer_regs, 0, "0 (no setmaxnreg)"),
+        ("consumer_regs", s.consumer_regs, 0, "0 (no setmaxnreg)"),
+        ("raster", s.raster, Raster.ALONG_M, "along_m"),
+        ("group_size", s.group_size, 1, "1"),
+    )
+    for field, have, want, text in checks:
+        if have != want:
+            shown = have.value if hasattr(have, "value") else have
+            return f"{field}={shown}: a quantize kernel does not use it; it must be {text}"
+    return None
+
+
+@_rule(ops=_QUANT_OPS)
+def quant_group_128(s: Schedule) -> str | None:
+    """tile_k is the quantisation group, 128 elements (1x128 per token, 128x128 per block)."""
+    if not s.op.is_quantize:
+        return None  # the rule is registered for quantize ops only
+    if s.tile_k == QUANT_GROUP:
+        return None
+    return f"tile_k={s.tile_k}: the quantisation group is {QUANT_GROUP} elements, so tile_k must be {QUANT_GROUP}"
+
+
+@_rule(ops=_QUANT_OPS)
+def quant_warpgroups(s: Schedule) -> str | None:
+    """math_warpgroups (every thread of a quantize CTA, 128 each) is one the template supports."""
+    if not s.op.is_quantize:
+        return None  # the rule is registered for quantize ops only
+    ok = QUANT_WARPGROUPS.get(s.op, ())
+    if s.math_warpgroups in ok:
+        return None
+    return f"math_warpgroups={s.math_warpgroups}: op {s.op.value} runs with {' or '.join(map(str, ok))} warpgroups"
+
+
+@_rule(ops=_QUANT_OPS)
+def quant_tile(s: Schedule) -> str | None:
+    """The CTA tile is the template's: per-token one row per warp x 512 columns (4 groups),
+    per-block 128x128, grouped transposed 128 tokens x 64 hidden columns."""
+    if not s.op.is_quantize:
+        return None  # the rule is registered for quantize ops only
+    want_m, want_n = QUANT_TILES.get(s.op, (s.tile_m, s.tile_n))
+    if want_m is None:
+        want_m = 4 * s.math_warpgroups
+        why = f"one row per warp (4 x math_warpgroups={s.math_warpgroups})"
+    else:
+        why = f"{want_m}"
+    if s.tile_m != want_m:
+        return f"tile_m={s.tile_m}: op {s.op.value} tiles {why} rows"
+    if s.tile_n != want_n:
+        return f"tile_n={s.tile_n}: op {s.op.value} tiles {want_n} columns"
+    return None
+
+
+@_rule(ops=_QUANT_OPS)
+def quant_stages(s: Schedule) -> str | None:
+    """stages is one the template supports: per-token 1-4 tiles in flight per thread,
+    per-block 1 (the block is held in registers), grouped transposed 2 (double-buffered tile)."""
+    if not s.op.is_quantize:
+        return None  # the rule is registered for quantize ops only
+    ok = QUANT_STAGES.get(s.op, ())
+    if s.stages in ok:
+        return None
+    return f"stages={s.stages}: op {s.op.value} supports stages {' or '.join(map(str, ok))}"
 
 
 PREDICATES: tuple[Predicate, ...] = tuple(_REGISTRY)

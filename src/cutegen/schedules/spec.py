@@ -36,10 +36,24 @@ class Op(str, enum.Enum):
 
     BF16_GEMM_NT = "bf16_gemm_nt"
     FP8_GEMM_NT = "fp8_gemm_nt"
+    PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
+    PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
+    GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
 
     @property
     def tag(self) -> str:
-        return {"bf16_gemm_nt": "gemm", "fp8_gemm_nt": "fp8gemm"}[self.value]
+        return {
+            "bf16_gemm_nt": "gemm",
+            "fp8_gemm_nt": "fp8gemm",
+            "per_token_quant_fp8": "ptquant",
+            "per_block_quant_fp8": "pbquant",
+            "grouped_transposed_quant_fp8": "gtquant",
+        }[self.value]
+
+    @property
+    def is_quantize(self) -> bool:
+        """A quantize op: no MMA, no producer warpgroup; see `QUANT_*` below for its field mapping."""
+        return self.value in _QUANT_OPS
 
 
 class DType(str, enum.Enum):
@@ -125,6 +139,11 @@ THREADS_PER_WARPGROUP = 128
 SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
+# Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
+# transposed kernel's shared-memory prefix sums hold.
+_QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
+QUANT_GROUP = 128
+QUANT_MAX_GROUPS = 1024
 # Block-scaled ops: one scale per 128 elements along K (and per 128 rows of B).
 SCALE_BLOCK = 128
 
@@ -165,6 +184,8 @@ class Schedule:
 
     @property
     def threads_per_cta(self) -> int:
+        if self.op.is_quantize:  # no producer warpgroup: math_warpgroups counts every thread
+            return self.math_warpgroups * THREADS_PER_WARPGROUP
         # One producer warpgroup (one TMA warp working, three idle) plus the math warpgroups.
         return (1 + self.math_warpgroups) * THREADS_PER_WARPGROUP
 
@@ -174,7 +195,12 @@ class Schedule:
 
     @property
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline stage: A and B tiles, plus the tile's SFA column when scaled."""
+        """Shared memory of one pipeline stage: A and B tiles, plus the tile's SFA column when scaled.
+        Quantize ops: one shared tile buffer (grouped transposed: tile_m x tile_n inputs; else 0)."""
+        if self.op.is_quantize:
+            if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
+                return self.tile_m * self.tile_n * self.a_dtype.bytes
+            return 0
         ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
         return ab + (4 * self.tile_m if self.block_scaled else 0)
 
@@ -187,6 +213,8 @@ class Schedule:
 
     @property
     def epilogue_bytes(self) -> int:
+        if self.op.is_quantize:  # stores go straight from registers to global memory
+            return 0
         em, en = self.epi_tile
         return EPILOGUE_STAGES * em * en * self.c_dtype.bytes
 
@@ -198,12 +226,26 @@ class Schedule:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory the kernel is launched with."""
+        if self.op.is_quantize:
+            return self.quant_smem_bytes
         return (
             self.stages * self.stage_bytes
             + self.epilogue_bytes
             + SMEM_RESERVED_BYTES
             + 2 * SMEM_BUFFER_ALIGN_BYTES
         )
+
+    @property
+    def quant_smem_bytes(self) -> int:
+        """Shared memory of a quantize kernel: the grouped transposed kernel's prefix sums
+        (2 x (QUANT_MAX_GROUPS + 1) int32, padded to 128 bytes) and `stages` tile buffers; the
+        per-block kernel's 2 x warps partial maxima; none for per-token."""
+        if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
+            prefix = -(-2 * 4 * (QUANT_MAX_GROUPS + 1) // 128) * 128
+            return prefix + self.stages * self.stage_bytes
+        if self.op == Op.PER_BLOCK_QUANT_FP8:
+            return 2 * 4 * self.threads_per_cta // 32
+        return 0
 
     @property
     def accumulators_per_thread(self) -> int:

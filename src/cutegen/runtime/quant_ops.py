@@ -1,0 +1,590 @@
+"""PyTorch entry points of the FP8 quantize kernels, registered as torch custom ops.
+
+Numerics, the NaN/Inf policy, padding and the scale layouts are those of
+`cutegen.runtime.quant_reference` (the executable specification); the kernels reproduce its bytes.
+
+``per_token_quant_fp8(x, group=128, scale_format="fp32", scale_layout="k-major", eps=1e-4, *, out=None, out_scales=None, kernel=None)``
+    x [M, K] bf16/f16/f32 -> ``(q, scales)``: q e4m3 [M, K]; scales fp32 [M, ceil(K/128)]
+    (``scale_format="fp32"``) or UE8M0 packed int32 [M, ceil(ceil(K/128)/4)] (``"ue8m0"``), in
+    the ``k-major`` (row-major) or ``mn-major-tma-aligned`` layout (strides (1, align(M, 4)),
+    what `fp8_gemm_nt` takes as SFA). K must be a multiple of 16.
+``per_block_quant_fp8(w, eps=1e-4, *, out=None, out_scales=None, kernel=None)``
+    w [N, K] bf16/f16/f32 -> ``(q e4m3 [N, K], scales fp32 [ceil(N/128), ceil(K/128)])``.
+    K must be a multiple of 16; N and K need not be multiples of 128.
+``grouped_transposed_quant_fp8(x, group_sizes, eps=1e-4, num_blocks=None, *, out=None, out_scales=None, kernel=None)``
+    x [T, H] bf16 and group_sizes int32 [G] on the GPU (1 <= G <= 1024) -> ``(q, scales)``:
+    q e4m3 flat [128 * H * S], scales fp32 [S, H] in the grouped layout of the reference, where
+    S = ``num_blocks``: an upper bound on sum ceil(m_g/128), by default
+    ``(T + 127 G) // 128``, which needs no knowledge of the sizes, so nothing is read back from
+    the GPU (the call is CUDA-graph capturable). Rows past the real blocks are zero blocks. If
+    ``num_blocks`` is smaller than the real count, blocks at or past it are dropped and a group
+    that straddles it is incomplete (never out of bounds). H must be a multiple of 8. The sizes
+    must be non-negative and sum to T; that is not checked (it would need a device read): the
+    kernel clamps negative sizes to 0 and reads tokens past T as zeros.
+
+``out`` / ``out_scales`` (optional, both or neither) receive the result in place: ``out`` e4m3
+with the output's shape, ``stride(-1) == 1`` and 16-byte aligned rows; ``out_scales`` the scale
+tensor of the requested layout (for ``mn-major-tma-aligned``, strides (1, align(M, 4)) over a
+buffer holding all align(M, 4) rows: the kernel writes the padding rows with 0).
+
+Every entry point validates its inputs and raises `InputError` naming the argument before
+anything is launched. Kernels are chosen from the catalogue (`cutegen.runtime.ops.catalogue`) by
+op, input dtype and scale format; ``kernel`` forces one by name.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import torch
+
+from . import driver, ops
+from .errors import ArtifactError, InputError
+from .launch import launch
+
+OP_PER_TOKEN = "per_token_quant_fp8"
+OP_PER_BLOCK = "per_block_quant_fp8"
+OP_GROUPED = "grouped_transposed_quant_fp8"
+
+GROUP = 128
+# The grouped kernel's shared-memory prefix sums hold this many groups (schedules.spec.QUANT_MAX_GROUPS).
+MAX_GROUPS = 1024
+DEFAULT_EPS = 1e-4
+MIN_EPS = 1e-30
+MAX_EPS = 3.4028234663852886e38
+SCALE_FORMATS = ("fp32", "ue8m0")
+SCALE_LAYOUTS = ("k-major", "mn-major-tma-aligned")
+TMA_ALIGN_ROWS = 4
+PTR_ALIGN_BYTES = 16
+IN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+# K (per-token, per-block) and H (grouped) multiples: 16-byte rows of e4m3 / of the bf16 input.
+K_MULTIPLE = 16
+H_MULTIPLE = 8
+
+_lock = threading.RLock()
+_choices: dict[tuple[str, str, str, int], str] = {}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel choice
+
+
+def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> str:
+    """The catalogue kernel for (op, input dtype, scale format) on this GPU: the first by name."""
+    key = (op, in_dtype, scale, int(device))
+    name = _choices.get(key)
+    if name is not None:
+        return name
+    cat = ops.catalogue()
+    info = driver.device_info(device)
+    sched_scale = {"fp32": "f32", "ue8m0": "ue8m0"}[scale]
+    names = sorted(
+        m.name
+        for m in cat.compatible(op, info.capability)
+        if m.schedule.get("a_dtype") == in_dtype and m.schedule.get("scale") == sched_scale
+        and m.smem_bytes <= info.smem_optin
+    )
+    if not names:
+        built = sorted({f"{e.arch} {e.schedule.get('a_dtype')}/{e.schedule.get('scale')}" for e in cat.entries(op)})
+        raise ArtifactError(
+            f"{op}: no kernel in the catalogue at {cat.build_dir} runs on {info.arch} ({info.name}) "
+            f"for input {in_dtype} with {scale} scales; built: {', '.join(built) or 'none'}"
+        )
+    with _lock:
+        _choices[key] = names[0]
+    return names[0]
+
+
+def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str) -> Any:
+    cat = ops.catalogue()
+    if forced:
+        if forced not in cat:
+            known = ", ".join(cat.names(op)) or "none"
+            raise InputError(
+                f"{op}: argument 'kernel' must name a kernel of the catalogue at {cat.build_dir} "
+                f"(known {op} kernels: {known}), got {forced!r}"
+            )
+        manifest = cat.manifest(forced)
+        if manifest.op != op:
+            raise InputError(f"{op}: argument 'kernel' names {forced!r}, a {manifest.op} kernel")
+        want_scale = {"fp32": "f32", "ue8m0": "ue8m0"}[scale]
+        if manifest.schedule.get("a_dtype") != in_dtype or manifest.schedule.get("scale") != want_scale:
+            raise InputError(
+                f"{op}: argument 'kernel' names {forced!r}, built for input "
+                f"{manifest.schedule.get('a_dtype')} with {manifest.schedule.get('scale')} scales; "
+                f"this call needs {in_dtype} with {want_scale}"
+            )
+        name = forced
+    else:
+        name = choose_quant_kernel(op, in_dtype, scale, device)
+    return cat.load(name, device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation (everything here works on fake tensors too)
+
+
+def _fail(op: str, arg: str, what: str) -> InputError:
+    return InputError(f"{op}: argument '{arg}' {what}")
+
+
+def _check_eps(op: str, eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise _fail(op, "eps", f"must be a float, got {type(eps).__name__}")
+    value = float(eps)
+    if not math.isfinite(value) or not MIN_EPS <= value <= MAX_EPS:
+        raise _fail(op, "eps", f"must be a finite float in [{MIN_EPS}, 3.4e38], got {eps!r}")
+    return value
+
+
+def _check_tensor(op: str, arg: str, t: Any, device: Any | None, dtypes: tuple, rank: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(op, arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise _fail(op, arg, f"must be a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise _fail(op, arg, f"must be on {device} (the device of the input), got {t.device}")
+    if t.dtype not in dtypes:
+        names = " or ".join(str(d) for d in dtypes)
+        raise _fail(op, arg, f"must be {names}, got {t.dtype}")
+    if t.dim() != rank:
+        raise _fail(op, arg, f"must be {rank}-D, got {t.dim()}-D with shape {list(t.shape)}")
+
+
+def _check_rows(op: str, arg: str, t: torch.Tensor) -> None:
+    """Unit stride along the last mode and 16-byte aligned rows (2-D)."""
+    rows, cols = t.shape
+    if cols > 1 and t.stride(1) != 1:
+        raise _fail(op, arg, f"must be contiguous along its last dimension (stride(1) == 1), got strides {list(t.stride())}")
+    row_align = PTR_ALIGN_BYTES // t.element_size()
+    if rows > 1 and cols > 0 and t.stride(0) % row_align:
+        raise _fail(
+            op,
+            arg,
+            f"must have a row stride that is a multiple of {row_align} elements (16 bytes), got stride(0) = {t.stride(0)}",
+        )
+
+
+def _check_ptr(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = PTR_ALIGN_BYTES) -> None:
+    if t is None or t.numel() == 0:
+        return
+    if t.data_ptr() % align_bytes:
+        raise _fail(
+            op,
+            arg,
+            f"must start at a {align_bytes}-byte aligned address, got 0x{t.data_ptr():x} "
+            f"(storage offset {t.storage_offset()} elements)",
+        )
+
+
+def _check_out(op: str, out: Any, out_scales: Any, device: Any, q_shape: tuple) -> None:
+    if (out is None) != (out_scales is None):
+        raise _fail(op, "out" if out is None else "out_scales", "must be given together with 'out_scales' / 'out'")
+    if out is None:
+        return
+    _check_tensor(op, "out", out, device, (torch.float8_e4m3fn,), len(q_shape))
+    if tuple(out.shape) != tuple(q_shape):
+        raise _fail(op, "out", f"must have shape {list(q_shape)}, got {list(out.shape)}")
+    if len(q_shape) == 2:
+        _check_rows(op, "out", out)
+    elif out.numel() > 1 and out.stride(0) != 1:
+        raise _fail(op, "out", f"must be contiguous, got strides {list(out.stride())}")
+
+
+def _scale_buffer_view(op: str, sf: torch.Tensor, rows: int, cols: int, layout: str) -> torch.Tensor:
+    """The kernel's view of an MN-major TMA-aligned scale tensor: all align(rows, 4) rows."""
+    padded = align(rows, TMA_ALIGN_ROWS)
+    if layout != "mn-major-tma-aligned":
+        return sf
+    needed = sf.storage_offset() + (cols - 1) * padded + padded if cols else 0
+    if sf.untyped_storage().nbytes() < needed * sf.element_size():
+        raise _fail(
+            op,
+            "out_scales",
+            f"must lie in a buffer holding all {padded} rows of each of its {cols} columns (the kernel "
+            "writes the padding rows); allocate it with cutegen.runtime.quant_reference.mn_major_tma_aligned_empty",
+        )
+    return torch.as_strided(sf, (padded, cols), (1, padded), sf.storage_offset())
+
+
+def _per_token_meta(x: Any, group: Any, scale_format: Any, scale_layout: Any, eps: Any, out: Any, out_scales: Any):
+    op = OP_PER_TOKEN
+    _check_tensor(op, "x", x, None, tuple(IN_DTYPES), 2)
+    _check_rows(op, "x", x)
+    if group != GROUP:
+        raise _fail(op, "group", f"must be {GROUP} (the kernels quantise 1x128 groups), got {group!r}")
+    if scale_format not in SCALE_FORMATS:
+        raise _fail(op, "scale_format", f"must be one of {SCALE_FORMATS}, got {scale_format!r}")
+    if scale_layout not in SCALE_LAYOUTS:
+        raise _fail(op, "scale_layout", f"must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+    eps = _check_eps(op, eps)
+    m, k = x.shape
+    if k % K_MULTIPLE:
+        raise _fail(op, "x", f"must have K a multiple of {K_MULTIPLE} (16-byte rows of q), got K = {k}")
+    g = ceil_div(k, GROUP)
+    cols = g if scale_format == "fp32" else ceil_div(g, 4)
+    _check_out(op, out, out_scales, x.device, (m, k))
+    if out_scales is not None:
+        want = torch.float32 if scale_format == "fp32" else torch.int32
+        _check_tensor(op, "out_scales", out_scales, x.device, (want,), 2)
+        if tuple(out_scales.shape) != (m, cols):
+            raise _fail(op, "out_scales", f"must have shape [{m}, {cols}], got {list(out_scales.shape)}")
+        if scale_layout == "mn-major-tma-aligned":
+            ma = align(m, TMA_ALIGN_ROWS)
+            if not ((m <= 1 or out_scales.stride(0) == 1) and (cols <= 1 or out_scales.stride(1) == ma)):
+                raise _fail(op, "out_scales", f"must have strides (1, {ma}) (mn-major-tma-aligned), got {list(out_scales.stride())}")
+    return m, k, cols, eps
+
+
+def _new_scales(x: torch.Tensor, m: int, cols: int, dtype: torch.dtype, layout: str) -> torch.Tensor:
+    if layout == "mn-major-tma-aligned":
+        ma = align(m, TMA_ALIGN_ROWS)
+        return torch.empty(cols * ma, dtype=dtype, device=x.device).as_strided((m, cols), (1, ma))
+    return torch.empty((m, cols), dtype=dtype, device=x.device)
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _launch(op: str, in_dtype: str, scale: str, forced: str, device_of: torch.Tensor, operands: dict, eps: float) -> None:
+    device = _device_index(device_of)
+
+    def go() -> None:
+        loaded = _kernel(op, in_dtype, scale, device, forced)
+        stream = torch.cuda.current_stream(device_of.device).cuda_stream
+        launch(loaded, operands, extents={"eps": eps}, stream=stream)
+
+    if torch.cuda.current_device() != device:
+        with torch.cuda.device(device):
+            go()
+    else:
+        go()
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-token
+
+
+def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel):
+    m, k = x.shape
+    if m == 0:
+        return
+    if k == 0:
+        return
+    for arg, t in (("x", x), ("out", q)):
+        _check_ptr(OP_PER_TOKEN, arg, t)
+    _check_ptr(OP_PER_TOKEN, "out_scales", sf, 4)
+    cols = sf.shape[1]
+    sf_kernel = _scale_buffer_view(OP_PER_TOKEN, sf, m, cols, scale_layout)
+    _launch(OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps)
+
+
+def _per_token_impl(x, group, scale_format, scale_layout, eps, kernel):
+    m, k, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    dtype = torch.float32 if scale_format == "fp32" else torch.int32
+    sf = _new_scales(x, m, cols, dtype, scale_layout)
+    _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel)
+    return q, sf
+
+
+@torch.library.custom_op("cutegen::per_token_quant_fp8", mutates_args=())
+def _per_token_op(
+    x: torch.Tensor, group: int, scale_format: str, scale_layout: str, eps: float, kernel_name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _per_token_impl(x, group, scale_format, scale_layout, eps, kernel_name)
+
+
+@_per_token_op.register_fake
+def _per_token_fake(x, group, scale_format, scale_layout, eps, kernel_name):
+    m, k, cols, _ = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
+    q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
+    dtype = torch.float32 if scale_format == "fp32" else torch.int32
+    if scale_layout == "mn-major-tma-aligned":
+        sf = x.new_empty_strided((m, cols), (1, align(m, TMA_ALIGN_ROWS)), dtype=dtype)
+    else:
+        sf = x.new_empty((m, cols), dtype=dtype)
+    return q, sf
+
+
+@torch.library.custom_op("cutegen::per_token_quant_fp8_out", mutates_args=("out", "out_scales"))
+def _per_token_out_op(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    out_scales: torch.Tensor,
+    group: int,
+    scale_format: str,
+    scale_layout: str,
+    eps: float,
+    kernel_name: str,
+) -> None:
+    _, _, _, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
+    _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name)
+
+
+@_per_token_out_op.register_fake
+def _per_token_out_fake(x, out, out_scales, group, scale_format, scale_layout, eps, kernel_name):
+    _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
+
+
+def per_token_quant_fp8(
+    x: torch.Tensor,
+    group: int = GROUP,
+    scale_format: str = "fp32",
+    scale_layout: str = "k-major",
+    eps: float = DEFAULT_EPS,
+    *,
+    out: torch.Tensor | None = None,
+    out_scales: torch.Tensor | None = None,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token 1x128 FP8 quantize of x [M, K]; see the module docstring."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail(OP_PER_TOKEN, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise _fail(OP_PER_TOKEN, "x", f"must be a torch.Tensor, got {type(x).__name__}")
+    if out is None and out_scales is None:
+        if ops._plain_eager(x):
+            return _per_token_impl(x, group, scale_format, scale_layout, eps, kernel or "")
+        return torch.ops.cutegen.per_token_quant_fp8(x, group, scale_format, scale_layout, eps, kernel or "")
+    if ops._plain_eager(x, out, out_scales):
+        _, _, _, e = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
+        _per_token_run(x, scale_format, scale_layout, e, out, out_scales, kernel or "")
+    else:
+        torch.ops.cutegen.per_token_quant_fp8_out(x, out, out_scales, group, scale_format, scale_layout, eps, kernel or "")
+    return out, out_scales
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-block
+
+
+def _per_block_meta(w: Any, eps: Any, out: Any, out_scales: Any):
+    op = OP_PER_BLOCK
+    _check_tensor(op, "w", w, None, tuple(IN_DTYPES), 2)
+    _check_rows(op, "w", w)
+    eps = _check_eps(op, eps)
+    n, k = w.shape
+    if k % K_MULTIPLE:
+        raise _fail(op, "w", f"must have K a multiple of {K_MULTIPLE} (16-byte rows of q), got K = {k}")
+    shape_s = (ceil_div(n, GROUP), ceil_div(k, GROUP))
+    _check_out(op, out, out_scales, w.device, (n, k))
+    if out_scales is not None:
+        _check_tensor(op, "out_scales", out_scales, w.device, (torch.float32,), 2)
+        if tuple(out_scales.shape) != shape_s:
+            raise _fail(op, "out_scales", f"must have shape {list(shape_s)}, got {list(out_scales.shape)}")
+    return n, k, shape_s, eps
+
+
+def _per_block_run(w, eps, q, sf, kernel):
+    n, k = w.shape
+    if n == 0 or k == 0:
+        return
+    _check_ptr(OP_PER_BLOCK, "w", w)
+    _check_ptr(OP_PER_BLOCK, "out", q)
+    _check_ptr(OP_PER_BLOCK, "out_scales", sf, 4)
+    _launch(OP_PER_BLOCK, IN_DTYPES[w.dtype], "fp32", kernel, w, {"w": w, "q": q, "sf": sf}, eps)
+
+
+def _per_block_impl(w, eps, kernel):
+    n, k, shape_s, eps = _per_block_meta(w, eps, None, None)
+    q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
+    sf = torch.empty(shape_s, dtype=torch.float32, device=w.device)
+    _per_block_run(w, eps, q, sf, kernel)
+    return q, sf
+
+
+@torch.library.custom_op("cutegen::per_block_quant_fp8", mutates_args=())
+def _per_block_op(w: torch.Tensor, eps: float, kernel_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _per_block_impl(w, eps, kernel_name)
+
+
+@_per_block_op.register_fake
+def _per_block_fake(w, eps, kernel_name):
+    n, k, shape_s, _ = _per_block_meta(w, eps, None, None)
+    return w.new_empty((n, k), dtype=torch.float8_e4m3fn), w.new_empty(shape_s, dtype=torch.float32)
+
+
+@torch.library.custom_op("cutegen::per_block_quant_fp8_out", mutates_args=("out", "out_scales"))
+def _per_block_out_op(w: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float, kernel_name: str) -> None:
+    _, _, _, eps = _per_block_meta(w, eps, out, out_scales)
+    _per_block_run(w, eps, out, out_scales, kernel_name)
+
+
+@_per_block_out_op.register_fake
+def _per_block_out_fake(w, out, out_scales, eps, kernel_name):
+    _per_block_meta(w, eps, out, out_scales)
+
+
+def per_block_quant_fp8(
+    w: torch.Tensor,
+    eps: float = DEFAULT_EPS,
+    *,
+    out: torch.Tensor | None = None,
+    out_scales: torch.Tensor | None = None,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block 128x128 FP8 quantize of a weight w [N, K]; see the module docstring."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail(OP_PER_BLOCK, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if not isinstance(w, torch.Tensor):
+        raise _fail(OP_PER_BLOCK, "w", f"must be a torch.Tensor, got {type(w).__name__}")
+    if out is None and out_scales is None:
+        if ops._plain_eager(w):
+            return _per_block_impl(w, eps, kernel or "")
+        return torch.ops.cutegen.per_block_quant_fp8(w, eps, kernel or "")
+    if ops._plain_eager(w, out, out_scales):
+        _, _, _, e = _per_block_meta(w, eps, out, out_scales)
+        _per_block_run(w, e, out, out_scales, kernel or "")
+    else:
+        torch.ops.cutegen.per_block_quant_fp8_out(w, out, out_scales, eps, kernel or "")
+    return out, out_scales
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped transposed
+
+
+def grouped_num_blocks_bound(num_tokens: int, num_groups: int) -> int:
+    """sum ceil(m_g/128) <= floor((T + 127 G) / 128) for any sizes summing to T."""
+    return (num_tokens + (GROUP - 1) * num_groups) // GROUP
+
+
+def _grouped_meta(x: Any, group_sizes: Any, eps: Any, num_blocks: Any, out: Any, out_scales: Any):
+    op = OP_GROUPED
+    _check_tensor(op, "x", x, None, (torch.bfloat16,), 2)
+    _check_rows(op, "x", x)
+    _check_tensor(op, "group_sizes", group_sizes, x.device, (torch.int32,), 1)
+    g = group_sizes.shape[0]
+    if not 1 <= g <= MAX_GROUPS:
+        raise _fail(op, "group_sizes", f"must hold 1 to {MAX_GROUPS} groups, got {g}")
+    if g > 1 and group_sizes.stride(0) != 1:
+        raise _fail(op, "group_sizes", f"must be contiguous, got stride {group_sizes.stride(0)}")
+    eps = _check_eps(op, eps)
+    t, h = x.shape
+    if h % H_MULTIPLE:
+        raise _fail(op, "x", f"must have H a multiple of {H_MULTIPLE} (16-byte rows), got H = {h}")
+    if num_blocks is None:
+        s = grouped_num_blocks_bound(t, g)
+    else:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0:
+            raise _fail(op, "num_blocks", f"must be a non-negative int (an upper bound on sum ceil(m_g/128)), got {num_blocks!r}")
+        s = num_blocks
+    _check_out(op, out, out_scales, x.device, (GROUP * h * s,))
+    if out_scales is not None:
+        _check_tensor(op, "out_scales", out_scales, x.device, (torch.float32,), 2)
+        if tuple(out_scales.shape) != (s, h):
+            raise _fail(op, "out_scales", f"must have shape [{s}, {h}], got {list(out_scales.shape)}")
+        if h > 1 and out_scales.stride(1) != 1:
+            raise _fail(op, "out_scales", f"must be row-major (stride(1) == 1), got strides {list(out_scales.stride())}")
+        if s > 1 and out_scales.stride(0) % 2:
+            raise _fail(op, "out_scales", f"must have an even row stride (8-byte stores), got {out_scales.stride(0)}")
+    return t, h, g, s, eps
+
+
+def _grouped_run(x, group_sizes, eps, q, sf, kernel):
+    t, h = x.shape
+    s = sf.shape[0]
+    if s == 0 or h == 0:
+        return
+    _check_ptr(OP_GROUPED, "x", x)
+    _check_ptr(OP_GROUPED, "out", q)
+    _check_ptr(OP_GROUPED, "out_scales", sf, 8)
+    _check_ptr(OP_GROUPED, "group_sizes", group_sizes, 4)
+    operands = {"x": x, "group_sizes": group_sizes, "q": q, "sf": sf}
+    _launch(OP_GROUPED, "bf16", "fp32", kernel, x, operands, eps)
+
+
+def _grouped_impl(x, group_sizes, eps, num_blocks, kernel):
+    t, h, g, s, eps = _grouped_meta(x, group_sizes, eps, num_blocks, None, None)
+    q = torch.empty(GROUP * h * s, dtype=torch.float8_e4m3fn, device=x.device)
+    sf = torch.empty((s, h), dtype=torch.float32, device=x.device)
+    _grouped_run(x, group_sizes, eps, q, sf, kernel)
+    return q, sf
+
+
+@torch.library.custom_op("cutegen::grouped_transposed_quant_fp8", mutates_args=())
+def _grouped_op(
+    x: torch.Tensor, group_sizes: torch.Tensor, eps: float, num_blocks: int, kernel_name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _grouped_impl(x, group_sizes, eps, None if num_blocks < 0 else num_blocks, kernel_name)
+
+
+@_grouped_op.register_fake
+def _grouped_fake(x, group_sizes, eps, num_blocks, kernel_name):
+    _, h, _, s, _ = _grouped_meta(x, group_sizes, eps, None if num_blocks < 0 else num_blocks, None, None)
+    return x.new_empty((GROUP * h * s,), dtype=torch.float8_e4m3fn), x.new_empty((s, h), dtype=torch.float32)
+
+
+@torch.library.custom_op("cutegen::grouped_transposed_quant_fp8_out", mutates_args=("out", "out_scales"))
+def _grouped_out_op(
+    x: torch.Tensor, group_sizes: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float, kernel_name: str
+) -> None:
+    _, _, _, _, eps = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
+    _grouped_run(x, group_sizes, eps, out, out_scales, kernel_name)
+
+
+@_grouped_out_op.register_fake
+def _grouped_out_fake(x, group_sizes, out, out_scales, eps, kernel_name):
+    _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
+
+
+def grouped_transposed_quant_fp8(
+    x: torch.Tensor,
+    group_sizes: torch.Tensor,
+    eps: float = DEFAULT_EPS,
+    num_blocks: int | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    out_scales: torch.Tensor | None = None,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped transposed per-token FP8 quantize (MoE weight gradient); see the module docstring.
+
+    With ``out``/``out_scales`` given, S is ``out_scales.shape[0]`` (``num_blocks``, if also
+    given, must agree).
+    """
+    op = OP_GROUPED
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail(op, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    for arg, t in (("x", x), ("group_sizes", group_sizes)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(op, arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0):
+        raise _fail(op, "num_blocks", f"must be a non-negative int (an upper bound on sum ceil(m_g/128)), got {num_blocks!r}")
+    if out is None and out_scales is None:
+        if ops._plain_eager(x, group_sizes):
+            return _grouped_impl(x, group_sizes, eps, num_blocks, kernel or "")
+        nb = -1 if num_blocks is None else num_blocks
+        return torch.ops.cutegen.grouped_transposed_quant_fp8(x, group_sizes, eps, nb, kernel or "")
+    if out_scales is None or not isinstance(out_scales, torch.Tensor):
+        raise _fail(op, "out_scales", "must be a torch.Tensor given together with 'out'")
+    if num_blocks is not None and num_blocks != out_scales.shape[0]:
+        raise _fail(op, "num_blocks", f"must equal out_scales.shape[0] = {out_scales.shape[0]}, got {num_blocks}")
+    if ops._plain_eager(x, group_sizes, out, out_scales):
+        _, _, _, _, e = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
+        _grouped_run(x, group_sizes, e, out, out_scales, kernel or "")
+    else:
+        torch.ops.cutegen.grouped_transposed_quant_fp8_out(x, group_sizes, out, out_scales, eps, kernel or "")
+    return out, out_scales
+
+
+__all__ = [
+    "MAX_GROUPS",
+    "choose_quant_kernel",
+    "grouped_num_blocks_bound",
+    "grouped_transposed_quant_fp8",
+    "per_block_quant_fp8",
+    "per_token_quant_fp8",
+]

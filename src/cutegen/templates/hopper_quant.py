@@ -1,0 +1,868 @@
+"""Hopper (sm_90a) FP8 quantize templates: per-token 1x128, per-block 128x128, grouped transposed.
+
+Importing this module imports the CuTe DSL; only the generator does that.
+
+Numerics (identical in the three kernels; the executable specification is
+`cutegen.runtime.quant_reference`):
+
+* A group's amax is the maximum of |x| over its real elements, computed on the IEEE bit patterns
+  (|x| as an unsigned integer is monotone in the value), so it is exact, denormals included.
+* The group is *non-finite* when amax is +Inf or NaN (bits >= 0x7F800000).
+* Finite group: ``s = max(amax, eps) / 448`` (``div.rn.f32``); with UE8M0 scales ``s`` is then
+  rounded up to a power of two by integer arithmetic on its bits. ``inv = 1 / s``
+  (``rcp.rn.f32``); ``q = cvt.rn.satfinite.e4m3x2.f32(x * inv)`` (round to nearest even,
+  saturating to +-448).
+* Non-finite group: the scale is the canonical NaN (0x7FC00000; UE8M0 byte 0xFF) and every real
+  element's byte is 0x7F (e4m3 NaN). Padding bytes stay 0.
+
+Every kernel is persistent: the grid is ``min(tiles, max_active_clusters)`` CTAs (the runtime's
+occupancy query; clusters are 1x1, so that is the number of co-resident CTAs), and CTA ``b``
+walks tiles ``b, b + grid, ...``. Kernel parameters are plain dynamic tensors (the DSL's C
+struct ``{ptr, dynamic extents, dynamic strides}``) and one Float32 (eps).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.memory import SmemAllocator
+
+from cutegen.schedules.spec import (
+    QUANT_GROUP,
+    QUANT_MAX_GROUPS,
+    THREADS_PER_WARPGROUP,
+    DType,
+    ScaleFormat,
+    Schedule,
+)
+
+_CUTE_DTYPES = {
+    DType.BF16: cutlass.BFloat16,
+    DType.F16: cutlass.Float16,
+    DType.F32: cutlass.Float32,
+    DType.E4M3: cutlass.Float8E4M3FN,
+}
+
+E4M3_MAX = 448.0
+ABS_MASK = 0x7FFFFFFF
+INF_BITS = 0x7F800000  # |x| bits at or above this: +Inf or NaN
+NAN_BITS = 0x7FC00000  # the canonical NaN the kernels store as a scale
+EXP_MASK = 0x7F800000
+MANT_MASK = 0x007FFFFF
+E4M3_NAN_WORD = 0x7F7F7F7F  # four e4m3 NaN bytes
+WARP = 32
+# Co-resident CTAs per SM each kernel is compiled for (.minnctapersm caps the registers at
+# 65536 / (CTAs x 256 threads)): per-token 4 (64 registers), grouped 3 (85; 4 would spill),
+# per-block 2 (128: a whole 128x128 block lives in registers).
+MIN_CTAS_PER_SM = {"per_token": 4, "grouped": 3, "per_block": 2}
+# `preferred_smem_carveout` keeps the DSL from querying a GPU for its shared memory per SM when
+# min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
+SMEM_CARVEOUT_PERCENT = 100
+VEC_BYTES = 16  # one 128-bit access
+
+
+def cute_dtype(dtype: DType):
+    return _CUTE_DTYPES[dtype]
+
+
+# ------------------------------------------------------------------------------------------------
+# Device helpers (traced inside the kernels)
+
+
+@cute.jit
+def _abs_bits_max(acc: Int32, x: Float32) -> Int32:
+    """max(acc, |x| as bits): exact amax on the IEEE patterns, NaN/Inf sorting above all finites."""
+    return cutlass.max(acc, x.bitcast(Int32) & ABS_MASK)
+
+
+@cute.jit
+def _scale_from_amax(amax_bits: Int32, eps: Float32, ue8m0: cutlass.Constexpr[bool]) -> Float32:
+    """The group's scale: max(amax, eps)/448 (rounded up to 2^k for UE8M0), NaN if non-finite."""
+    amax = amax_bits.bitcast(Float32)
+    s = cutlass.max(amax, eps) / Float32(E4M3_MAX)
+    if cutlass.const_expr(ue8m0):
+        bits = s.bitcast(Int32)
+        s = ((bits + MANT_MASK) & EXP_MASK).bitcast(Float32)
+    nan = Int32(NAN_BITS).bitcast(Float32)
+    return nan if amax_bits >= INF_BITS else s
+
+
+@cute.jit
+def _quantize_vec(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor):
+    """out (e4m3 rmem, same size) <- satfinite RNE e4m3 of xf * inv."""
+    out.store((xf * inv).to(cutlass.Float8E4M3FN))
+
+
+@cute.jit
+def _store_flat16(mQ: cute.Tensor, offset: Int64, frag: cute.Tensor):
+    """16 e4m3 bytes to the flat tensor mQ at element `offset` (a multiple of 16): one 128-bit store."""
+    dst = cute.make_tensor(
+        cute.make_ptr(
+            cutlass.Float8E4M3FN,
+            mQ.iterator.toint() + cute.assume(offset, divby=VEC_BYTES),
+            cute.AddressSpace.gmem,
+            assumed_align=VEC_BYTES,
+        ),
+        cute.make_layout(VEC_BYTES),
+    )
+    cute.autovec_copy(frag, dst)
+
+
+@cute.jit
+def _ue8m0_byte(s: Float32) -> Int32:
+    """The biased exponent of a power-of-two scale (0xFF for the NaN scale)."""
+    return (s.bitcast(Int32) >> 23) & 0xFF
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-token 1x128
+
+
+class PerTokenQuantKernel:
+    """Per-token (1x128 along K) FP8 quantize: x [M, K] -> q [M, K] e4m3 and one scale per group.
+
+    Threads: ``128 * math_warpgroups`` (256), no warp specialisation: every warp does the same
+    work. A CTA tile is ``tile_m`` rows (one per warp) x ``tile_n`` = 512 columns (4 groups):
+    lane ``l`` of warp ``w`` owns row ``w`` and the 16 contiguous elements starting at column
+    ``128*(l//8) + 16*(l%8)``, so one warp reads 512 contiguous elements of one row with 128-bit
+    loads and the 8 lanes of a group are 8 consecutive lanes.
+
+    Per thread and tile: 16 elements are loaded (2 x 128-bit for 16-bit inputs, 4 for fp32),
+    converted to fp32, their |x| bit-maximum is reduced over the group's 8 lanes with three
+    xor-shuffles, the scale is computed, the 16 values are converted with
+    ``cvt.rn.satfinite.e4m3x2.f32`` and written with one 128-bit store. ``stages`` tiles are
+    loaded before the first is computed, so each thread has ``2*stages`` (16-bit input) or
+    ``4*stages`` (fp32) loads in flight.
+
+    Scales are written through the scale tensor's run-time strides, so one kernel serves the
+    K-major layout ``[M, G]`` (strides ``(G, 1)``) and DeepGEMM's MN-major TMA-aligned layout
+    (strides ``(1, align(M, 4))``). The scale tensor's row count ``SM`` may exceed ``M``
+    (the padding rows of the aligned layout): those rows are written with 0 (fp32 0.0, UE8M0
+    byte 0). UE8M0 scales are packed four exponent bytes per int32 (byte ``j`` of word
+    ``(m, k)`` is group ``4k + j``; bytes of groups past ``ceil(K/128)`` are 0): lane 0 of each
+    warp gathers the four group bytes of its row with three shuffles and writes the word.
+
+    Shared memory: none. Barriers: none (warp shuffles only).
+    """
+
+    def __init__(self, schedule: Schedule):
+        s = schedule
+        self.schedule = s
+        self.in_dtype = cute_dtype(s.a_dtype)
+        self.ue8m0 = s.scale == ScaleFormat.UE8M0
+        self.threads = s.math_warpgroups * THREADS_PER_WARPGROUP
+        self.warps = self.threads // WARP
+        self.rows = s.tile_m  # rows per tile = warps
+        self.cols = s.tile_n  # 512 = 4 groups
+        self.stages = s.stages
+        self.elems = 16  # per thread and tile
+        self.lanes_per_group = QUANT_GROUP // self.elems  # 8
+        self.groups_per_tile = self.cols // QUANT_GROUP  # 4
+        self.smem_bytes = 0
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,
+        q: cute.Tensor,
+        sf: cute.Tensor,
+        eps: Float32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        # Grid rule "blocks": min(ceil_div(max(M, SM), tile_m) * ceil_div(K, tile_n), max_active_clusters).
+        rows = cutlass.max(x.shape[0], sf.shape[0])
+        tiles = ((rows + self.rows - 1) // self.rows) * ((x.shape[1] + self.cols - 1) // self.cols)
+        grid = cutlass.max(cutlass.min(tiles, max_active_clusters), 1)
+        self.kernel(x, q, sf, eps).launch(
+            grid=[grid, 1, 1],
+            block=[self.threads, 1, 1],
+            min_blocks_per_mp=MIN_CTAS_PER_SM["per_token"],
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, eps: Float32):
+        E = self.elems
+        U = self.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nblk, _, _ = cute.arch.grid_dim()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        j = lane // self.lanes_per_group  # group of the tile
+        sub = lane % self.lanes_per_group  # 16-element chunk of the group
+        m_rows = mX.shape[0]
+        k_cols = mX.shape[1]
+        s_rows = mS.shape[0]
+        s_cols = mS.shape[1]
+        rows = cutlass.max(m_rows, s_rows)
+        col_tiles = (k_cols + self.cols - 1) // self.cols
+        tiles = ((rows + self.rows - 1) // self.rows) * col_tiles
+        chunks_per_tile = self.cols // E
+
+        frags = [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
+        tile = bidx
+        while tile < tiles:
+            # Issue every load of this batch before the first use.
+            for u in cutlass.range_constexpr(U):
+                t = tile + u * nblk
+                r = (t // col_tiles) * self.rows + warp
+                chunk = (t % col_tiles) * chunks_per_tile + j * self.lanes_per_group + sub
+                if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
+                    src = cute.local_tile(mX, (1, E), (r, chunk))
+                    cute.autovec_copy(src[0, None], frags[u])
+                else:
+                    frags[u].fill(0)
+            for u in cutlass.range_constexpr(U):
+                t = tile + u * nblk
+                ct = t % col_tiles
+                r = (t // col_tiles) * self.rows + warp
+                chunk = ct * chunks_per_tile + j * self.lanes_per_group + sub
+                xf = frags[u].load().to(Float32)
+                amax = Int32(0)
+                for i in cutlass.range_constexpr(E):
+                    amax = _abs_bits_max(amax, xf[i])
+                amax = cute.arch.warp_reduction(
+                    amax, lambda a, b: cutlass.max(a, b), threads_in_group=self.lanes_per_group
+                )
+                s = _scale_from_amax(amax, eps, self.ue8m0)
+                inv = Float32(1.0) / s
+                qf = cute.make_rmem_tensor((E,), cutlass.Float8E4M3FN)
+                _quantize_vec(xf, inv, qf)
+                words = cute.recast_tensor(qf, Int32)
+                if amax >= INF_BITS:
+                    for w in cutlass.range_constexpr(E // 4):
+                        words[w] = Int32(E4M3_NAN_WORD)
+                if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
+                    dst = cute.local_tile(mQ, (1, E), (r, chunk))
+                    cute.autovec_copy(qf, dst[0, None])
+                g = ct * self.groups_per_tile + j
+                real = (r < m_rows) & (g * QUANT_GROUP < k_cols)
+                if cutlass.const_expr(self.ue8m0):
+                    byte = Int32(0)
+                    if real:
+                        byte = _ue8m0_byte(s)
+                    b1 = cute.arch.shuffle_sync(byte, offset=1 * self.lanes_per_group)
+                    b2 = cute.arch.shuffle_sync(byte, offset=2 * self.lanes_per_group)
+                    b3 = cute.arch.shuffle_sync(byte, offset=3 * self.lanes_per_group)
+                    word = byte | (b1 << 8) | (b2 << 16) | (b3 << 24)
+                    if (t < tiles) & (lane == 0) & (r < s_rows) & (ct < s_cols):
+                        mS[r, ct] = word
+                else:
+                    value = Float32(0.0)
+                    if real:
+                        value = s
+                    if (t < tiles) & (sub == 0) & (r < s_rows) & (g < s_cols):
+                        mS[r, g] = value
+            tile += U * nblk
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-block 128x128
+
+
+class PerBlockQuantKernel:
+    """Per-block (128x128) FP8 quantize: w [N, K] -> q [N, K] e4m3, scales [ceil(N/128), ceil(K/128)] fp32.
+
+    Threads: ``128 * math_warpgroups`` (256), every warp alike. One CTA quantises one 128x128
+    block at a time (persistent over blocks). Warp ``w`` owns rows ``[w*128/warps, (w+1)*128/warps)``
+    of the block; a row is 128 elements = ``128/V`` lanes of one 128-bit chunk (V = 8 for 16-bit
+    inputs, 4 for fp32), so a warp covers ``32*V/128`` rows per load instruction and each thread
+    issues all of its ``128*128/threads/V`` 128-bit loads (8 for bf16 with 256 threads) before
+    reducing: the whole block is held in registers and read from memory once.
+
+    Reduction: per-thread |x| bit-maximum, a full-warp xor-shuffle reduction, then one word per
+    warp in shared memory and one ``bar.sync``; every thread then reads the ``warps`` partial
+    maxima. The shared words are double-buffered by block parity, so one barrier per block
+    suffices (a thread writes buffer p of block i+2 only after every thread passed the barrier
+    of block i+1, i.e. finished reading buffer p of block i).
+
+    Stores: each thread writes its ``V`` e4m3 bytes per chunk (8- or 4-byte stores, coalesced per
+    row); thread 0 writes the block's scale. Rows past N and columns past K are neither read
+    (they count as zeros) nor written.
+
+    Shared memory: ``2 * warps`` fp32 words. Barriers: one ``bar.sync`` (id 0) per block.
+    """
+
+    def __init__(self, schedule: Schedule):
+        s = schedule
+        self.schedule = s
+        self.in_dtype = cute_dtype(s.a_dtype)
+        self.threads = s.math_warpgroups * THREADS_PER_WARPGROUP
+        self.warps = self.threads // WARP
+        self.block_m = s.tile_m  # 128
+        self.block_k = s.tile_n  # 128
+        self.vec = VEC_BYTES // s.a_dtype.bytes
+        self.lanes_per_row = self.block_k // self.vec
+        self.rows_per_step = WARP // self.lanes_per_row
+        self.rows_per_warp = self.block_m // self.warps
+        self.steps = self.rows_per_warp // self.rows_per_step
+        self.smem_bytes = None
+
+    @cute.jit
+    def __call__(
+        self,
+        w: cute.Tensor,
+        q: cute.Tensor,
+        sf: cute.Tensor,
+        eps: Float32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        @cute.struct
+        class SharedStorage:
+            partial: cute.struct.MemRange[Int32, 2 * self.warps]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        # Grid rule "blocks": min(ceil_div(N, 128) * ceil_div(K, 128), max_active_clusters).
+        blocks = ((w.shape[0] + self.block_m - 1) // self.block_m) * (
+            (w.shape[1] + self.block_k - 1) // self.block_k
+        )
+        grid = cutlass.max(cutlass.min(blocks, max_active_clusters), 1)
+        self.kernel(w, q, sf, eps).launch(
+            grid=[grid, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem_bytes,
+            min_blocks_per_mp=MIN_CTAS_PER_SM["per_block"],
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, eps: Float32):
+        V = self.vec
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nblk, _, _ = cute.arch.grid_dim()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        col_chunk = lane % self.lanes_per_row
+        row0 = warp * self.rows_per_warp + lane // self.lanes_per_row
+        n_rows = mW.shape[0]
+        k_cols = mW.shape[1]
+        bk = (k_cols + self.block_k - 1) // self.block_k
+        blocks = ((n_rows + self.block_m - 1) // self.block_m) * bk
+        chunks_per_block_row = self.block_k // V
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        partial = storage.partial.get_tensor(cute.make_layout((self.warps, 2)))
+
+        frags = [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
+        blk = bidx
+        parity = Int32(0)
+        while blk < blocks:
+            br = blk // bk
+            bc = blk % bk
+            chunk = bc * chunks_per_block_row + col_chunk
+            col_ok = chunk * V < k_cols
+            for i in cutlass.range_constexpr(self.steps):
+                r = br * self.block_m + row0 + i * self.rows_per_step
+                if col_ok & (r < n_rows):
+                    src = cute.local_tile(mW, (1, V), (r, chunk))
+                    cute.autovec_copy(src[0, None], frags[i])
+                else:
+                    frags[i].fill(0)
+            amax = Int32(0)
+            for i in cutlass.range_constexpr(self.steps):
+                xf = frags[i].load().to(Float32)
+                for e in cutlass.range_constexpr(V):
+                    amax = _abs_bits_max(amax, xf[e])
+            amax = cute.arch.warp_reduction(amax, lambda a, b: cutlass.max(a, b))
+            if lane == 0:
+                partial[warp, parity] = amax
+            cute.arch.sync_threads()
+            amax = partial[0, parity]
+            for wi in cutlass.range_constexpr(1, self.warps):
+                amax = cutlass.max(amax, partial[wi, parity])
+            s = _scale_from_amax(amax, eps, False)
+            inv = Float32(1.0) / s
+            for i in cutlass.range_constexpr(self.steps):
+                r = br * self.block_m + row0 + i * self.rows_per_step
+                qf = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
+                _quantize_vec(frags[i].load().to(Float32), inv, qf)
+                words = cute.recast_tensor(qf, Int32)
+                if amax >= INF_BITS:
+                    for wd in cutlass.range_constexpr(V // 4):
+                        words[wd] = Int32(E4M3_NAN_WORD)
+                if col_ok & (r < n_rows):
+                    dst = cute.local_tile(mQ, (1, V), (r, chunk))
+                    cute.autovec_copy(qf, dst[0, None])
+            if tidx == 0:
+                mS[br, bc] = s
+            parity = parity ^ 1
+            blk += nblk
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped transposed per-token
+
+
+class GroupedTransposedQuantKernel:
+    """Grouped transposed FP8 quantize (MoE weight gradient): x [T, H] bf16, group_sizes int32 [G].
+
+    Output, per group g with m_g tokens and ``P_g = 128 * ceil(m_g/128)``: the block
+    ``x_g^T`` [H, P_g] (row h holds the group's tokens of hidden column h, the last ``P_g - m_g``
+    bytes 0) quantised along tokens in 128-token blocks, at element offset ``128 * H * B_g`` of the
+    flat output, ``B_g = sum_{j<g} ceil(m_j/128)``; scales [S, H] fp32 row-major, row ``B_g + b``
+    for block b of group g. Rows of the scale tensor past ``B_G`` (the caller's upper bound S is
+    larger) are blocks of zero tokens: q = 0 at ``128 * H * r + 128 * h``, scale ``eps/448``.
+
+    Threads: ``128 * math_warpgroups`` (256), every warp alike. Tile: 128 tokens x 64 hidden
+    columns (one scale row, 64 scales); tile ``tau`` is scale row ``tau // ceil(H/64)`` and hidden
+    tile ``tau % ceil(H/64)``, so consecutive CTAs read neighbouring 128-byte segments of the same
+    token rows. Every input element is read exactly once.
+
+    Set-up (each CTA): warp 0 reads group_sizes and writes the exclusive prefix sums of
+    ``max(m_g, 0)`` (token starts) and of ``ceil(m_g/128)`` (block starts) to shared memory,
+    32 groups per step with ``shfl.up`` scans; one ``bar.sync``. A tile finds its group with a
+    branch-free binary search over the block starts (11 shared-memory probes; the largest g with
+    ``B_g <= row``, which skips empty groups). Nothing is synchronised with the host.
+
+    Per tile:
+      1. load: thread ``t`` loads 16 bytes (8 hidden columns) of tokens ``t//8 + 32*i``,
+         i = 0..3 (4 x 128-bit loads in flight; tokens past the group or past T and columns
+         past H read as 0);
+      2. ``st.shared.v4`` into a [128 tokens][32 words] buffer with an XOR swizzle: the 16-byte
+         chunk c of token row t lives at chunk ``c ^ ((t >> 4) & 7)``;
+      3. ``bar.sync``; then the next tile's loads are issued (register double buffering), and the
+         shared buffers alternate between tiles, so one barrier per tile suffices;
+      4. transpose-read: lane ``l`` of warp ``w`` owns the hidden pair ``(8w + 2(l%4), +1)`` and
+         tokens ``16*(l//4) .. +15``: 16 ``ld.shared.b32``, each bf16 pair unpacked with a shift
+         and a mask. With the swizzle, the 32 lanes of a warp hit 32 distinct banks on every
+         read (bank = ``4*(w ^ l//4) + l%4``), and the quarter-warp of every 128-bit store
+         writes one whole 128-byte row: no bank conflicts either way;
+      5. amax over the 16 local tokens, then over the 8 token segments with xor-shuffles 4, 8,
+         16; scale; ``cvt.rn.satfinite`` of 16 tokens per hidden column and one 128-bit store
+         per column (a warp writes 8 x 128 contiguous bytes per column); lanes 0-3 store the
+         scales of their two columns (8 bytes each).
+
+    Shared memory: 2 x 16 KiB tile buffers + 2 x (QUANT_MAX_GROUPS + 1) int32 prefix sums.
+    Barriers: ``bar.sync`` 0 once after the prefix sums and once per tile.
+    """
+
+    def __init__(self, schedule: Schedule):
+        s = schedule
+        self.schedule = s
+        self.threads = s.math_warpgroups * THREADS_PER_WARPGROUP
+        self.warps = self.threads // WARP
+        self.tile_t = s.tile_m  # 128 tokens
+        self.tile_h = s.tile_n  # 64 hidden columns
+        self.stages = s.stages  # 2 shared buffers
+        self.words = self.tile_h // 2  # bf16 pairs per token row (32)
+        self.chunks = self.tile_h * 2 // VEC_BYTES  # 16-byte chunks per token row (8)
+        self.loads = self.tile_t * self.chunks // self.threads  # 4
+        self.rows_per_load = self.threads // self.chunks  # 32
+        self.segments = WARP // 4  # 8 token segments of 16
+        self.seg_tokens = self.tile_t // self.segments  # 16
+        self.max_groups = QUANT_MAX_GROUPS
+        self.search_steps = QUANT_MAX_GROUPS.bit_length()  # 11 for 1024
+        self.smem_bytes = None
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,
+        group_sizes: cute.Tensor,
+        q: cute.Tensor,
+        sf: cute.Tensor,
+        eps: Float32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        @cute.struct
+        class SharedStorage:
+            token_start: cute.struct.MemRange[Int32, self.max_groups + 1]
+            block_start: cute.struct.MemRange[Int32, self.max_groups + 1]
+            tile: cute.struct.Align[
+                cute.struct.MemRange[Int32, self.stages * self.tile_t * self.words], 128
+            ]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        # Grid rule "blocks": min(S * ceil_div(H, 64), max_active_clusters).
+        tiles = sf.shape[0] * ((x.shape[1] + self.tile_h - 1) // self.tile_h)
+        grid = cutlass.max(cutlass.min(tiles, max_active_clusters), 1)
+        self.kernel(x, group_sizes, q, sf, eps).launch(
+            grid=[grid, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=self.smem_bytes,
+            min_blocks_per_mp=MIN_CTAS_PER_SM["grouped"],
+            preferred_smem_carveout=SMEM_CARVEOUT_PERCENT,
+            stream=stream,
+        )
+
+    @cute.jit
+    def _tile_info(self, tau, h_tiles, s_total, sT, sB, n_groups, hidden):
+        """(r, h0, q base, row pitch P, token start, token count) of tile tau."""
+        r = tau // h_tiles
+        h0 = (tau % h_tiles) * self.tile_h
+        # A row past the real blocks: a block of zero tokens with its own 128-wide rows.
+        base = Int64(r) * (self.tile_t * hidden)
+        pitch = Int64(self.tile_t)
+        tok0 = Int32(0)
+        count = Int32(0)
+        if r < s_total:
+            g = Int32(0)
+            step = 1 << (self.search_steps - 1)
+            for _ in cutlass.range_constexpr(self.search_steps):
+                cand = g + step
+                probe = sB[cutlass.min(cand, n_groups)]
+                if (cand <= n_groups) & (probe <= r):
+                    g = cand
+                step = step >> 1
+            b0 = sB[g]
+            b = r - b0
+            base = Int64(b0) * (self.tile_t * hidden) + Int64(b) * self.tile_t
+            pitch = Int64(sB[g + 1] - b0) * self.tile_t
+            tok0 = sT[g] + b * self.tile_t
+            count = cutlass.min(sT[g + 1] - tok0, self.tile_t)
+        return r, h0, base, pitch, tok0, count
+
+    @cute.jit
+    def _load_tile(self, mX, frags, tidx, h0, tok0, count):
+        chunk = tidx % self.chunks
+        col_ok = h0 + chunk * 8 < mX.shape[1]
+        for i in cutlass.range_constexpr(self.loads):
+            t = tidx // self.chunks + i * self.rows_per_load
+            tok = tok0 + t
+            if col_ok & (t < count) & (tok < mX.shape[0]):
+                src = cute.local_tile(mX, (1, 8), (tok, h0 // 8 + chunk))
+                cute.autovec_copy(src[0, None], frags[i])
+            else:
+                frags[i].fill(0)
+
+    @cute.kernel
+    def kernel(
+        self, mX: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, eps: Float32
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nblk, _, _ = cute.arch.grid_dim()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        hidden = mX.shape[1]
+        n_groups = mG.shape[0]
+        s_rows = mS.shape[0]
+        q_size = mQ.shape[0]
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sT = storage.token_start.get_tensor(cute.make_layout(self.max_groups + 1))
+        sB = storage.block_start.get_tensor(cute.make_layout(self.max_groups + 1))
+        # [word, token row, buffer]
+        sTile = storage.tile.get_tensor(
+            cute.make_layout(
+                (self.words, self.tile_t, self.stages),
+                stride=(1, self.words, self.words * self.tile_t),
+            )
+        )
+
+        # ---- prefix sums of the group sizes (warp 0) --------------------------------------
+        if warp == 0:
+            carry_t = Int32(0)
+            carry_b = Int32(0)
+            for c in cutlass.range((n_groups + WARP - 1) // WARP):
+                g = c * WARP + lane
+                m = Int32(0)
+                if g < n_groups:
+                    m = cutlass.max(mG[g], 0)
+                nb = m // self.tile_t + cutlass.min(m % self.tile_t, 1)  # ceil(m/128), no overflow
+                inc_t = m
+                inc_b = nb
+                for k in cutlass.range_constexpr(5):
+                    off = 1 << k
+                    up_t = cute.arch.shuffle_sync_up(inc_t, offset=off)
+                    up_b = cute.arch.shuffle_sync_up(inc_b, offset=off)
+                    if lane >= off:
+                        inc_t = inc_t + up_t
+                        inc_b = inc_b + up_b
+                if g < n_groups:
+                    sT[g] = carry_t + inc_t - m
+                    sB[g] = carry_b + inc_b - nb
+                carry_t = carry_t + cute.arch.shuffle_sync(inc_t, offset=WARP - 1)
+                carry_b = carry_b + cute.arch.shuffle_sync(inc_b, offset=WARP - 1)
+            if lane == 0:
+                sT[n_groups] = carry_t
+                sB[n_groups] = carry_b
+        cute.arch.sync_threads()
+
+        s_total = sB[n_groups]
+        h_tiles = (hidden + self.tile_h - 1) // self.tile_h
+        tiles = s_rows * h_tiles
+
+        # Transpose-read coordinates of this thread.
+        pair = warp * 4 + lane % 4  # word index within a token row
+        seg = lane // 4  # token segment
+        col = pair * 2  # first of the two hidden columns, within the tile
+        read_word = pair ^ (seg * 4)  # swizzled word for every token row of the segment
+
+        frags = [cute.make_rmem_tensor((8,), cutlass.BFloat16) for _ in range(self.loads)]
+        tau = bidx
+        r, h0, base, pitch, tok0, count = self._tile_info(tau, h_tiles, s_total, sT, sB, n_groups, hidden)
+        if tau < tiles:
+            self._load_tile(mX, frags, tidx, h0, tok0, count)
+        buf = Int32(0)
+        while tau < tiles:
+            # 2. registers -> swizzled shared buffer `buf`
+            chunk = tidx % self.chunks
+            for i in cutlass.range_constexpr(self.loads):
+                t = tidx // self.chunks + i * self.rows_per_load
+                slot = chunk ^ ((t >> 4) & 7)
+                dst = cute.local_tile(sTile, (4, 1, 1), (slot, t, buf))
+                cute.autovec_copy(cute.recast_tensor(frags[i], Int32), dst[None, 0, 0])
+            cute.arch.sync_threads()
+            # 3. the next tile's loads go out while this one is computed
+            tau_n = tau + nblk
+            r_n, h0_n, base_n, pitch_n, tok0_n, count_n = self._tile_info(
+                tau_n, h_tiles, s_total, sT, sB, n_groups, hidden
+            )
+            if tau_n < tiles:
+                self._load_tile(mX, frags, tidx, h0_n, tok0_n, count_n)
+            # 4. transpose-read 16 tokens x 2 hidden columns
+            pairs = cute.make_rmem_tensor((self.seg_tokens,), Int32)
+            amax_lo = Int32(0)
+            amax_hi = Int32(0)
+            for i in cutlass.range_constexpr(self.seg_tokens):
+                word = sTile[read_word, seg * self.seg_tokens + i, buf]
+                pairs[i] = word
+                amax_lo = cutlass.max(amax_lo, (word << 16) & ABS_MASK)
+                amax_hi = cutlass.max(amax_hi, word & (ABS_MASK - 0xFFFF))
+            for k in cutlass.range_constexpr(3):
+                off = 4 << k
+                amax_lo = cutlass.max(amax_lo, cute.arch.shuffle_sync_bfly(amax_lo, offset=off))
+                amax_hi = cutlass.max(amax_hi, cute.arch.shuffle_sync_bfly(amax_hi, offset=off))
+            s_lo = _scale_from_amax(amax_lo, eps, False)
+            s_hi = _scale_from_amax(amax_hi, eps, False)
+            # 5. quantise and store; bytes of padding tokens stay 0 even in a NaN block
+            n_real = cutlass.max(cutlass.min(count - seg * self.seg_tokens, self.seg_tokens), 0)
+            h = h0 + col
+            row_off = base + Int64(h) * pitch + seg * self.seg_tokens
+            for half in cutlass.range_constexpr(2):
+                s = s_lo if half == 0 else s_hi
+                amax = amax_lo if half == 0 else amax_hi
+                vals = cute.make_rmem_tensor((self.seg_tokens,), Float32)
+                for i in cutlass.range_constexpr(self.seg_tokens):
+                    # bf16 -> fp32 is exact: the bf16 bits are the fp32's top half.
+                    if cutlass.const_expr(half == 0):
+                        vals[i] = (pairs[i] << 16).bitcast(Float32)
+                    else:
+                        vals[i] = (pairs[i] & Int32(-65536)).bitcast(Float32)
+                qf = cute.make_rmem_tensor((self.seg_tokens,), cutlass.Float8E4M3FN)
+                _quantize_vec(vals.load(), Float32(1.0) / s, qf)
+                words = cute.recast_tensor(qf, Int32)
+                if amax >= INF_BITS:
+                    for wd in cutlass.range_constexpr(self.seg_tokens // 4):
+                        real = cutlass.max(cutlass.min(n_real - wd * 4, 4), 0)
+                        keep = Int32(-1)
+                        if real < 4:
+                            keep = (Int32(1) << (real * 8)) - 1
+                        words[wd] = Int32(E4M3_NAN_WORD) & keep
+                off = row_off + half * pitch
+                if (h + half < hidden) & (off + self.seg_tokens <= q_size):
+                    _store_flat16(mQ, off, qf)
+            if (seg == 0) & (h < hidden) & (r < s_rows):
+                pair_sf = cute.make_rmem_tensor((2,), Float32)
+                pair_sf[0] = s_lo
+                pair_sf[1] = s_hi
+                dst_sf = cute.local_tile(mS, (1, 2), (r, h // 2))
+                cute.autovec_copy(pair_sf, dst_sf[0, None])
+            tau = tau_n
+            r = r_n
+            h0 = h0_n
+            base = base_n
+            pitch = pitch_n
+            tok0 = tok0_n
+            count = count_n
+            buf = buf ^ 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The generator's view of the templates
+
+
+class _QuantTemplateBase:
+    """Common adapter: fake arguments, launch facts and the ABI of a quantize kernel."""
+
+    #: Quantize kernels contain no MMA.
+    expected_mma = None
+    kernel_class: type = PerTokenQuantKernel
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self.kernel = self.kernel_class(schedule)
+
+    def launch_facts(self) -> dict:
+        s = self.schedule
+        smem = self.kernel.smem_bytes
+        if smem is None:
+            raise RuntimeError("launch_facts() is only known after the kernel has been traced")
+        return {
+            "block": [s.math_warpgroups * THREADS_PER_WARPGROUP, 1, 1],
+            "cluster": [1, 1, 1],
+            "smem_bytes": int(smem),
+            "pdl": False,
+            "cooperative": False,
+        }
+
+    @staticmethod
+    def _tensor(name: str, shape: list[str], strides: list[int], shape_width: int = 32) -> dict:
+        return {
+            "name": name,
+            "kind": "tensor",
+            "operand": name,
+            "shape": shape,
+            "shape_widths": [shape_width] * len(shape),
+            "strides": strides,
+            "stride_widths": [64] * len(strides),
+        }
+
+    @staticmethod
+    def _eps() -> dict:
+        return {"name": "eps", "kind": "scalar", "dtype": "f32", "expr": "eps"}
+
+
+def _sym64(divisibility: int = 1):
+    return cute.sym_int64(divisibility=divisibility)
+
+
+class PerTokenQuantTemplate(_QuantTemplateBase):
+    kernel_class = PerTokenQuantKernel
+
+    def fake_arguments(self) -> tuple:
+        from cutlass.cute.runtime import make_fake_tensor
+        from cutlass.runtime import make_fake_stream
+
+        s = self.schedule
+        m = cute.sym_int32(symbol="M")
+        k = cute.sym_int32(symbol="K")
+        sm = cute.sym_int32(symbol="SM")
+        sg = cute.sym_int32(symbol="SG")
+        in_vec = VEC_BYTES // s.a_dtype.bytes
+        x = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (_sym64(in_vec), 1), assumed_align=16)
+        q = make_fake_tensor(cutlass.Float8E4M3FN, (m, k), (_sym64(16), 1), assumed_align=16)
+        sf_dtype = Int32 if s.scale == ScaleFormat.UE8M0 else Float32
+        sf = make_fake_tensor(sf_dtype, (sm, sg), (_sym64(), _sym64()), assumed_align=4)
+        return (x, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
+
+    def operands(self) -> list[dict]:
+        s = self.schedule
+        sf_dtype = "i32" if s.scale == ScaleFormat.UE8M0 else "f32"
+        return [
+            {"name": "x", "dtype": s.a_dtype.value, "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "q", "dtype": "e4m3", "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "sf", "dtype": sf_dtype, "shape": ["SM", "SG"], "contiguous_mode": -1, "align_bytes": 4},
+        ]
+
+    def grid_rule(self) -> dict:
+        s = self.schedule
+        return {
+            "kind": "blocks",
+            "blocks": [
+                f"min(ceil_div(max(M, SM), {s.tile_m}) * ceil_div(K, {s.tile_n}), max_active_clusters)",
+                "1",
+                "1",
+            ],
+        }
+
+    def param_bindings(self) -> list[dict]:
+        return [
+            self._tensor("x", ["M", "K"], [0]),
+            self._tensor("q", ["M", "K"], [0]),
+            self._tensor("sf", ["SM", "SG"], [0, 1]),
+            self._eps(),
+        ]
+
+
+class PerBlockQuantTemplate(_QuantTemplateBase):
+    kernel_class = PerBlockQuantKernel
+
+    def fake_arguments(self) -> tuple:
+        from cutlass.cute.runtime import make_fake_tensor
+        from cutlass.runtime import make_fake_stream
+
+        s = self.schedule
+        n = cute.sym_int32(symbol="N")
+        k = cute.sym_int32(symbol="K")
+        sn = cute.sym_int32(symbol="SN")
+        sk = cute.sym_int32(symbol="SK")
+        in_vec = VEC_BYTES // s.a_dtype.bytes
+        w = make_fake_tensor(cute_dtype(s.a_dtype), (n, k), (_sym64(in_vec), 1), assumed_align=16)
+        q = make_fake_tensor(cutlass.Float8E4M3FN, (n, k), (_sym64(16), 1), assumed_align=16)
+        sf = make_fake_tensor(Float32, (sn, sk), (_sym64(), _sym64()), assumed_align=4)
+        return (w, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
+
+    def operands(self) -> list[dict]:
+        s = self.schedule
+        return [
+            {"name": "w", "dtype": s.a_dtype.value, "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "q", "dtype": "e4m3", "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "sf", "dtype": "f32", "shape": ["SN", "SK"], "contiguous_mode": -1, "align_bytes": 4},
+        ]
+
+    def grid_rule(self) -> dict:
+        s = self.schedule
+        return {
+            "kind": "blocks",
+            "blocks": [
+                f"min(ceil_div(N, {s.tile_m}) * ceil_div(K, {s.tile_n}), max_active_clusters)",
+                "1",
+                "1",
+            ],
+        }
+
+    def param_bindings(self) -> list[dict]:
+        return [
+            self._tensor("w", ["N", "K"], [0]),
+            self._tensor("q", ["N", "K"], [0]),
+            self._tensor("sf", ["SN", "SK"], [0, 1]),
+            self._eps(),
+        ]
+
+
+class GroupedTransposedQuantTemplate(_QuantTemplateBase):
+    kernel_class = GroupedTransposedQuantKernel
+
+    def fake_arguments(self) -> tuple:
+        from cutlass.cute.runtime import make_fake_tensor
+        from cutlass.runtime import make_fake_stream
+
+        t = cute.sym_int32(symbol="T")
+        h = cute.sym_int32(symbol="H")
+        g = cute.sym_int32(symbol="G")
+        qn = cute.sym_int64(symbol="Q")
+        s = cute.sym_int32(symbol="S")
+        x = make_fake_tensor(cutlass.BFloat16, (t, h), (_sym64(8), 1), assumed_align=16)
+        gs = make_fake_tensor(Int32, (g,), (1,), assumed_align=4)
+        q = make_fake_tensor(cutlass.Float8E4M3FN, (qn,), (1,), assumed_align=16)
+        sf = make_fake_tensor(Float32, (s, h), (_sym64(2), 1), assumed_align=8)
+        return (x, gs, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
+
+    def operands(self) -> list[dict]:
+        return [
+            {"name": "x", "dtype": "bf16", "shape": ["T", "H"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
+            {"name": "q", "dtype": "e4m3", "shape": ["Q"], "contiguous_mode": 0, "align_bytes": 16},
+            {"name": "sf", "dtype": "f32", "shape": ["S", "H"], "contiguous_mode": 1, "align_bytes": 8},
+        ]
+
+    def grid_rule(self) -> dict:
+        s = self.schedule
+        return {
+            "kind": "blocks",
+            "blocks": [f"min(S * ceil_div(H, {s.tile_n}), max_active_clusters)", "1", "1"],
+        }
+
+    def param_bindings(self) -> list[dict]:
+        return [
+            self._tensor("x", ["T", "H"], [0]),
+            self._tensor("group_sizes", ["G"], []),
+            self._tensor("q", ["Q"], [], shape_width=64),
+            self._tensor("sf", ["S", "H"], [0]),
+            self._eps(),
+        ]

@@ -1,0 +1,283 @@
+"""CPU tier: build the FP8 quantize kernels with the CuTe DSL and check what the build writes:
+manifest vs PTX, the instructions the numerics rely on, SASS without local memory, the C header,
+and the ABI self-check (the DSL host launch bytes equal the runtime's packing)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+
+from cutegen.gen import abi_probe as ap  # noqa: E402
+from cutegen.gen.build import _compile, _make_manifest, build_schedules  # noqa: E402
+from cutegen.gen.ptx import parse_ptx_entry  # noqa: E402
+from cutegen.runtime.launch import compute_grid  # noqa: E402
+from cutegen.runtime.manifest import KernelManifest  # noqa: E402
+from cutegen.runtime.params import OperandInfo, bind_operands, pack_params  # noqa: E402
+from cutegen.schedules.loader import default_schedules  # noqa: E402
+from cutegen.schedules.naming import parse_name, procedural_name  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+QUANT = [s for s in default_schedules() if s.op.is_quantize]
+NAMES = sorted(procedural_name(s) for s in QUANT)
+PER_TOKEN = "cutegen_sm90a_ptquant_{dt}_{dt}_e4m3_f32_{sf}_8x512x128_c1x1_mc0_s2_wg2_r0x0_epitma_rm_g1"
+PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_{dt}_e4m3_f32_sff32_128x128x128_c1x1_mc0_s1_wg2_r0x0_epitma_rm_g1"
+GROUPED = "cutegen_sm90a_gtquant_bf16_bf16_e4m3_f32_sff32_128x64x128_c1x1_mc0_s2_wg2_r0x0_epitma_rm_g1"
+# Registers the occupancy design assumes: per-token 4 CTAs of 256 threads per SM, grouped 3
+# (its .minnctapersm), per-block 2.
+MAX_REGISTERS = {"ptquant": 64, "gtquant": 85, "pbquant": 128}
+MIN_CTAS = {"ptquant": 4, "gtquant": 3, "pbquant": 2}
+
+
+def test_default_quant_schedules():
+    assert len(NAMES) == 10
+    for dt in ("bf16", "f16", "f32"):
+        for sf in ("sff32", "sfue8m0"):
+            assert PER_TOKEN.format(dt=dt, sf=sf) in NAMES
+        assert PER_BLOCK.format(dt=dt) in NAMES
+    assert GROUPED in NAMES
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qbuild")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
+    report = build_schedules(QUANT, root / "out", jobs=2, progress=False)
+    yield {"out": root / "out", "report": report}
+    mp.undo()
+
+
+def test_every_quant_kernel_builds(built):
+    assert built["report"].ok, built["report"].summary()
+    assert sorted(r.name for r in built["report"].results) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_manifest_matches_ptx_and_schedule(built, name):
+    d = built["out"] / name
+    m = KernelManifest.from_json((d / "manifest.json").read_text())
+    ptx = (d / "kernel.ptx").read_text()
+    entry = parse_ptx_entry(ptx)
+    s = parse_name(name)
+    assert entry.name == m.entry
+    assert tuple(entry.reqntid) == tuple(m.block) == (s.threads_per_cta, 1, 1)
+    assert [(p.offset, p.size, p.align) for p in entry.params] == [(p.offset, p.size, p.align) for p in m.params]
+    kinds = [p.binding["kind"] for p in m.params]
+    assert kinds[-1] == "scalar" and set(kinds[:-1]) == {"tensor"}
+    assert m.grid.kind == "blocks" and m.cluster == (1, 1, 1)
+    assert m.smem_bytes == s.smem_bytes  # the spec's formula is the template's allocation
+    assert m.op == s.op.value
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ptx_uses_the_specified_numerics(built, name):
+    ptx = (built["out"] / name / "kernel.ptx").read_text()
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # RNE, saturating to +-448
+    assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx  # IEEE s = max(amax, eps)/448 and 1/s
+    for approx in ("div.approx", "div.full", "rcp.approx", ".ftz"):
+        assert approx not in ptx, approx
+    assert "ld.global.v4" in ptx  # 128-bit loads
+    if "_ptquant_" in name or "_gtquant_" in name:
+        assert "st.global.v4" in ptx  # 128-bit stores of q
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sass_has_no_local_memory(built, name):
+    summary = json.loads((built["out"] / name / "sass_summary.json").read_text())
+    assert summary["local_loads"] == 0 and summary["local_stores"] == 0, summary
+    assert summary["stack_bytes"] == 0
+    assert not any(summary["mma"].values())
+    tag = name.split("_")[2]
+    assert summary["registers"] <= MAX_REGISTERS[tag], summary["registers"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernels_are_compiled_for_their_occupancy(built, name):
+    entry = parse_ptx_entry((built["out"] / name / "kernel.ptx").read_text())
+    assert entry.minnctapersm == MIN_CTAS[name.split("_")[2]]
+
+
+def _cuda_include() -> Path | None:
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for sub in ("cu13/include", "cu12/include", "cuda_runtime/include"):
+                if (Path(base) / sub / "cuda.h").is_file():
+                    return Path(base) / sub
+    except ImportError:
+        pass
+    return Path("/usr/local/cuda/include") if Path("/usr/local/cuda/include/cuda.h").is_file() else None
+
+
+@pytest.mark.parametrize("name", [PER_TOKEN.format(dt="bf16", sf="sfue8m0"), PER_BLOCK.format(dt="f32"), GROUPED])
+def test_header_compiles(built, name, tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    inc = _cuda_include()
+    if cc is None or inc is None:
+        pytest.fail("a C compiler and cuda.h (pip package nvidia-cuda-runtime) are needed")
+    src = tmp_path / "use.c"
+    src.write_text(
+        f'#include "{built["out"] / name / "kernel.h"}"\n'
+        f"int main(void) {{ cutegen_{name}_params p; (void)p; return sizeof(p) >= "
+        f"CUTEGEN_{name.upper()}_PARAM_BYTES ? 0 : 1; }}\n"
+    )
+    exe = tmp_path / "use"
+    proc = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert subprocess.run([str(exe)]).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# ABI self-check: what the DSL's own host code would launch equals what the runtime packs.
+
+
+def _probe(name: str, operands: dict[str, OperandInfo], extents: dict, mac: int, tmp_path: Path):
+    if ap.find_runtime_static_lib() is None or shutil.which("gcc") is None:
+        pytest.fail("the ABI self-check needs gcc and the DSL's static runtime library")
+    schedule = parse_name(name)
+    art = _compile(schedule, tmp_path / "compile")
+    manifest = _make_manifest(schedule, art, None)
+    fakes = art["fake_arguments"]
+    args = [ap.ctensor_from_fake(f, o.ptr, o.shape, o.strides) for f, o in zip(fakes, operands.values())]
+    args += [ap.CScalar(extents["eps"]), ap.CScalar(mac), ap.CStream(0x5000)]
+    captured = ap.capture_launch(art["compiled"], args, tmp_path / "probe")
+    _, env = bind_operands(manifest, operands, extents)
+    grid, _ = compute_grid(manifest, env, mac)
+    assert captured.grid == grid
+    assert captured.block == tuple(manifest.block)
+    assert captured.smem_bytes == manifest.smem_bytes
+    blob = pack_params(manifest, env, operands, {}).tobytes()
+    ours = [blob[p.offset : p.offset + p.size] for p in manifest.params]
+    assert captured.mismatches(ours) == []
+    return captured, manifest
+
+
+@pytest.fixture()
+def compile_dir(tmp_path):
+    (tmp_path / "compile").mkdir()
+    return tmp_path
+
+
+PER_TOKEN_CASES = [
+    # (dtype, scale tag, M, K, row padding, scale layout, max active clusters)
+    ("bf16", "sff32", 37, 640, 16, "k-major", 500),
+    ("bf16", "sff32", 37, 640, 0, "mn-major", 7),
+    ("f32", "sfue8m0", 1, 128, 4, "mn-major", 3),
+    ("f16", "sfue8m0", 4096, 7168, 0, "k-major", 528),
+]
+
+
+@pytest.mark.parametrize("case", PER_TOKEN_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}x{c[3]}-{c[5]}")
+def test_abi_per_token(case, compile_dir):
+    dt, sf, m, k, pad, layout, mac = case
+    g = -(-k // 128)
+    cols = g if sf == "sff32" else -(-g // 4)
+    ma = -(-m // 4) * 4
+    sf_shape, sf_strides = ((ma, cols), (1, ma)) if layout == "mn-major" else ((m, cols), (cols, 1))
+    operands = {
+        "x": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), dt),
+        "q": OperandInfo(0x7F1000000000, (m, k), (k + 16, 1), "e4m3"),
+        "sf": OperandInfo(0x7F2000000000, sf_shape, sf_strides, "i32" if sf == "sfue8m0" else "f32"),
+    }
+    _probe(PER_TOKEN.format(dt=dt, sf=sf), operands, {"eps": 1e-4}, mac, compile_dir)
+
+
+def test_abi_per_block(compile_dir):
+    operands = {
+        "w": OperandInfo(0x7F0000000000, (300, 272), (288, 1), "bf16"),
+        "q": OperandInfo(0x7F1000000000, (300, 272), (272, 1), "e4m3"),
+        "sf": OperandInfo(0x7F2000000000, (3, 3), (3, 1), "f32"),
+    }
+    _probe(PER_BLOCK.format(dt="bf16"), operands, {"eps": 0.25}, 264, compile_dir)
+
+
+def test_abi_grouped(compile_dir):
+    t, h, s = 1000, 200, 15
+    operands = {
+        "x": OperandInfo(0x7F0000000000, (t, h), (208, 1), "bf16"),
+        "group_sizes": OperandInfo(0x7F0800000000, (8,), (1,), "i32"),
+        "q": OperandInfo(0x7F1000000000, (128 * h * s,), (1,), "e4m3"),
+        "sf": OperandInfo(0x7F2000000000, (s, h), (h, 1), "f32"),
+    }
+    captured, manifest = _probe(GROUPED, operands, {"eps": 1e-4}, 396, compile_dir)
+    assert captured.grid == (min(s * -(-h // 64), 396), 1, 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The grouped kernel's shared-memory transpose, modelled in Python with the template's constants.
+
+
+def test_grouped_transpose_mapping_is_conflict_free_and_complete():
+    from cutegen.templates import hopper_quant as hq
+
+    k = hq.GroupedTransposedQuantKernel(parse_name(GROUPED))
+    words, rows, chunks = k.words, k.tile_t, k.chunks
+    assert (words, rows, chunks, k.loads, k.threads) == (32, 128, 8, 4, 256)
+    written = {}
+    # store: thread t writes 16 bytes of token row t//8 + 32*i at chunk slot c ^ ((row >> 4) & 7)
+    for i in range(k.loads):
+        for warp in range(k.threads // 32):
+            for quarter in range(4):  # a 128-bit store is served per quarter warp
+                banks = set()
+                for lane in range(quarter * 8, quarter * 8 + 8):
+                    tid = warp * 32 + lane
+                    c = tid % chunks
+                    row = tid // chunks + i * k.rows_per_load
+                    slot = c ^ ((row >> 4) & 7)
+                    for w in range(4):
+                        word = slot * 4 + w
+                        assert (row, word) not in written
+                        written[(row, word)] = (row, c * 4 + w)  # logical (token, bf16 pair)
+                        banks.add(word % 32)
+                assert len(banks) == 32  # the quarter warp writes one whole 128-byte row
+    assert len(written) == rows * words
+    # read: lane l of warp w reads word (4w + l%4) ^ (4 * (l//4)) of token rows 16*(l//4) + i
+    seen = set()
+    for warp in range(k.threads // 32):
+        for i in range(k.seg_tokens):
+            banks = set()
+            for lane in range(32):
+                pair = warp * 4 + lane % 4
+                seg = lane // 4
+                row = seg * k.seg_tokens + i
+                word = pair ^ (seg * 4)
+                assert written[(row, word)] == (row, pair)  # the swizzle is undone
+                seen.add((row, pair))
+                banks.add(word % 32)
+            assert len(banks) == 32  # conflict-free
+    assert len(seen) == rows * words
+
+
+def test_grouped_group_search_model():
+    """The kernel's branch-free search: the largest g in [0, G] with B_g <= r (skips empty groups)."""
+    import random
+
+    from cutegen.templates import hopper_quant as hq
+
+    k = hq.GroupedTransposedQuantKernel(parse_name(GROUPED))
+    rng = random.Random(3)
+    for _ in range(300):
+        sizes = [rng.choice([0, 0, 1, 127, 128, 129, 300, 5000]) for _ in range(rng.randint(1, 40))]
+        starts = [0]
+        for m in sizes:
+            starts.append(starts[-1] + -(-m // 128))
+        n = len(sizes)
+        for r in range(starts[-1]):
+            g, step = 0, 1 << (k.search_steps - 1)
+            for _ in range(k.search_steps):
+                cand = g + step
+                if cand <= n and starts[min(cand, n)] <= r:
+                    g = cand
+                step >>= 1
+            assert starts[g] <= r < starts[g + 1] and sizes[g] > 0
+    assert (1 << k.search_steps) > k.max_groups

@@ -1,0 +1,29 @@
+"""GPU tier: examples/new_shape_family/run.py runs the Qwen3-30B-A3B expert GEMMs and they match torch.
+
+Uses the build folder of the GPU tier ($CUTEGEN_BUILD_DIR or ./build): kernels built from the
+example's schedule file are used when present, the default ones otherwise (the heuristic chooses).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+RUN = Path(__file__).resolve().parent.parent.parent / "examples" / "new_shape_family" / "run.py"
+
+
+def test_new_shape_family_run_matches_torch():
+    from cutegen.runtime.catalogue import resolve_build_dir
+
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--build-dir", str(resolve_build_dir()), "--tokens", "256", "--experts", "4",
+         "--iters", "2"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8/8 results match" in proc.stdout, proc.stdout
