@@ -19,7 +19,7 @@ PATTERN ?=
 
 EXPORT_DIR ?= $(BUILD_DIR)/export
 
-.PHONY: build test gpu-test bench env clean install verify export
+.PHONY: build test gpu-test gpu-check gpu-check bench env clean install verify export
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test: $(VENV)/.installed
 # On the GPU machine: no package registry needed; uses the machine's python3 with torch and cuda-bindings.
 gpu-test:
 	CUTEGEN_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m pytest tests/gpu -q -ra
+
+# The GPU tier and the benchmark, each test file in its own process under a time limit, logs in gpu-logs/.
+gpu-check:
+	CUTEGEN_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) tests/gpu/run_all.py --out $(or $(OUT),gpu-logs)
 
 bench:
 	CUTEGEN_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m cutegen.gen.cli bench

@@ -1,0 +1,59 @@
+"""Run the whole GPU tier and the benchmark in one go, each part in its own process under a time
+limit, so that a hung kernel costs one part and not the session; print a summary table last.
+
+    python3 tests/gpu/run_all.py [--out DIR] [--test-timeout S] [--bench-timeout S] [--no-bench]
+
+Logs go to DIR (default ./gpu-logs): one per test file, bench.md and bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(cmd: list[str], log: Path, timeout: int) -> tuple[str, float, str]:
+    t0 = time.time()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env)
+            status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"TIMEOUT after {timeout}s (hang?)"
+    tail = log.read_text().strip().splitlines()[-1:] or [""]
+    return status, time.time() - t0, tail[0][:100]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="gpu-logs")
+    p.add_argument("--test-timeout", type=int, default=240)
+    p.add_argument("--bench-timeout", type=int, default=300)
+    p.add_argument("--no-bench", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for test in sorted(HERE.glob("test_*.py")):
+        log = out / f"{test.stem}.log"
+        cmd = [sys.executable, "-m", "pytest", str(test), "-q", "-ra", "-p", "no:cacheprovider"]
+        rows.append((test.name, *run(cmd, log, args.test_timeout)))
+    if not args.no_bench:
+        cmd = [sys.executable, "-m", "cutegen.gen.cli", "bench", "--json-out", str(out / "bench.json")]
+        rows.append(("cutegen bench", *run(cmd, out / "bench.md", args.bench_timeout)))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'part':<{width}}  {'status':<24} {'seconds':>7}  last line")
+    for name, status, seconds, tail in rows:
+        print(f"{name:<{width}}  {status:<24} {seconds:7.1f}  {tail}")
+    return 0 if all(r[1] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
