@@ -19,7 +19,7 @@ PATTERN ?=
 
 EXPORT_DIR ?= $(BUILD_DIR)/export
 
-.PHONY: build test gpu-test gpu-check gpu-check bench env clean install verify export
+.PHONY: build test gpu-test gpu-check bench env clean install verify export
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
