@@ -23,7 +23,9 @@ SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
 )
+GROUPS = 3
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
 PROBLEMS = ((1000, 776, 640, 16, 66), (4096, 4096, 4096, 0, 132), (1, 128, 128, 64, 3))
 
@@ -77,15 +79,23 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     schedule, art, manifest = compiled
     m, n, k, pad, max_clusters = problem
     ab = schedule.a_dtype.value
+    grouped = schedule.op.is_m_grouped
+    b_info = (
+        OperandInfo(0x7F1000000000, (GROUPS, n, k), (n * (k + pad), k + pad, 1), ab)
+        if grouped
+        else OperandInfo(0x7F1000000000, (n, k), (k + pad, 1), ab)
+    )
     operands = {
         "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), ab),
-        "b": OperandInfo(0x7F1000000000, (n, k), (k + pad, 1), ab),
+        "b": b_info,
         "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), "bf16"),
     }
     fakes = art["fake_arguments"]
 
     def tensor(fake, name):
         op = operands[name]
+        if name == "b" and grouped:  # the kernel's modes (N, K, G) are torch dims (1, 2, 0)
+            return ap.ctensor_from_fake(fake, op.ptr, (n, k, GROUPS), (op.strides[1], 1, op.strides[0]))
         return ap.ctensor_from_fake(fake, op.ptr, op.shape, op.strides)
 
     if schedule.block_scaled:
@@ -101,6 +111,11 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             tensor(d_fake, "d"),
         ]
         extents = {"M": m, "N": n, "K": k, "KB": kb, "NB": nb}
+        if grouped:
+            operands["sfb"] = OperandInfo(0x7F4000000000, (GROUPS, nb, kb), (nb * kb, kb, 1), "f32")
+            operands["m_indices"] = OperandInfo(0x7F5000000000, (m,), (1,), "i32")
+            args += [ap.CPointer(operands["m_indices"].ptr), ap.CScalar(1)]
+            extents.update(G=GROUPS, ZERO_PADDING=1)
     else:
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]

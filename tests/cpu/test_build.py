@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -166,3 +167,28 @@ def test_corrupt_cache_entry_is_rebuilt(built, tmp_path, monkeypatch):
     assert report.count("built") == 1, report.summary()
     m = KernelManifest.from_json((out / procedural_name(schedule) / "manifest.json").read_text())
     assert m.sha256 == hashlib.sha256((entry / "kernel.cubin").read_bytes()).hexdigest()
+
+
+# The 128x256 cluster-2x1 BF16 kernel measured on the H200 (docs/perf/NOTES.md, 2026-11-30): its
+# SASS opcode sequence is pinned, so a template change that alters the measured kernel shows here
+# (and calls for a new measurement), while register renumbering does not.
+MEASURED_BF16 = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+GOLDEN = Path(__file__).parent / "golden" / "sm90a_bf16_gemm_128x256x64_c2x1_s4.sass-opcodes"
+
+
+def opcode_sequence(sass: str) -> list[str]:
+    ops = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Za-z0-9_.]*)", line)
+        if m:
+            ops.append(m.group(1))
+    return ops
+
+
+def test_measured_bf16_kernel_is_unchanged(built):
+    from cutegen.gen.sass import disassemble
+
+    sass, _ = disassemble((built["out"] / MEASURED_BF16 / "kernel.cubin").read_bytes())
+    assert opcode_sequence(sass) == GOLDEN.read_text().split(), (
+        "the SASS of the kernel measured on the H200 changed; re-measure it and update the golden file"
+    )

@@ -236,6 +236,78 @@ def render_fp8(rows: list[dict], env: dict, copy_gbs: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# DeepGEMM's grouped contiguous numbers on our H200, TFLOPS (groups, rows per group, N, K).
+DEEPGEMM_GROUPED_CONTIGUOUS = {
+    (4, 8192, 4096, 7168): 1345, (4, 8192, 7168, 2048): 1257,
+    (8, 4096, 4096, 7168): 1327, (8, 4096, 7168, 2048): 1240,
+    (32, 256, 4096, 7168): 950, (32, 256, 7168, 2048): 912,
+}
+
+
+def bench_grouped_contiguous() -> list[dict]:
+    """m_grouped_fp8_gemm_nt_contiguous beside a loop of cuBLAS blockwise calls (one per group)."""
+    import random
+
+    import torch
+
+    from cutegen.runtime import grouped_ops
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    rows = []
+    for (groups, expected, n, k), anchor in DEEPGEMM_GROUPED_CONTIGUOUS.items():
+        rng = random.Random(groups * 1000 + n)
+        sizes = [int(expected * rng.uniform(0.7, 1.3)) for _ in range(groups)]
+        spans = [-(-s // 128) * 128 for s in sizes]
+        total = sum(spans)
+        m_indices = torch.full((total,), -1, dtype=torch.int32, device="cuda")
+        row = 0
+        for g, (size, span) in enumerate(zip(sizes, spans)):
+            m_indices[row : row + size] = g
+            row += span
+        a = torch.randn(total, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(groups, n, k, device="cuda").to(torch.float8_e4m3fn)
+        sfa_rows = torch.rand(total, k // 128, device="cuda") + 0.5
+        sfa = to_mn_major_tma_aligned(sfa_rows)
+        sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
+        out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
+        ours = time_cuda(lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out))
+        try:
+            calls, row = [], 0
+            for g, span in enumerate(spans):
+                calls.append(_cublas_blockwise(a[row : row + span], sfa_rows[row : row + span], b[g], sfb[g]))
+                row += span
+            loop = time_cuda(lambda: [c() for c in calls])
+        except Exception as exc:
+            loop = None
+            print(f"cuBLAS loop failed for {groups}x{expected}: {type(exc).__name__}: {str(exc)[:120]}")
+        flops = 2.0 * sum(sizes) * n * k
+        rows.append(
+            {
+                "groups": groups, "rows_per_group": expected, "n": n, "k": k,
+                "ours_us": ours, "ours_tflops": flops / ours / 1e6,
+                "cublas_loop_tflops": flops / loop / 1e6 if loop else None,
+                "deepgemm_tflops": anchor,
+            }
+        )
+    return rows
+
+
+def render_grouped(rows: list[dict], env: dict) -> str:
+    lines = [
+        f"# m_grouped_fp8_gemm_nt_contiguous on {env['gpu']} ({env['date']}); TFLOPS count real rows only",
+        "",
+        "| groups x rows | N, K | TFLOPS | cuBLAS loop TFLOPS | DeepGEMM TFLOPS | vs DeepGEMM |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        cb = r["cublas_loop_tflops"]
+        lines.append(
+            f"| {r['groups']} x ~{r['rows_per_group']} | {r['n']}, {r['k']} | {r['ours_tflops']:.0f} | "
+            f"{cb and f'{cb:.0f}' or 'n/a'} | {r['deepgemm_tflops']} | {r['ours_tflops'] / r['deepgemm_tflops']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def environment() -> dict:
     import torch
 
@@ -267,7 +339,7 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "quantize")
+OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "quantize")
 
 
 def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
@@ -281,7 +353,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
     env = environment()
     results: dict = {"environment": env}
     available = set()
-    for op in ("bf16_gemm_nt", "fp8_gemm_nt"):
+    for op in ("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous"):
         if runtime_ops.catalogue().names(op):
             available.add(op)
     if "bf16_gemm_nt" in ops and "bf16_gemm_nt" in available:
@@ -296,6 +368,10 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
         rows = bench_fp8_gemm()
         print(render_fp8(rows, env, copy_gbs))
         results["fp8_gemm_nt"] = {"rows": rows, "copy_gbs": copy_gbs}
+    if "m_grouped_fp8_gemm_nt_contiguous" in ops and "m_grouped_fp8_gemm_nt_contiguous" in available:
+        rows = bench_grouped_contiguous()
+        print(render_grouped(rows, env))
+        results["m_grouped_fp8_gemm_nt_contiguous"] = rows
     if "quantize" in ops:
         try:
             from cutegen.gen import bench_quant

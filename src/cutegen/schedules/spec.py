@@ -36,6 +36,7 @@ class Op(str, enum.Enum):
 
     BF16_GEMM_NT = "bf16_gemm_nt"
     FP8_GEMM_NT = "fp8_gemm_nt"
+    M_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "m_grouped_fp8_gemm_nt_contiguous"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
@@ -45,10 +46,16 @@ class Op(str, enum.Enum):
         return {
             "bf16_gemm_nt": "gemm",
             "fp8_gemm_nt": "fp8gemm",
+            "m_grouped_fp8_gemm_nt_contiguous": "mgfp8gemmc",
             "per_token_quant_fp8": "ptquant",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
         }[self.value]
+
+    @property
+    def is_m_grouped(self) -> bool:
+        """A mixture-of-experts GEMM: B and SFB carry a group mode, rows of A belong to groups."""
+        return self.value == "m_grouped_fp8_gemm_nt_contiguous"
 
     @property
     def is_quantize(self) -> bool:

@@ -126,6 +126,9 @@ class HopperGemmKernel:
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
         self.raster_along_m = s.raster == Raster.ALONG_M
         self.block_scaled = s.scale != ScaleFormat.NONE
+        # M-grouped (MoE, contiguous layout): B and SFB have a group mode; m_indices maps rows to
+        # groups, and a tile takes the group of its first row (segments are tile-aligned).
+        self.m_grouped = s.op.is_m_grouped
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         self.group_size = s.group_size
@@ -201,11 +204,18 @@ class HopperGemmKernel:
         # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
         a_rows = tm // cn if self.is_a_mcast else tm
         b_rows = tn // cm if self.is_b_mcast else tn
+        if self.m_grouped:
+            # B [G, N, K]: the kernel's modes (N, K, G) are torch dims (1, 2, 0); K is contiguous.
+            tma_b = dict(tma("b", s.b_dtype, b_rows, tk), modes=[2, 1, 0], box=[tk, b_rows, 1])
+            extents_b = shape("b", ["N", "K", "G"])
+        else:
+            tma_b = tma("b", s.b_dtype, b_rows, tk)
+            extents_b = shape("b", ["N", "K"])
         params = [
             {"name": "tma_a", **tma("a", s.a_dtype, a_rows, tk)},
             {"name": "extents_a", **shape("a", ["M", "K"])},
-            {"name": "tma_b", **tma("b", s.b_dtype, b_rows, tk)},
-            {"name": "extents_b", **shape("b", ["N", "K"])},
+            {"name": "tma_b", **tma_b},
+            {"name": "extents_b", **extents_b},
         ]
         if self.block_scaled:
             params += [
@@ -229,6 +239,11 @@ class HopperGemmKernel:
             {"name": "tma_d", **tma("d", s.c_dtype, em, en)},
             {"name": "extents_d", **shape("d", ["M", "N"])},
         ]
+        if self.m_grouped:
+            params += [
+                {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
+                {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
+            ]
         return params
 
     # ---- host side --------------------------------------------------------------------------
@@ -245,7 +260,9 @@ class HopperGemmKernel:
         self._launch(a, b, d, None, None, max_active_clusters, stream)
 
     @cute.jit
-    def _launch(self, a, b, c, sfa, sfb, max_active_clusters, stream):
+    def _launch(
+        self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None
+    ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
         a_staged, b_staged, epi_staged = self._make_smem_layouts()
@@ -329,6 +346,8 @@ class HopperGemmKernel:
             sfb,
             tma_atom_c,
             tma_tensor_c,
+            m_indices,
+            zero_padding,
             a_staged,
             b_staged,
             sfa_staged,
@@ -396,7 +415,7 @@ class HopperGemmKernel:
     @cute.jit
     def _mainloop_block_scaled(
         self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-        k_tile_cnt, num_k_blocks, tile_n,
+        k_tile_cnt, num_k_blocks, tile_n, group=None,
     ):
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
         promoted += acc · sfa[row] · sfb[column block] in fp32 registers. Returns the advanced
@@ -411,10 +430,16 @@ class HopperGemmKernel:
         promoted.fill(0.0)
         for k_tile in range(k_tile_cnt):
             # Issue the SFB loads before waiting for the stage: their latency hides behind it.
-            sfb0 = mSFB[(nb0, k_tile)]
-            sfb1 = sfb0
-            if cutlass.const_expr(not self.single_sfb_block):
-                sfb1 = mSFB[(nb1, k_tile)]
+            if cutlass.const_expr(self.m_grouped):
+                sfb0 = mSFB[(nb0, k_tile, group)]
+                sfb1 = sfb0
+                if cutlass.const_expr(not self.single_sfb_block):
+                    sfb1 = mSFB[(nb1, k_tile, group)]
+            else:
+                sfb0 = mSFB[(nb0, k_tile)]
+                sfb1 = sfb0
+                if cutlass.const_expr(not self.single_sfb_block):
+                    sfb1 = mSFB[(nb1, k_tile)]
             pipe.consumer_wait(read_state)
             warpgroup.fence()
             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -437,6 +462,24 @@ class HopperGemmKernel:
                 promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
         return read_state
 
+    @cute.jit
+    def _tile_group(self, mIdx, tile_m):
+        """The group of an M tile: m_indices of its first row (-1: padding, or past the rows)."""
+        row = tile_m * self.tile_shape_mnk[0]
+        g = cutlass.Int32(-1)
+        if row < cute.size(mIdx):
+            g = mIdx[row]
+        return g
+
+    @cute.jit
+    def _zero_padding_rows(self, promoted, tCcC, mIdx, tile_m):
+        """Zero this thread's accumulator rows whose m_indices is -1 (padding rows of D)."""
+        row0 = tile_m * self.tile_shape_mnk[0]
+        last = cute.size(mIdx) - 1
+        for i in cutlass.range_constexpr(cute.size(promoted)):
+            group = mIdx[cutlass.min(row0 + tCcC[i][0], last)]
+            promoted[i] = promoted[i] if group >= 0 else cutlass.Float32(0.0)
+
     @cute.kernel
     def kernel(
         self,
@@ -449,6 +492,8 @@ class HopperGemmKernel:
         sfb_ptr,
         tma_atom_c: cute.CopyAtom,
         mC_mn: cute.Tensor,
+        m_indices_ptr,
+        zero_padding,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
@@ -522,13 +567,30 @@ class HopperGemmKernel:
             )
             k_blocks = mSFA_mk.shape[1]
             n_blocks = (mC_mn.shape[1] + SCALE_BLOCK - 1) // SCALE_BLOCK
-            mSFB = cute.make_tensor(
-                sfb_ptr, cute.make_layout((n_blocks, k_blocks), stride=(k_blocks, 1))
-            )
+            if cutlass.const_expr(self.m_grouped):
+                # SFB [G, ⌈N/128⌉, ⌈K/128⌉] row-major, viewed as (n block, k block, group).
+                mSFB = cute.make_tensor(
+                    sfb_ptr,
+                    cute.make_layout(
+                        (n_blocks, k_blocks, mB_nk.shape[2]),
+                        stride=(k_blocks, 1, n_blocks * k_blocks),
+                    ),
+                )
+            else:
+                mSFB = cute.make_tensor(
+                    sfb_ptr, cute.make_layout((n_blocks, k_blocks), stride=(k_blocks, 1))
+                )
+        mIdx = None
+        if cutlass.const_expr(self.m_grouped):
+            mIdx = cute.make_tensor(m_indices_ptr, cute.make_layout(mC_mn.shape[0]))
 
         # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK), (bM, bN, RestM, RestN)
         gA_mk = cute.local_tile(mA_mk, (tm, tk), (None, None))
-        gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None))
+        if cutlass.const_expr(self.m_grouped):
+            # (bN, bK, RestN, RestK, G)
+            gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None, None))
+        else:
+            gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None))
         gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None))
 
         a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
@@ -593,9 +655,16 @@ class HopperGemmKernel:
                 tile_m = ctm * cm + cluster_coord_mnk[0]
                 tile_n = ctn * cn + cluster_coord_mnk[1]
                 tAgA_k = tAgA[(None, tile_m, None)]
-                tBgB_k = tBgB[(None, tile_n, None)]
+                tile_k_tiles = k_tile_cnt
+                if cutlass.const_expr(self.m_grouped):
+                    group = self._tile_group(mIdx, tile_m)
+                    # A tile of padding rows only is not loaded (nor computed).
+                    tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
+                    tBgB_k = tBgB[(None, tile_n, None, cutlass.max(group, 0))]
+                else:
+                    tBgB_k = tBgB[(None, tile_n, None)]
                 producer_state.reset_count()
-                for k_tile in range(k_tile_cnt):
+                for k_tile in range(tile_k_tiles):
                     mainloop_pipeline.producer_acquire(producer_state)
                     barrier = mainloop_pipeline.producer_get_barrier(producer_state)
                     cute.copy(
@@ -675,7 +744,21 @@ class HopperGemmKernel:
                 # The helpers advance the pipeline states; assigning them back is what makes
                 # the DSL carry the states across iterations of this persistent loop (state
                 # merely passed to a call is not loop-carried, and the next tile would hang).
-                if cutlass.const_expr(self.block_scaled):
+                write_tile = cutlass.Int32(1)
+                if cutlass.const_expr(self.m_grouped):
+                    group = self._tile_group(mIdx, tile_m)
+                    tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
+                    read_state = self._mainloop_block_scaled(
+                        tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
+                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
+                        cutlass.max(group, 0),
+                    )
+                    # Padding rows of D are written as zeros unless the caller opted out; with
+                    # the opt-out, tiles of padding rows only are not written at all.
+                    if zero_padding != 0:
+                        self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
+                    write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
+                elif cutlass.const_expr(self.block_scaled):
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
                         mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
@@ -710,7 +793,8 @@ class HopperGemmKernel:
                     epilogue_barrier.arrive_and_wait()
                     gmem_coord = epi_tile_layout.get_hier_coord(epi_idx)
                     if warp_idx == self.epi_store_warp_id:
-                        cute.copy(tma_atom_c, bSG_sD[(None, epi_buffer)], bSG_gD[(None, gmem_coord)])
+                        if write_tile != 0:
+                            cute.copy(tma_atom_c, bSG_sD[(None, epi_buffer)], bSG_gD[(None, gmem_coord)])
                         store_pipeline.producer_commit()
                         store_pipeline.producer_acquire()
                     epilogue_barrier.arrive_and_wait()
@@ -738,6 +822,26 @@ class HopperFp8GemmKernel(HopperGemmKernel):
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
 
 
+class HopperMGroupedFp8GemmKernel(HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_contiguous`: per row r of A, D[r] = (A[r] · sfa) · (B[g] · sfb[g])ᵀ
+    with g = m_indices[r]; rows with g = -1 are padding."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        m_indices: cute.Pointer,
+        zero_padding: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, m_indices, zero_padding)
+
+
 class HopperGemmTemplate:
     """The generator's view of this template: fake arguments, launch facts and the ABI."""
 
@@ -747,7 +851,11 @@ class HopperGemmTemplate:
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
         self.block_scaled = schedule.scale != ScaleFormat.NONE
-        if self.block_scaled:
+        self.m_grouped = schedule.op.is_m_grouped
+        if self.m_grouped:
+            self.expected_mma = "QGMMA"
+            self.kernel = HopperMGroupedFp8GemmKernel(schedule)
+        elif self.block_scaled:
             self.expected_mma = "QGMMA"
             self.kernel = HopperFp8GemmKernel(schedule)
         else:
@@ -767,7 +875,13 @@ class HopperGemmTemplate:
             return cute.sym_int64(divisibility=16 // dtype.bytes)
 
         a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
-        b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
+        if self.m_grouped:
+            g = cute.sym_int32(symbol="G")
+            b = make_fake_tensor(
+                cute_dtype(s.b_dtype), (n, k, g), (ld(s.b_dtype), 1, ld(s.b_dtype)), assumed_align=16
+            )
+        else:
+            b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
         d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
         if not self.block_scaled:
             return (a, b, d, cutlass.Int32(1), make_fake_stream())
@@ -777,23 +891,29 @@ class HopperGemmTemplate:
         kb = cute.sym_int32(symbol="KB")
         sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
         sfb = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        if self.m_grouped:
+            m_indices = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+            return (a, sfa, b, sfb, d, m_indices, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
         return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
 
     def operands(self) -> list[dict]:
         s = self.schedule
+        b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", "KB"]) if self.m_grouped else (["N", "K"], ["NB", "KB"])
         ops = [
             {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "b", "dtype": s.b_dtype.value, "shape": b_shape, "contiguous_mode": len(b_shape) - 1, "align_bytes": 16},
         ]
         if self.block_scaled:
             ops += [
                 {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
-                # Row-major and contiguous [NB, KB]; the kernel derives its strides from K.
-                {"name": "sfb", "dtype": "f32", "shape": ["NB", "KB"], "contiguous_mode": 1, "align_bytes": 4},
+                # Row-major and contiguous; the kernel derives its strides from N and K.
+                {"name": "sfb", "dtype": "f32", "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
             ]
         ops.append(
             {"name": "d", "dtype": s.c_dtype.value, "shape": ["M", "N"], "contiguous_mode": 1, "align_bytes": 16}
         )
+        if self.m_grouped:
+            ops.append({"name": "m_indices", "dtype": "i32", "shape": ["M"], "contiguous_mode": 0, "align_bytes": 4})
         return ops
 
     def grid_rule(self) -> dict:

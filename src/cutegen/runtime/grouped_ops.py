@@ -1,0 +1,193 @@
+"""PyTorch entry point of the M-grouped (mixture-of-experts) FP8 GEMM, contiguous layout.
+
+``m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=None, *, zero_padding=True)``
+is DeepGEMM's op of the same name: for every row r of A with group g = m_indices[r] ≥ 0,
+D[r] = (A[r] · sfa[r]) @ (B[g] · sfb[g])ᵀ in bf16 with fp32 promotion per 128-wide K block.
+
+* ``a`` [ΣM, K] e4m3: every group's rows back to back, each group's segment padded to a multiple
+  of `contiguous_alignment()` rows (128); ``sfa`` fp32 [ΣM, K/128], MN-major and TMA-aligned.
+* ``b`` [G, N, K] e4m3 (K contiguous); ``sfb`` fp32 [G, ⌈N/128⌉, K/128], contiguous.
+* ``m_indices`` int32 [ΣM] on the GPU: each row's group, -1 for padding rows. `m_indices_from_group_ends`
+  builds it on the GPU from cumulative group ends, with no host synchronisation.
+* Padding rows of D are written as zeros; ``zero_padding=False`` opts out: tiles made only of
+  padding rows are then neither computed nor written, and padding rows inside a tile hold
+  unspecified values.
+
+What cannot be checked without a host synchronisation (and is not): that every value of
+``m_indices`` is -1 or a valid group, and that each aligned 128-row block holds one group's rows
+(plus trailing padding). The kernel takes a block's group from its first row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import fp8_ops, ops
+from .errors import InputError, KernelLoadError
+from .launch import launch
+
+OP = "m_grouped_fp8_gemm_nt_contiguous"
+# Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.
+M_ALIGNMENT = 128
+
+
+def contiguous_alignment() -> int:
+    """The row alignment of each group's segment in the contiguous layout (DeepGEMM's M block)."""
+    return M_ALIGNMENT
+
+
+def m_indices_from_group_ends(group_ends: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """m_indices [num_rows] int32 from int32 [G] cumulative group ends, computed on the GPU.
+
+    Group g's real rows are [start_g, group_ends[g]) where start_g is the previous group's end
+    rounded up to `contiguous_alignment()` (0 for g = 0); rows between a group's end and the next
+    start, and past the last, are padding (-1). No host synchronisation: capturable in a CUDA graph.
+    """
+    if not isinstance(group_ends, torch.Tensor) or group_ends.dim() != 1:
+        raise InputError(f"{OP}: argument 'group_ends' must be a 1-D int32 tensor [G], got {group_ends!r:.60}")
+    if group_ends.dtype != torch.int32:
+        raise InputError(f"{OP}: argument 'group_ends' must be torch.int32, got {group_ends.dtype}")
+    if group_ends.numel() == 0:
+        return torch.full((num_rows,), -1, dtype=torch.int32, device=group_ends.device)
+    ends = group_ends.long()
+    aligned = (ends + M_ALIGNMENT - 1) // M_ALIGNMENT * M_ALIGNMENT
+    starts = torch.cat([torch.zeros(1, dtype=torch.long, device=ends.device), aligned[:-1]])
+    rows = torch.arange(num_rows, device=ends.device)
+    group = torch.searchsorted(starts, rows, right=True) - 1
+    valid = (group >= 0) & (rows < ends[group.clamp(min=0)])
+    return torch.where(valid, group, torch.full_like(group, -1)).to(torch.int32)
+
+
+def _fail(arg: str, what: str) -> InputError:
+    return InputError(f"{OP}: argument '{arg}' {what}")
+
+
+def _check_meta(a, sfa, b, sfb, m_indices, out) -> tuple[int, int, int, int]:
+    """Everything checkable without data; returns (ΣM, N, K, G)."""
+    ops.check_matrix(OP, "a", a, None, torch.float8_e4m3fn, fp8_ops.FP8_ROW_ALIGN_ELEMS)
+    m, k = a.shape
+    if not isinstance(b, torch.Tensor):
+        raise _fail("b", f"must be a torch.Tensor, got {type(b).__name__}")
+    if b.device != a.device or b.dtype != torch.float8_e4m3fn or b.dim() != 3:
+        raise _fail("b", f"must be a float8_e4m3fn [G, N, K] tensor on {a.device}, got {b.dtype} {list(b.shape)} on {b.device}")
+    g, n, kb = b.shape
+    if kb != k:
+        raise _fail("b", f"must have K = a.shape[1] = {k}, got shape {list(b.shape)}")
+    if b.stride(2) != 1 or (n > 1 and b.stride(1) % 16) or (g > 1 and b.stride(0) % 16):
+        raise _fail("b", f"must be contiguous along K with 16-byte aligned row and group strides, got strides {list(b.stride())}")
+    if k % fp8_ops.SCALE_BLOCK:
+        raise _fail("a", f"must have K a multiple of 128 (one scale per 128 along K), got K = {k}")
+    if m % M_ALIGNMENT:
+        raise _fail("a", f"must have ΣM a multiple of {M_ALIGNMENT} (each group's segment is aligned), got {m} rows")
+    k_blocks, n_blocks = k // fp8_ops.SCALE_BLOCK, fp8_ops.ceil_div(n, fp8_ops.SCALE_BLOCK)
+    for arg, t in (("sfa", sfa), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
+            raise _fail(arg, f"must be a torch.float32 tensor on {a.device}, got {getattr(t, 'dtype', type(t).__name__)}")
+    if tuple(sfa.shape) != (m, k_blocks) or not fp8_ops.is_mn_major_tma_aligned(sfa):
+        raise _fail(
+            "sfa",
+            f"must be [ΣM, K/128] = [{m}, {k_blocks}] with strides (1, {fp8_ops.tma_aligned_rows(m)}) "
+            f"(MN-major, TMA-aligned; see to_mn_major_tma_aligned), got shape {list(sfa.shape)} strides {list(sfa.stride())}",
+        )
+    if tuple(sfb.shape) != (g, n_blocks, k_blocks) or not sfb.is_contiguous():
+        raise _fail("sfb", f"must be a contiguous [G, ceil(N/128), K/128] = [{g}, {n_blocks}, {k_blocks}] tensor, got {list(sfb.shape)}")
+    if not isinstance(m_indices, torch.Tensor) or m_indices.device != a.device:
+        raise _fail("m_indices", f"must be a tensor on {a.device}")
+    if m_indices.dtype != torch.int32 or tuple(m_indices.shape) != (m,) or (m > 1 and m_indices.stride(0) != 1):
+        raise _fail("m_indices", f"must be a contiguous int32 [ΣM] = [{m}] tensor, got {m_indices.dtype} {list(m_indices.shape)}")
+    if out is not None:
+        ops.check_matrix(OP, "out", out, a.device, torch.bfloat16, fp8_ops.OUT_ROW_ALIGN_ELEMS)
+        if tuple(out.shape) != (m, n):
+            raise _fail("out", f"must have shape [ΣM, N] = [{m}, {n}], got {list(out.shape)}")
+    return m, n, k, g
+
+
+def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> None:
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0 or b.shape[0] == 0:
+        if out.numel() and zero_padding:
+            out.zero_()
+        return
+    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
+        if t.data_ptr() % fp8_ops.PTR_ALIGN_BYTES:
+            raise _fail(arg, f"must start at a 16-byte aligned address, got 0x{t.data_ptr():x}")
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(device):
+        loaded = ops._kernel_for(OP, m, n, k, device, kernel)
+        names = sorted(s.name for s in loaded.manifest.operands)
+        if names != ["a", "b", "d", "m_indices", "sfa", "sfb"]:
+            raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP}")
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        launch(
+            loaded,
+            {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "m_indices": m_indices},
+            extents={"ZERO_PADDING": 1 if zero_padding else 0},
+            stream=stream,
+        )
+
+
+def _new_out(a, m, n):
+    return fp8_ops._new_out(a, m, n)
+
+
+@torch.library.custom_op(f"cutegen::{OP}", mutates_args=())
+def _op(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
+    zero_padding: bool = True, kernel_name: str = "",
+) -> torch.Tensor:
+    m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, None)
+    out = _new_out(a, m, n)
+    _run(a, sfa, b, sfb, m_indices, out, zero_padding, kernel_name)
+    return out
+
+
+@_op.register_fake
+def _op_fake(a, sfa, b, sfb, m_indices, zero_padding: bool = True, kernel_name: str = ""):
+    m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, None)
+    return _new_out(a, m, n)
+
+
+@torch.library.custom_op(f"cutegen::{OP}_out", mutates_args=("out",))
+def _op_out(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
+    out: torch.Tensor, zero_padding: bool = True, kernel_name: str = "",
+) -> None:
+    _check_meta(a, sfa, b, sfb, m_indices, out)
+    _run(a, sfa, b, sfb, m_indices, out, zero_padding, kernel_name)
+
+
+@_op_out.register_fake
+def _op_out_fake(a, sfa, b, sfb, m_indices, out, zero_padding: bool = True, kernel_name: str = "") -> None:
+    _check_meta(a, sfa, b, sfb, m_indices, out)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    m_indices: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    zero_padding: bool = True,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """Grouped FP8 GEMM over contiguous expert segments; see the module docstring."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    tensors: tuple[Any, ...] = (a, sfa, b, sfb, m_indices, out)
+    if ops._plain_eager(*tensors):
+        m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, out)
+        result = out if out is not None else _new_out(a, m, n)
+        _run(a, sfa, b, sfb, m_indices, result, bool(zero_padding), kernel or "")
+        return result
+    if out is None:
+        return torch.ops.cutegen.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, bool(zero_padding), kernel or "")
+    torch.ops.cutegen.m_grouped_fp8_gemm_nt_contiguous_out(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
+    return out
+
+
+__all__ = ["contiguous_alignment", "m_grouped_fp8_gemm_nt_contiguous", "m_indices_from_group_ends"]

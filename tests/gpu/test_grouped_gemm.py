@@ -1,0 +1,143 @@
+"""GPU tests of the M-grouped FP8 GEMM, contiguous layout (``m_grouped_fp8_gemm_nt_contiguous``).
+
+Per group: calc_diff < 1e-3 against the fp32 product of the unquantised bf16 inputs, and a tight
+bound against the dequantised product; padding rows are zero (or untouched with the opt-out);
+outputs are poisoned first.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_fp8_gemm import calc_diff, quantize_per_block, quantize_per_token  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+OP = "m_grouped_fp8_gemm_nt_contiguous"
+NK = [(4096, 7168), (7168, 2048), (6144, 7168), (7168, 3072)]
+# (groups, expected rows per group); sizes drawn from 0.7-1.3 x, plus an empty and a one-row group.
+LAYOUTS = [(4, 8192), (8, 4096), (32, 256)]
+
+
+@pytest.fixture(scope="module")
+def grouped(ops):
+    from cutegen.runtime import grouped_ops
+
+    if not ops.catalogue().names(OP):
+        pytest.skip(f"the catalogue holds no {OP} kernel")
+    return grouped_ops
+
+
+def group_sizes(groups: int, expected: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    sizes = [int(expected * rng.uniform(0.7, 1.3)) for _ in range(groups)]
+    sizes[0] = 0  # an empty group
+    sizes[-1] = 1  # a one-row group
+    return sizes
+
+
+def make_problem(sizes: list[int], n: int, k: int, seed: int = 0):
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    groups = len(sizes)
+    aligned = [-(-s // 128) * 128 for s in sizes]
+    total = max(sum(aligned), 128)
+    m_indices = torch.full((total,), -1, dtype=torch.int32, device="cuda")
+    a = torch.zeros(total, k, device="cuda", dtype=torch.bfloat16)
+    row = 0
+    for gi, (size, span) in enumerate(zip(sizes, aligned)):
+        m_indices[row : row + size] = gi
+        a[row : row + size] = torch.randn(size, k, device="cuda", generator=g).to(torch.bfloat16)
+        row += span
+    b = torch.randn(groups, n, k, device="cuda", generator=g).to(torch.bfloat16)
+    qa, sa = quantize_per_token(a)
+    qb, sb = zip(*(quantize_per_block(b[i]) for i in range(groups)))
+    return a, b, qa, to_mn_major_tma_aligned(sa), sa, torch.stack(qb), torch.stack(sb), m_indices, aligned
+
+
+def poisoned(m: int, n: int) -> torch.Tensor:
+    return torch.full((m, -(-n // 8) * 8), float("nan"), device="cuda", dtype=torch.bfloat16)[:, :n]
+
+
+@pytest.mark.parametrize("groups, expected", LAYOUTS, ids=[f"{g}x{e}" for g, e in LAYOUTS])
+@pytest.mark.parametrize("n, k", NK, ids=[f"N{n}-K{k}" for n, k in NK])
+def test_contiguous_matches_reference(grouped, groups, expected, n, k):
+    sizes = group_sizes(groups, expected, seed=groups * 7 + n)
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, n, k)
+    out = poisoned(qa.shape[0], n)
+    grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out)
+    row = 0
+    for gi, (size, span) in enumerate(zip(sizes, aligned)):
+        if size:
+            got = out[row : row + size].float()
+            ref = a[row : row + size].float() @ b[gi].float().T
+            assert calc_diff(got, ref) < 1e-3, f"group {gi} ({size} rows)"
+        padding = out[row + size : row + span]
+        assert torch.all(padding == 0), f"group {gi}: padding rows are not zero"
+        row += span
+
+
+def test_padding_opt_out_leaves_padding_only_tiles_untouched(grouped):
+    sizes = [130, 0, 5]
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 256, 512, seed=11)
+    m_indices[256:384] = -1  # a whole 128-row tile of padding
+    out = poisoned(qa.shape[0], 256)
+    grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out, zero_padding=False)
+    assert torch.isnan(out[256:384]).all()
+    ref = a[:130].float() @ b[0].float().T
+    assert calc_diff(out[:130].float(), ref) < 1e-3
+
+
+def test_group_ends_form_and_cuda_graph(grouped):
+    sizes = [100, 300, 0, 17]
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 512, 1024, seed=5)
+    ends, row = [], 0
+    for size, span in zip(sizes, aligned):
+        ends.append(row + size)
+        row += span
+    from_ends = grouped.m_indices_from_group_ends(torch.tensor(ends, dtype=torch.int32, device="cuda"), qa.shape[0])
+    assert torch.equal(from_ends, m_indices)
+    out = poisoned(qa.shape[0], 512)
+    grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out)
+    expected = out.clone()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+def test_every_kernel_runs(ops, grouped):
+    sizes = [300, 1, 0, 700]
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 1000, 512, seed=3)
+    for name in ops.catalogue().names(OP):
+        out = poisoned(qa.shape[0], 1000)
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out, kernel=name)
+        row = 0
+        for gi, (size, span) in enumerate(zip(sizes, aligned)):
+            if size:
+                ref = a[row : row + size].float() @ b[gi].float().T
+                assert calc_diff(out[row : row + size].float(), ref) < 1e-3, f"{name}: group {gi}"
+            assert torch.all(out[row + size : row + span] == 0), name
+            row += span
+
+
+def test_bad_inputs(grouped):
+    from cutegen.runtime.errors import InputError
+
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem([128, 128], 256, 256)
+    with pytest.raises(InputError, match="'m_indices'"):
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices.long())
+    with pytest.raises(InputError, match="'b'"):
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb[0], sb, m_indices)
+    with pytest.raises(InputError, match="'sfb'"):
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb[:1], m_indices)
+    with pytest.raises(InputError, match="multiple of 128"):
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa[:200], sfa[:200], qb, sb, m_indices[:200])
