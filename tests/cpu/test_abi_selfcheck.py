@@ -13,7 +13,7 @@ pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) 
 from cutegen.gen import abi_probe as ap  # noqa: E402
 from cutegen.gen.build import _compile, _make_manifest  # noqa: E402
 from cutegen.gen.tensormap import DSL_FLAG_BITS, decode_tensor_map, encode_tensor_map  # noqa: E402
-from cutegen.runtime.launch import persistent_grid  # noqa: E402
+from cutegen.runtime.launch import compute_grid  # noqa: E402
 from cutegen.runtime.params import OperandInfo, pack_params, tma_args_from_binding  # noqa: E402
 from cutegen.schedules.naming import parse_name  # noqa: E402
 
@@ -24,6 +24,7 @@ SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
 )
 GROUPS = 3
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
@@ -80,6 +81,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     m, n, k, pad, max_clusters = problem
     ab = schedule.a_dtype.value
     grouped = schedule.op.is_m_grouped
+    masked = schedule.op.is_masked
     b_info = (
         OperandInfo(0x7F1000000000, (GROUPS, n, k), (n * (k + pad), k + pad, 1), ab)
         if grouped
@@ -90,17 +92,27 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         "b": b_info,
         "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), "bf16"),
     }
+    if masked:  # [G, max_m, ...] with M = max_m
+        operands["a"] = OperandInfo(0x7F0000000000, (GROUPS, m, k), (m * (k + pad), k + pad, 1), ab)
+        operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m, n), (m * (n + pad), n + pad, 1), "bf16")
     fakes = art["fake_arguments"]
 
     def tensor(fake, name):
         op = operands[name]
-        if name == "b" and grouped:  # the kernel's modes (N, K, G) are torch dims (1, 2, 0)
-            return ap.ctensor_from_fake(fake, op.ptr, (n, k, GROUPS), (op.strides[1], 1, op.strides[0]))
+        if len(op.shape) == 3:  # torch [G, X, Y] is the kernel's (X, Y, G)
+            g, x, y = op.shape
+            sg, sx, sy = op.strides
+            return ap.ctensor_from_fake(fake, op.ptr, (x, y, g), (sx, sy, sg))
         return ap.ctensor_from_fake(fake, op.ptr, op.shape, op.strides)
 
     if schedule.block_scaled:
         kb, nb = -(-k // 128), -(-n // 128)
-        operands["sfa"] = OperandInfo(0x7F3000000000, (m, kb), (1, -(-m // 4) * 4), "f32")
+        lds = -(-m // 4) * 4
+        operands["sfa"] = (
+            OperandInfo(0x7F3000000000, (GROUPS, m, kb), (kb * lds, 1, lds), "f32")
+            if masked
+            else OperandInfo(0x7F3000000000, (m, kb), (1, lds), "f32")
+        )
         operands["sfb"] = OperandInfo(0x7F4000000000, (nb, kb), (kb, 1), "f32")
         a_fake, sfa_fake, b_fake, _, d_fake = fakes[:5]
         args = [
@@ -113,6 +125,12 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         extents = {"M": m, "N": n, "K": k, "KB": kb, "NB": nb}
         if grouped:
             operands["sfb"] = OperandInfo(0x7F4000000000, (GROUPS, nb, kb), (nb * kb, kb, 1), "f32")
+            args[3] = ap.CPointer(operands["sfb"].ptr)
+        if masked:
+            operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
+            args += [ap.CPointer(operands["masked_m"].ptr)]
+            extents.update(G=GROUPS)
+        elif grouped:
             operands["m_indices"] = OperandInfo(0x7F5000000000, (m,), (1,), "i32")
             args += [ap.CPointer(operands["m_indices"].ptr), ap.CScalar(1)]
             extents.update(G=GROUPS, ZERO_PADDING=1)
@@ -127,7 +145,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     assert captured.block == tuple(manifest.block)
     assert captured.cluster == tuple(manifest.cluster)
     assert captured.smem_bytes == manifest.smem_bytes
-    grid, _ = persistent_grid(manifest.grid, m, n, max_clusters)
+    grid, _ = compute_grid(manifest, extents, max_clusters)
     assert captured.grid == grid
 
     # Parameters: the runtime's TMA recipes and extents, packed, equal the DSL's bytes.

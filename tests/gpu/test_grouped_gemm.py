@@ -141,3 +141,86 @@ def test_bad_inputs(grouped):
         grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb[:1], m_indices)
     with pytest.raises(InputError, match="multiple of 128"):
         grouped.m_grouped_fp8_gemm_nt_contiguous(qa[:200], sfa[:200], qb, sb, m_indices[:200])
+
+
+# ---- masked layout ---------------------------------------------------------------------------
+MASKED_OP = "m_grouped_fp8_gemm_nt_masked"
+MASKED_LAYOUTS = [(1, 1024), (2, 512), (4, 256), (32, 192), (6, 1024), (32, 20)]
+
+
+@pytest.fixture(scope="module")
+def masked(ops):
+    from cutegen.runtime import grouped_ops
+
+    if not ops.catalogue().names(MASKED_OP):
+        pytest.skip(f"the catalogue holds no {MASKED_OP} kernel")
+    return grouped_ops
+
+
+def make_masked(groups: int, max_m: int, n: int, k: int, seed: int = 0):
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(groups, max_m, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(groups, n, k, device="cuda", generator=g).to(torch.bfloat16)
+    qa, sa = zip(*(quantize_per_token(a[i]) for i in range(groups)))
+    qb, sb = zip(*(quantize_per_block(b[i]) for i in range(groups)))
+    sfa = to_mn_major_tma_aligned(torch.stack(sa))
+    return a, b, torch.stack(qa), sfa, torch.stack(qb), torch.stack(sb)
+
+
+def masked_counts(groups: int, max_m: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    counts = [min(max_m, int(max_m * rng.uniform(0.7, 1.0))) for _ in range(groups)]
+    if groups > 1:
+        counts[1] = 0  # an empty group costs nothing and writes nothing
+    return counts
+
+
+@pytest.mark.parametrize("groups, max_m", MASKED_LAYOUTS, ids=[f"{g}x{m}" for g, m in MASKED_LAYOUTS])
+@pytest.mark.parametrize("n, k", NK, ids=[f"N{n}-K{k}" for n, k in NK])
+def test_masked_matches_reference(masked, groups, max_m, n, k):
+    counts = masked_counts(groups, max_m, seed=groups + max_m + n)
+    a, b, qa, sfa, qb, sb = make_masked(groups, max_m, n, k)
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, expected_m=max_m, out=out)
+    for gi, rows in enumerate(counts):
+        if rows:
+            ref = a[gi, :rows].float() @ b[gi].float().T
+            assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"group {gi} ({rows} rows)"
+        else:
+            assert torch.isnan(out[gi]).all(), f"group {gi} has no rows but was written"
+
+
+def test_masked_graph_replay_with_new_counts(masked):
+    groups, max_m, n, k = 4, 256, 512, 1024
+    a, b, qa, sfa, qb, sb = make_masked(groups, max_m, n, k, seed=9)
+    masked_m = torch.tensor([256, 0, 100, 7], dtype=torch.int32, device="cuda")
+    out = torch.full((groups, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 128, out=out)  # load outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 128, out=out)
+    for counts in ([13, 256, 0, 64], [0, 0, 0, 1], [256, 256, 256, 256]):
+        masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for gi, rows in enumerate(counts):
+            if rows:
+                ref = a[gi, :rows].float() @ b[gi].float().T
+                assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"{counts}: group {gi}"
+
+
+def test_masked_every_kernel_runs(ops, masked):
+    counts = [200, 0, 33]
+    a, b, qa, sfa, qb, sb = make_masked(3, 256, 384, 512, seed=4)
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    for name in ops.catalogue().names(MASKED_OP):
+        out = torch.full((3, 256, 384), float("nan"), device="cuda", dtype=torch.bfloat16)
+        masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 128, out=out, kernel=name)
+        for gi, rows in enumerate(counts):
+            if rows:
+                ref = a[gi, :rows].float() @ b[gi].float().T
+                assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"{name}: group {gi}"

@@ -34,6 +34,7 @@ _LAZY = {
     "bf16_gemm_nt": "ops",
     "fp8_gemm_nt": "fp8_ops",
     "m_grouped_fp8_gemm_nt_contiguous": "grouped_ops",
+    "m_grouped_fp8_gemm_nt_masked": "grouped_ops",
     "m_indices_from_group_ends": "grouped_ops",
     "contiguous_alignment": "grouped_ops",
     "per_token_quant_fp8": "quant_ops",

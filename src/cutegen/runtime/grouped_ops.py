@@ -1,4 +1,4 @@
-"""PyTorch entry point of the M-grouped (mixture-of-experts) FP8 GEMM, contiguous layout.
+"""PyTorch entry points of the M-grouped (mixture-of-experts) FP8 GEMMs: contiguous and masked layouts.
 
 ``m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=None, *, zero_padding=True)``
 is DeepGEMM's op of the same name: for every row r of A with group g = m_indices[r] ≥ 0,
@@ -16,6 +16,16 @@ D[r] = (A[r] · sfa[r]) @ (B[g] · sfb[g])ᵀ in bf16 with fp32 promotion per 12
 What cannot be checked without a host synchronisation (and is not): that every value of
 ``m_indices`` is -1 or a valid group, and that each aligned 128-row block holds one group's rows
 (plus trailing padding). The kernel takes a block's group from its first row.
+
+``m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, expected_m, out=None)`` is DeepGEMM's
+decode layout: ``a`` [G, max_m, K] e4m3, ``sfa`` fp32 [G, max_m, K/128] (each group MN-major and
+TMA-aligned, groups back to back: `to_mn_major_tma_aligned` converts), ``b``/``sfb`` as above,
+``masked_m`` int32 [G] on the GPU: rows [0, masked_m[g]) of group g are real. Only their tiles are
+scheduled (on the GPU); groups with 0 rows cost nothing; rows of D at or past masked_m[g] are
+unspecified within the group's last tile and untouched beyond it. ``expected_m`` only guides the
+kernel choice. Nothing reads ``masked_m`` on the host, so the call is CUDA-graph capturable and a
+captured graph replays correctly with new ``masked_m`` values. Not checked (device data): that
+0 <= masked_m[g] <= max_m.
 """
 
 from __future__ import annotations
@@ -190,4 +200,135 @@ def m_grouped_fp8_gemm_nt_contiguous(
     return out
 
 
-__all__ = ["contiguous_alignment", "m_grouped_fp8_gemm_nt_contiguous", "m_indices_from_group_ends"]
+# ---- masked layout ----------------------------------------------------------------------------
+OP_MASKED = "m_grouped_fp8_gemm_nt_masked"
+
+
+def _fail_masked(arg: str, what: str) -> InputError:
+    return InputError(f"{OP_MASKED}: argument '{arg}' {what}")
+
+
+def _check_masked(a, sfa, b, sfb, masked_m, out) -> tuple[int, int, int, int]:
+    """Everything checkable without data; returns (G, max_m, N, K)."""
+    for arg, t, rank, dtype in (("a", a, 3, torch.float8_e4m3fn), ("b", b, 3, torch.float8_e4m3fn)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail_masked(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda" or t.dtype != dtype or t.dim() != rank:
+            raise _fail_masked(arg, f"must be a {dtype} CUDA tensor of rank {rank}, got {t.dtype} {list(t.shape)} on {t.device}")
+        if t.stride(2) != 1 or any(t.shape[i] > 1 and t.stride(i) % 16 for i in (0, 1)):
+            raise _fail_masked(arg, f"must be contiguous along K with 16-byte aligned strides, got {list(t.stride())}")
+    g, max_m, k = a.shape
+    gb, n, kb = b.shape
+    if b.device != a.device:
+        raise _fail_masked("b", f"must be on {a.device}, got {b.device}")
+    if gb != g or kb != k:
+        raise _fail_masked("b", f"must be [G, N, K] with G = {g} and K = {k}, got {list(b.shape)}")
+    if k % fp8_ops.SCALE_BLOCK:
+        raise _fail_masked("a", f"must have K a multiple of 128, got K = {k}")
+    k_blocks, n_blocks = k // fp8_ops.SCALE_BLOCK, fp8_ops.ceil_div(n, fp8_ops.SCALE_BLOCK)
+    for arg, t in (("sfa", sfa), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
+            raise _fail_masked(arg, f"must be a torch.float32 tensor on {a.device}")
+    if tuple(sfa.shape) != (g, max_m, k_blocks) or not fp8_ops.is_mn_major_tma_aligned(sfa):
+        raise _fail_masked(
+            "sfa",
+            f"must be [G, max_m, K/128] = [{g}, {max_m}, {k_blocks}], each group MN-major and TMA-aligned "
+            f"(see to_mn_major_tma_aligned), got shape {list(sfa.shape)} strides {list(sfa.stride())}",
+        )
+    if tuple(sfb.shape) != (g, n_blocks, k_blocks) or not sfb.is_contiguous():
+        raise _fail_masked("sfb", f"must be a contiguous [G, ceil(N/128), K/128] = [{g}, {n_blocks}, {k_blocks}] tensor, got {list(sfb.shape)}")
+    if not isinstance(masked_m, torch.Tensor) or masked_m.device != a.device or masked_m.dtype != torch.int32 or tuple(masked_m.shape) != (g,):
+        raise _fail_masked("masked_m", f"must be an int32 [G] = [{g}] tensor on {a.device}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.device != a.device or out.dtype != torch.bfloat16:
+            raise _fail_masked("out", f"must be a bf16 tensor on {a.device}")
+        if tuple(out.shape) != (g, max_m, n) or out.stride(2) != 1 or (max_m > 1 and out.stride(1) % 8) or (g > 1 and out.stride(0) % 8):
+            raise _fail_masked("out", f"must be [G, max_m, N] = [{g}, {max_m}, {n}], contiguous along N with 16-byte aligned strides")
+    return g, max_m, n, k
+
+
+def _new_masked_out(a, g, max_m, n):
+    row = (n + 7) // 8 * 8
+    return torch.empty_strided((g, max_m, n), (max_m * row, row, 1), dtype=torch.bfloat16, device=a.device)
+
+
+def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> None:
+    g, max_m, k = a.shape
+    n = b.shape[1]
+    if g == 0 or max_m == 0 or n == 0:
+        return
+    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
+        if t.data_ptr() % fp8_ops.PTR_ALIGN_BYTES:
+            raise _fail_masked(arg, f"must start at a 16-byte aligned address, got 0x{t.data_ptr():x}")
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    hint_m = max(1, min(int(expected_m), max_m)) * g
+    with torch.cuda.device(device):
+        loaded = ops._kernel_for(OP_MASKED, hint_m, n, k, device, kernel)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}, stream=stream)
+
+
+@torch.library.custom_op(f"cutegen::{OP_MASKED}", mutates_args=())
+def _masked_op(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor,
+    expected_m: int, kernel_name: str = "",
+) -> torch.Tensor:
+    g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, None)
+    out = _new_masked_out(a, g, max_m, n)
+    _run_masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel_name)
+    return out
+
+
+@_masked_op.register_fake
+def _masked_op_fake(a, sfa, b, sfb, masked_m, expected_m: int, kernel_name: str = ""):
+    g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, None)
+    return _new_masked_out(a, g, max_m, n)
+
+
+@torch.library.custom_op(f"cutegen::{OP_MASKED}_out", mutates_args=("out",))
+def _masked_op_out(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor,
+    expected_m: int, out: torch.Tensor, kernel_name: str = "",
+) -> None:
+    _check_masked(a, sfa, b, sfb, masked_m, out)
+    _run_masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel_name)
+
+
+@_masked_op_out.register_fake
+def _masked_op_out_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel_name: str = "") -> None:
+    _check_masked(a, sfa, b, sfb, masked_m, out)
+
+
+def m_grouped_fp8_gemm_nt_masked(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int,
+    out: torch.Tensor | None = None,
+    *,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """Grouped FP8 GEMM over [G, max_m, K] with per-group row counts on the GPU; see the module docstring."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail_masked("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int):
+        raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
+    if ops._plain_eager(a, sfa, b, sfb, masked_m, out):
+        g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
+        result = out if out is not None else _new_masked_out(a, g, max_m, n)
+        _run_masked(a, sfa, b, sfb, masked_m, expected_m, result, kernel or "")
+        return result
+    if out is None:
+        return torch.ops.cutegen.m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, expected_m, kernel or "")
+    torch.ops.cutegen.m_grouped_fp8_gemm_nt_masked_out(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
+    return out
+
+
+__all__ = [
+    "contiguous_alignment",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+    "m_indices_from_group_ends",
+]

@@ -160,7 +160,13 @@ def _check_input(x: torch.Tensor, name: str, rank: int = 2) -> None:
 
 
 def is_mn_major_tma_aligned(sf: torch.Tensor) -> bool:
-    """True when ``sf`` [M, G] has strides (1, align(M, 4)) (modes of extent <= 1 are free)."""
+    """True when ``sf`` [M, G] has strides (1, align(M, 4)) (modes of extent <= 1 are free); for a
+    batched ``sf`` [B, M, G] (the masked grouped GEMM's SFA), each batch is such a matrix and the
+    batches are back to back (batch stride G * align(M, 4))."""
+    if sf.dim() == 3:
+        b, m, g = sf.shape
+        batch_ok = b <= 1 or sf.stride(0) == g * align(m, TMA_ALIGN_ROWS)
+        return batch_ok and is_mn_major_tma_aligned(sf[0]) if b else True
     if sf.dim() != 2:
         return False
     m, g = sf.shape
@@ -174,18 +180,25 @@ def mn_major_tma_aligned_empty(m: int, g: int, dtype: torch.dtype, device, zero:
 
 
 def to_mn_major_tma_aligned(sf: torch.Tensor) -> torch.Tensor:
-    """``sf`` [M, G] in DeepGEMM's MN-major TMA-aligned layout: strides (1, align(M, 4)).
+    """``sf`` [M, G] (or batched [B, M, G]) in DeepGEMM's MN-major TMA-aligned layout: strides
+    (1, align(M, 4)) per matrix, batches back to back.
 
     Returns ``sf`` itself when it already has that layout; otherwise a copy whose padding rows
     (M .. align(M, 4) - 1 of the underlying buffer) are 0.
     """
-    if not isinstance(sf, torch.Tensor) or sf.dim() != 2:
+    if not isinstance(sf, torch.Tensor) or sf.dim() not in (2, 3):
         raise InputError(
-            f"to_mn_major_tma_aligned: argument 'sf' must be a 2-D tensor [M, G], got "
+            f"to_mn_major_tma_aligned: argument 'sf' must be a 2-D [M, G] or 3-D [B, M, G] tensor, got "
             f"{getattr(sf, 'shape', type(sf).__name__)}"
         )
     if is_mn_major_tma_aligned(sf):
         return sf
+    if sf.dim() == 3:
+        b, m, g = sf.shape
+        buf = torch.zeros((b, g, align(m, TMA_ALIGN_ROWS)), dtype=sf.dtype, device=sf.device)
+        out = buf.transpose(1, 2)[:, :m]
+        out.copy_(sf)
+        return out
     m, g = sf.shape
     out = mn_major_tma_aligned_empty(m, g, sf.dtype, sf.device)
     out.copy_(sf)

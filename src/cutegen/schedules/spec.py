@@ -37,6 +37,7 @@ class Op(str, enum.Enum):
     BF16_GEMM_NT = "bf16_gemm_nt"
     FP8_GEMM_NT = "fp8_gemm_nt"
     M_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "m_grouped_fp8_gemm_nt_contiguous"
+    M_GROUPED_FP8_GEMM_NT_MASKED = "m_grouped_fp8_gemm_nt_masked"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
@@ -47,6 +48,7 @@ class Op(str, enum.Enum):
             "bf16_gemm_nt": "gemm",
             "fp8_gemm_nt": "fp8gemm",
             "m_grouped_fp8_gemm_nt_contiguous": "mgfp8gemmc",
+            "m_grouped_fp8_gemm_nt_masked": "mgfp8gemmm",
             "per_token_quant_fp8": "ptquant",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
@@ -55,7 +57,12 @@ class Op(str, enum.Enum):
     @property
     def is_m_grouped(self) -> bool:
         """A mixture-of-experts GEMM: B and SFB carry a group mode, rows of A belong to groups."""
-        return self.value == "m_grouped_fp8_gemm_nt_contiguous"
+        return self.value in ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")
+
+    @property
+    def is_masked(self) -> bool:
+        """The masked M-grouped layout: A and D carry a group mode, masked_m[g] rows are real."""
+        return self.value == "m_grouped_fp8_gemm_nt_masked"
 
     @property
     def is_quantize(self) -> bool:

@@ -129,6 +129,9 @@ class HopperGemmKernel:
         # M-grouped (MoE, contiguous layout): B and SFB have a group mode; m_indices maps rows to
         # groups, and a tile takes the group of its first row (segments are tile-aligned).
         self.m_grouped = s.op.is_m_grouped
+        # Masked layout: A, SFA and D carry the group mode too; masked_m[g] rows are real and the
+        # scheduler walks each group's tiles (N fastest), skipping everything past masked_m[g].
+        self.masked = s.op.is_masked
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         self.group_size = s.group_size
@@ -211,9 +214,16 @@ class HopperGemmKernel:
         else:
             tma_b = tma("b", s.b_dtype, b_rows, tk)
             extents_b = shape("b", ["N", "K"])
+        if self.masked:
+            # A [G, max_m, K] and D [G, max_m, N]: kernel modes (M, K|N, G) are torch dims (1, 2, 0).
+            tma_a = dict(tma("a", s.a_dtype, a_rows, tk), modes=[2, 1, 0], box=[tk, a_rows, 1])
+            extents_a = shape("a", ["M", "K", "G"])
+        else:
+            tma_a = tma("a", s.a_dtype, a_rows, tk)
+            extents_a = shape("a", ["M", "K"])
         params = [
-            {"name": "tma_a", **tma("a", s.a_dtype, a_rows, tk)},
-            {"name": "extents_a", **shape("a", ["M", "K"])},
+            {"name": "tma_a", **tma_a},
+            {"name": "extents_a", **extents_a},
             {"name": "tma_b", **tma_b},
             {"name": "extents_b", **extents_b},
         ]
@@ -224,17 +234,24 @@ class HopperGemmKernel:
                     "kind": "tma",
                     "operand": "sfa",
                     "dtype": "f32",
-                    # SFA [M, KB] is contiguous along M: TMA dimension 0 is M.
-                    "modes": [0, 1],
-                    "box": [tm, 1],
+                    # SFA [M, KB] ([G, M, KB] masked) is contiguous along M: TMA dimension 0 is M.
+                    "modes": [1, 2, 0] if self.masked else [0, 1],
+                    "box": [tm, 1, 1] if self.masked else [tm, 1],
                     "swizzle": "none",
                     "interleave": "none",
                     "l2_promotion": "128B",
                     "oob_fill": "none",
                 },
-                {"name": "extents_sfa", **shape("sfa", ["M", "KB"])},
+                {"name": "extents_sfa", **shape("sfa", ["M", "KB", "G"] if self.masked else ["M", "KB"])},
                 {"name": "sfb", "kind": "pointer", "operand": "sfb"},
             ]
+        if self.masked:
+            params += [
+                {"name": "tma_d", **dict(tma("d", s.c_dtype, em, en), modes=[2, 1, 0], box=[en, em, 1])},
+                {"name": "extents_d", **shape("d", ["M", "N", "G"])},
+                {"name": "masked_m", "kind": "pointer", "operand": "masked_m"},
+            ]
+            return params
         params += [
             {"name": "tma_d", **tma("d", s.c_dtype, em, en)},
             {"name": "extents_d", **shape("d", ["M", "N"])},
@@ -261,7 +278,8 @@ class HopperGemmKernel:
 
     @cute.jit
     def _launch(
-        self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None
+        self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
+        masked_m=None,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -333,6 +351,9 @@ class HopperGemmKernel:
         tiles_m = (m + tm - 1) // tm
         tiles_n = (n + tn - 1) // tn
         cluster_tiles = ((tiles_m + cm - 1) // cm) * ((tiles_n + cn - 1) // cn)
+        if cutlass.const_expr(self.masked):
+            # An upper bound without reading masked_m (every group full); idle clusters exit.
+            cluster_tiles = cluster_tiles * c.shape[2]
         persistent = cutlass.min(cluster_tiles, max_active_clusters)
         persistent = cutlass.max(persistent, 1)
 
@@ -348,6 +369,7 @@ class HopperGemmKernel:
             tma_tensor_c,
             m_indices,
             zero_padding,
+            masked_m,
             a_staged,
             b_staged,
             sfa_staged,
@@ -463,6 +485,33 @@ class HopperGemmKernel:
         return read_state
 
     @cute.jit
+    def _masked_total(self, mMasked, ct_n):
+        """Cluster tiles of the masked layout: Σ_g ⌈masked_m[g] / tile_m⌉ · ct_n (read on the GPU)."""
+        tm = self.tile_shape_mnk[0]
+        total = cutlass.Int32(0)
+        for g in range(cute.size(mMasked)):
+            total += (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
+        return total
+
+    @cute.jit
+    def _masked_locate(self, t, mMasked, ct_n):
+        """Cluster tile t of the masked layout → (group, cluster-tile m, cluster-tile n)."""
+        tm = self.tile_shape_mnk[0]
+        group = cutlass.Int32(0)
+        local = t
+        before = cutlass.Int32(0)
+        found = cutlass.Int32(0)
+        for g in range(cute.size(mMasked)):
+            count = (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
+            if found == 0:
+                if t < before + count:
+                    group = cutlass.Int32(g)
+                    local = t - before
+                    found = cutlass.Int32(1)
+            before += count
+        return group, local // ct_n, local % ct_n
+
+    @cute.jit
     def _tile_group(self, mIdx, tile_m):
         """The group of an M tile: m_indices of its first row (-1: padding, or past the rows)."""
         row = tile_m * self.tile_shape_mnk[0]
@@ -494,6 +543,7 @@ class HopperGemmKernel:
         mC_mn: cute.Tensor,
         m_indices_ptr,
         zero_padding,
+        masked_m_ptr,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
@@ -557,7 +607,10 @@ class HopperGemmKernel:
         mSFB = None
         if cutlass.const_expr(self.block_scaled):
             sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-            gSFA = cute.local_tile(mSFA_mk, (tm, 1), (None, None))
+            if cutlass.const_expr(self.masked):
+                gSFA = cute.local_tile(mSFA_mk, (tm, 1), (None, None, None))
+            else:
+                gSFA = cute.local_tile(mSFA_mk, (tm, 1), (None, None))
             tSFAsSFA, tSFAgSFA = cpasync.tma_partition(
                 tma_atom_sfa,
                 0,
@@ -581,17 +634,27 @@ class HopperGemmKernel:
                     sfb_ptr, cute.make_layout((n_blocks, k_blocks), stride=(k_blocks, 1))
                 )
         mIdx = None
-        if cutlass.const_expr(self.m_grouped):
+        mMasked = None
+        if cutlass.const_expr(self.masked):
+            mMasked = cute.make_tensor(masked_m_ptr, cute.make_layout(mB_nk.shape[2]))
+        elif cutlass.const_expr(self.m_grouped):
             mIdx = cute.make_tensor(m_indices_ptr, cute.make_layout(mC_mn.shape[0]))
 
         # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK), (bM, bN, RestM, RestN)
-        gA_mk = cute.local_tile(mA_mk, (tm, tk), (None, None))
+        if cutlass.const_expr(self.masked):
+            # (bM, bK, RestM, RestK, G) and (bM, bN, RestM, RestN, G)
+            gA_mk = cute.local_tile(mA_mk, (tm, tk), (None, None, None))
+        else:
+            gA_mk = cute.local_tile(mA_mk, (tm, tk), (None, None))
         if cutlass.const_expr(self.m_grouped):
             # (bN, bK, RestN, RestK, G)
             gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None, None))
         else:
             gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None))
-        gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None))
+        if cutlass.const_expr(self.masked):
+            gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None, None))
+        else:
+            gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None))
 
         a_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape)
         tAsA, tAgA = cpasync.tma_partition(
@@ -636,6 +699,8 @@ class HopperGemmKernel:
         ct_m = (tiles_m + cm - 1) // cm
         ct_n = (tiles_n + cn - 1) // cn
         num_cluster_tiles = ct_m * ct_n
+        if cutlass.const_expr(self.masked):
+            num_cluster_tiles = self._masked_total(mMasked, ct_n)
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
 
@@ -651,17 +716,25 @@ class HopperGemmKernel:
             )
             t = first_tile
             while t < num_cluster_tiles:
-                ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
+                group = cutlass.Int32(0)
+                if cutlass.const_expr(self.masked):
+                    group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+                else:
+                    ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
                 tile_m = ctm * cm + cluster_coord_mnk[0]
                 tile_n = ctn * cn + cluster_coord_mnk[1]
-                tAgA_k = tAgA[(None, tile_m, None)]
                 tile_k_tiles = k_tile_cnt
-                if cutlass.const_expr(self.m_grouped):
+                if cutlass.const_expr(self.masked):
+                    tAgA_k = tAgA[(None, tile_m, None, group)]
+                    tBgB_k = tBgB[(None, tile_n, None, group)]
+                elif cutlass.const_expr(self.m_grouped):
+                    tAgA_k = tAgA[(None, tile_m, None)]
                     group = self._tile_group(mIdx, tile_m)
                     # A tile of padding rows only is not loaded (nor computed).
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     tBgB_k = tBgB[(None, tile_n, None, cutlass.max(group, 0))]
                 else:
+                    tAgA_k = tAgA[(None, tile_m, None)]
                     tBgB_k = tBgB[(None, tile_n, None)]
                 producer_state.reset_count()
                 for k_tile in range(tile_k_tiles):
@@ -682,9 +755,13 @@ class HopperGemmKernel:
                         mcast_mask=b_mcast_mask,
                     )
                     if cutlass.const_expr(self.block_scaled):
+                        if cutlass.const_expr(self.masked):
+                            sfa_src = tSFAgSFA[(None, tile_m, producer_state.count, group)]
+                        else:
+                            sfa_src = tSFAgSFA[(None, tile_m, producer_state.count)]
                         cute.copy(
                             tma_atom_sfa,
-                            tSFAgSFA[(None, tile_m, producer_state.count)],
+                            sfa_src,
                             tSFAsSFA[(None, producer_state.index)],
                             tma_bar_ptr=barrier,
                         )
@@ -734,10 +811,17 @@ class HopperGemmKernel:
             tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_cluster_tiles:
-                ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
+                group = cutlass.Int32(0)
+                if cutlass.const_expr(self.masked):
+                    group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+                else:
+                    ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
                 tile_m = ctm * cm + cluster_coord_mnk[0]
                 tile_n = ctn * cn + cluster_coord_mnk[1]
-                gC_tile = gC_mn[(None, None, tile_m, tile_n)]
+                if cutlass.const_expr(self.masked):
+                    gC_tile = gC_mn[(None, None, tile_m, tile_n, group)]
+                else:
+                    gC_tile = gC_mn[(None, None, tile_m, tile_n)]
 
                 read_state.reset_count()
                 release_state.reset_count()
@@ -745,7 +829,12 @@ class HopperGemmKernel:
                 # the DSL carry the states across iterations of this persistent loop (state
                 # merely passed to a call is not loop-carried, and the next tile would hang).
                 write_tile = cutlass.Int32(1)
-                if cutlass.const_expr(self.m_grouped):
+                if cutlass.const_expr(self.masked):
+                    read_state = self._mainloop_block_scaled(
+                        tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
+                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
+                    )
+                elif cutlass.const_expr(self.m_grouped):
                     group = self._tile_group(mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     read_state = self._mainloop_block_scaled(
@@ -842,6 +931,25 @@ class HopperMGroupedFp8GemmKernel(HopperGemmKernel):
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, m_indices, zero_padding)
 
 
+class HopperMaskedFp8GemmKernel(HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_masked`: for every group g and row r < masked_m[g],
+    D[g, r] = (A[g, r] · sfa[g, r]) · (B[g] · sfb[g])ᵀ."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        masked_m: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m)
+
+
 class HopperGemmTemplate:
     """The generator's view of this template: fake arguments, launch facts and the ABI."""
 
@@ -852,7 +960,11 @@ class HopperGemmTemplate:
         self.schedule = schedule
         self.block_scaled = schedule.scale != ScaleFormat.NONE
         self.m_grouped = schedule.op.is_m_grouped
-        if self.m_grouped:
+        self.masked = schedule.op.is_masked
+        if self.masked:
+            self.expected_mma = "QGMMA"
+            self.kernel = HopperMaskedFp8GemmKernel(schedule)
+        elif self.m_grouped:
             self.expected_mma = "QGMMA"
             self.kernel = HopperMGroupedFp8GemmKernel(schedule)
         elif self.block_scaled:
@@ -874,23 +986,42 @@ class HopperGemmTemplate:
         def ld(dtype: DType):
             return cute.sym_int64(divisibility=16 // dtype.bytes)
 
-        a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
+        g = cute.sym_int32(symbol="G")
+        if self.masked:
+            a = make_fake_tensor(
+                cute_dtype(s.a_dtype), (m, k, g), (ld(s.a_dtype), 1, ld(s.a_dtype)), assumed_align=16
+            )
+        else:
+            a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
         if self.m_grouped:
-            g = cute.sym_int32(symbol="G")
             b = make_fake_tensor(
                 cute_dtype(s.b_dtype), (n, k, g), (ld(s.b_dtype), 1, ld(s.b_dtype)), assumed_align=16
             )
         else:
             b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
-        d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
+        if self.masked:
+            d = make_fake_tensor(
+                cute_dtype(s.c_dtype), (m, n, g), (ld(s.c_dtype), 1, ld(s.c_dtype)), assumed_align=16
+            )
+        else:
+            d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
         if not self.block_scaled:
             return (a, b, d, cutlass.Int32(1), make_fake_stream())
         from cutlass.cute.runtime import make_ptr
 
         # SFA [M, ⌈K/128⌉], MN-major with a 16-byte aligned column stride (align(M, 4)).
         kb = cute.sym_int32(symbol="KB")
-        sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+        if self.masked:
+            sfa = make_fake_tensor(
+                cutlass.Float32, (m, kb, g), (1, cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4)),
+                assumed_align=16,
+            )
+        else:
+            sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
         sfb = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        if self.masked:
+            masked_m = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+            return (a, sfa, b, sfb, d, masked_m, cutlass.Int32(1), make_fake_stream())
         if self.m_grouped:
             m_indices = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
             return (a, sfa, b, sfb, d, m_indices, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
@@ -899,25 +1030,42 @@ class HopperGemmTemplate:
     def operands(self) -> list[dict]:
         s = self.schedule
         b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", "KB"]) if self.m_grouped else (["N", "K"], ["NB", "KB"])
+        a_shape, sfa_shape, d_shape = (
+            (["G", "M", "K"], ["G", "M", "KB"], ["G", "M", "N"]) if self.masked else (["M", "K"], ["M", "KB"], ["M", "N"])
+        )
         ops = [
-            {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "a", "dtype": s.a_dtype.value, "shape": a_shape, "contiguous_mode": len(a_shape) - 1, "align_bytes": 16},
             {"name": "b", "dtype": s.b_dtype.value, "shape": b_shape, "contiguous_mode": len(b_shape) - 1, "align_bytes": 16},
         ]
         if self.block_scaled:
             ops += [
-                {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
+                {"name": "sfa", "dtype": "f32", "shape": sfa_shape, "contiguous_mode": len(sfa_shape) - 2, "align_bytes": 16},
                 # Row-major and contiguous; the kernel derives its strides from N and K.
                 {"name": "sfb", "dtype": "f32", "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
             ]
         ops.append(
-            {"name": "d", "dtype": s.c_dtype.value, "shape": ["M", "N"], "contiguous_mode": 1, "align_bytes": 16}
+            {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16}
         )
-        if self.m_grouped:
+        if self.masked:
+            ops.append({"name": "masked_m", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4})
+        elif self.m_grouped:
             ops.append({"name": "m_indices", "dtype": "i32", "shape": ["M"], "contiguous_mode": 0, "align_bytes": 4})
         return ops
 
     def grid_rule(self) -> dict:
         s = self.schedule
+        if self.masked:
+            # Every group counted full (the host never reads masked_m); idle clusters exit at once.
+            # The tile fields feed the heuristic.
+            cluster_tiles = f"G * ceil_div(M, {s.tile_m}) * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
+            return {
+                "kind": "blocks",
+                "tile_m": s.tile_m,
+                "tile_n": s.tile_n,
+                "cluster_m": s.cluster_m,
+                "cluster_n": s.cluster_n,
+                "blocks": [str(s.cluster_m), str(s.cluster_n), f"max(min({cluster_tiles}, max_active_clusters), 1)"],
+            }
         return {
             "kind": "persistent_clusters",
             "tile_m": s.tile_m,
