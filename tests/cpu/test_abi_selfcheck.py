@@ -25,6 +25,7 @@ SCHEDULES = (
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
+    "cutegen_sm90a_fp8wgrad_e4m3_e4m3_f32_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
 )
 GROUPS = 3
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
@@ -90,7 +91,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     operands = {
         "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), ab),
         "b": b_info,
-        "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), "bf16"),
+        "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), schedule.c_dtype.value),
     }
     if masked:  # [G, max_m, ...] with M = max_m
         operands["a"] = OperandInfo(0x7F0000000000, (GROUPS, m, k), (m * (k + pad), k + pad, 1), ab)
@@ -114,12 +115,17 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             else OperandInfo(0x7F3000000000, (m, kb), (1, lds), "f32")
         )
         operands["sfb"] = OperandInfo(0x7F4000000000, (nb, kb), (kb, 1), "f32")
-        a_fake, sfa_fake, b_fake, _, d_fake = fakes[:5]
+        a_fake, sfa_fake, b_fake, sfb_fake, d_fake = fakes[:5]
+        sfb_arg = ap.CPointer(operands["sfb"].ptr)
+        if schedule.op.scales_b_per_row:  # SFB [N, KB] per row of B, MN-major and TMA-aligned
+            ldn = -(-n // 4) * 4
+            operands["sfb"] = OperandInfo(0x7F4000000000, (n, kb), (1, ldn), "f32")
+            sfb_arg = tensor(sfb_fake, "sfb")
         args = [
             tensor(a_fake, "a"),
             tensor(sfa_fake, "sfa"),
             tensor(b_fake, "b"),
-            ap.CPointer(operands["sfb"].ptr),
+            sfb_arg,
             tensor(d_fake, "d"),
         ]
         extents = {"M": m, "N": n, "K": k, "KB": kb, "NB": nb}

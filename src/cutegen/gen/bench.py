@@ -351,6 +351,35 @@ def bench_grouped_masked() -> list[dict]:
     return rows
 
 
+# DeepGEMM's dense weight-gradient numbers on our H200, TFLOPS: (M, N) -> (K=4096, K=8192).
+DEEPGEMM_WGRAD = {
+    (7168, 2112): (952, 1045), (1536, 24576): (1009, 1071), (512, 32768): (914, 1008),
+    (16384, 7168): (1015, 1057), (7168, 4096): (979, 1046), (2048, 7168): (940, 1033),
+}
+
+
+def bench_wgrad() -> list[dict]:
+    """fp8_wgrad_gemm_nt (D += A·Bᵀ, fp32) beside DeepGEMM's numbers from the anchors."""
+    import torch
+
+    from cutegen.runtime import fp8_ops
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    rows = []
+    for (m, n), anchors in DEEPGEMM_WGRAD.items():
+        for k, anchor in zip((4096, 8192), anchors):
+            a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+            sfa = to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
+            sfb = to_mn_major_tma_aligned(torch.rand(n, k // 128, device="cuda") + 0.5)
+            d = torch.zeros(m, n, device="cuda")
+            ours = time_cuda(lambda: fp8_ops.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d))
+            rows.append({"shape": [m, n, k], "ours_us": ours, "ours_tflops": 2.0 * m * n * k / ours / 1e6,
+                         "deepgemm_tflops": anchor})
+            del a, b, d
+    return rows
+
+
 def environment() -> dict:
     import torch
 
@@ -382,7 +411,14 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "quantize")
+OPS = (
+    "bf16_gemm_nt",
+    "fp8_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+    "fp8_wgrad_gemm_nt",
+    "quantize",
+)
 
 
 def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
@@ -419,6 +455,13 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
         rows = bench_grouped_masked()
         print(render_grouped(rows, env).replace("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"))
         results["m_grouped_fp8_gemm_nt_masked"] = rows
+    if "fp8_wgrad_gemm_nt" in ops and "fp8_wgrad_gemm_nt" in available:
+        rows = bench_wgrad()
+        lines = ["# fp8_wgrad_gemm_nt (fp32 D += A·Bᵀ)", "", "| M, N, K | TFLOPS | DeepGEMM | ratio |", "| --- | --- | --- | --- |"]
+        lines += [f"| {', '.join(map(str, r['shape']))} | {r['ours_tflops']:.0f} | {r['deepgemm_tflops']} | "
+                  f"{r['ours_tflops'] / r['deepgemm_tflops']:.2f} |" for r in rows]
+        print("\n".join(lines) + "\n")
+        results["fp8_wgrad_gemm_nt"] = rows
     if "quantize" in ops:
         try:
             from cutegen.gen import bench_quant

@@ -613,7 +613,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from cutegen.gen.bench import OPS
     from cutegen.gen.bench import main as bench_main
 
-    return bench_main(json_out=args.json_out, ops=tuple(args.op) if args.op else OPS)
+    report_dir = getattr(args, "report", None)
+    if report_dir:  # before the run, not after minutes of it
+        from cutegen.gen.report import ReportError, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except ReportError as exc:
+            raise CliError(f"--report: {exc}", 2) from exc
+    command = " ".join(
+        [f"{PROG} bench", *(f"--op {o}" for o in args.op or ()), *(["--json-out", args.json_out] if args.json_out else []),
+         *(["--report", report_dir] if report_dir else [])]
+    )
+    ops = tuple(args.op) if args.op else OPS
+    if report_dir:
+        return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command)
+    return bench_main(json_out=args.json_out, ops=ops)
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cutegen.gen import report
+
+    settings = report.Settings(plots=not args.no_plots)
+    for flag, attr, value in (("--peak-fp8", "fp8_peak", args.peak_fp8), ("--peak-bf16", "bf16_peak", args.peak_bf16),
+                              ("--bandwidth", "bandwidth", args.bandwidth)):
+        if value is not None:
+            if not 0 < value < float("inf"):
+                raise CliError(f"{flag} must be a positive number, got {value}", 2)
+            setattr(settings, attr, value)
+    try:
+        results = report.load_results(args.results)
+        written = report.write_report(
+            results, args.out, name=args.name, source=args.results, settings=settings,
+            generated_by=" ".join([f"{PROG} report", args.results, "-o", args.out]
+                                  + (["--name", args.name] if args.name else [])),
+        )
+    except report.ReportError as exc:
+        raise CliError(str(exc), 2) from exc
+    except OSError as exc:
+        raise CliError(f"cannot write the report into {args.out}: {exc}", 2) from exc
+    for path in written:
+        print(path)
+    return 0
 
 
 # ---- the parser --------------------------------------------------------------------------------
@@ -696,10 +740,27 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument(
         "--op",
         action="append",
-        choices=("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "quantize"),
+        choices=("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_wgrad_gemm_nt", "quantize"),
         help="only this op (repeatable; default: every op with built kernels)",
     )
+    bn.add_argument("--report", metavar="DIR",
+                    help="also write the Markdown report with plots into DIR (as `cutegen report`; needs matplotlib)")
     bn.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser(
+        "report",
+        help="turn `cutegen bench --json-out` results into a Markdown report with plots (docs/perf)",
+    )
+    rp.add_argument("results", metavar="RESULTS.json", help="the JSON written by `cutegen bench --json-out`")
+    rp.add_argument("-o", "--out", default="docs/perf", metavar="DIR",
+                    help="folder for the report, its plots and LATEST.md (default: docs/perf)")
+    rp.add_argument("--name", metavar="NAME", help="file stem of the report (default: <date>-<gpu> of the results)")
+    rp.add_argument("--no-plots", action="store_true", help="the Markdown only (no matplotlib needed)")
+    rp.add_argument("--peak-fp8", type=float, metavar="TFLOPS", help="FP8 dense peak (default: 1979, H200 SXM)")
+    rp.add_argument("--peak-bf16", type=float, metavar="TFLOPS", help="BF16 dense peak (default: 989, H200 SXM)")
+    rp.add_argument("--bandwidth", type=float, metavar="GBS",
+                    help="memory roof in GB/s (default: the copy bandwidth measured in the run)")
+    rp.set_defaults(func=cmd_report)
 
     ev = sub.add_parser("env", help="report versions, cuobjdump, GPU and cache location")
     ev.add_argument("--json", action="store_true", help="print JSON")

@@ -33,6 +33,7 @@ from .errors import (
 _LAZY = {
     "bf16_gemm_nt": "ops",
     "fp8_gemm_nt": "fp8_ops",
+    "fp8_wgrad_gemm_nt": "fp8_ops",
     "m_grouped_fp8_gemm_nt_contiguous": "grouped_ops",
     "m_grouped_fp8_gemm_nt_masked": "grouped_ops",
     "m_indices_from_group_ends": "grouped_ops",

@@ -202,4 +202,101 @@ def fp8_gemm_nt(
     return out
 
 
-__all__ = ["fp8_gemm_nt", "is_mn_major_tma_aligned", "to_mn_major_tma_aligned", "tma_aligned_rows"]
+# ---- weight gradient: both operands scaled per 1x128, fp32 accumulation in place -------------
+OP_FP8_WGRAD = "fp8_wgrad_gemm_nt"
+F32_ROW_ALIGN_ELEMS = 4  # 16 bytes of fp32
+
+
+def _check_wgrad(a, sfa, b, sfb, d, c) -> tuple[int, int, int]:
+    def fail(arg: str, what: str) -> InputError:
+        return InputError(f"{OP_FP8_WGRAD}: argument '{arg}' {what}")
+
+    ops.check_matrix(OP_FP8_WGRAD, "a", a, None, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    ops.check_matrix(OP_FP8_WGRAD, "b", b, a.device, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    m, k = a.shape
+    n, kb = b.shape
+    if kb != k:
+        raise fail("b", f"must have K = a.shape[1] = {k} columns, got shape {list(b.shape)}")
+    if k % SCALE_BLOCK:
+        raise fail("a", f"must have K a multiple of {SCALE_BLOCK}, got K = {k}")
+    k_blocks = k // SCALE_BLOCK
+    for arg, t, rows in (("sfa", sfa, m), ("sfb", sfb, n)):
+        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
+            raise fail(arg, f"must be a torch.float32 tensor on {a.device}")
+        if tuple(t.shape) != (rows, k_blocks) or not is_mn_major_tma_aligned(t):
+            raise fail(
+                arg,
+                f"must be [{rows}, K/128 = {k_blocks}], MN-major and TMA-aligned (strides (1, "
+                f"{tma_aligned_rows(rows)})); got shape {list(t.shape)} strides {list(t.stride())}; "
+                "convert with to_mn_major_tma_aligned",
+            )
+    ops.check_matrix(OP_FP8_WGRAD, "d", d, a.device, torch.float32, F32_ROW_ALIGN_ELEMS)
+    if tuple(d.shape) != (m, n):
+        raise fail("d", f"must have shape [M, N] = [{m}, {n}], got {list(d.shape)}")
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32 or tuple(c.shape) != (m, n):
+            raise fail("c", f"must be a torch.float32 [M, N] = [{m}, {n}] tensor on {a.device}")
+    return m, n, k
+
+
+def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
+    m, n, k = _check_wgrad(a, sfa, b, sfb, d, c)
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    if m == 0 or n == 0 or k == 0:
+        return
+    _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=d)
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(device):
+        loaded = ops._kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=stream)
+
+
+@torch.library.custom_op(f"cutegen::{OP_FP8_WGRAD}", mutates_args=("d",))
+def _fp8_wgrad_op(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+    c: torch.Tensor | None = None, kernel_name: str = "",
+) -> None:
+    _wgrad_impl(a, sfa, b, sfb, d, c, kernel_name)
+
+
+@_fp8_wgrad_op.register_fake
+def _fp8_wgrad_fake(a, sfa, b, sfb, d, c=None, kernel_name: str = "") -> None:
+    _check_wgrad(a, sfa, b, sfb, d, c)
+
+
+def fp8_wgrad_gemm_nt(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    d: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """Weight gradient: D[M, N] (fp32) = C + (A · sfa) @ (B · sfb)^T, returned (D is written in place).
+
+    A [M, K] and B [N, K] are e4m3 with fp32 scales per 1x128 along K on **both** sides (sfa
+    [M, K/128] and sfb [N, K/128], each MN-major and TMA-aligned, as the per-token quantize
+    writes them with ``scale_layout="mn-major-tma-aligned"``). Without ``c``, D accumulates into
+    itself (C = D); with ``c``, D is first set to C. The kernel adds its fp32 tile into D with a
+    TMA reduce-add, so D must not alias A, B or the scales.
+    """
+    if kernel is not None and not isinstance(kernel, str):
+        raise InputError(f"{OP_FP8_WGRAD}: argument 'kernel' must be a kernel name (str) or None")
+    if ops._plain_eager(a, sfa, b, sfb, d, c):
+        _wgrad_impl(a, sfa, b, sfb, d, c, kernel or "")
+    else:
+        torch.ops.cutegen.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d, c, kernel or "")
+    return d
+
+
+__all__ = [
+    "fp8_gemm_nt",
+    "fp8_wgrad_gemm_nt",
+    "is_mn_major_tma_aligned",
+    "to_mn_major_tma_aligned",
+    "tma_aligned_rows",
+]

@@ -38,6 +38,7 @@ class Op(str, enum.Enum):
     FP8_GEMM_NT = "fp8_gemm_nt"
     M_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "m_grouped_fp8_gemm_nt_contiguous"
     M_GROUPED_FP8_GEMM_NT_MASKED = "m_grouped_fp8_gemm_nt_masked"
+    FP8_WGRAD_GEMM_NT = "fp8_wgrad_gemm_nt"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
@@ -49,6 +50,7 @@ class Op(str, enum.Enum):
             "fp8_gemm_nt": "fp8gemm",
             "m_grouped_fp8_gemm_nt_contiguous": "mgfp8gemmc",
             "m_grouped_fp8_gemm_nt_masked": "mgfp8gemmm",
+            "fp8_wgrad_gemm_nt": "fp8wgrad",
             "per_token_quant_fp8": "ptquant",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
@@ -58,6 +60,11 @@ class Op(str, enum.Enum):
     def is_m_grouped(self) -> bool:
         """A mixture-of-experts GEMM: B and SFB carry a group mode, rows of A belong to groups."""
         return self.value in ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")
+
+    @property
+    def scales_b_per_row(self) -> bool:
+        """The weight-gradient recipe: B scaled per 1x128 along K (per row), like A."""
+        return self.value == "fp8_wgrad_gemm_nt"
 
     @property
     def is_masked(self) -> bool:
@@ -216,7 +223,10 @@ class Schedule:
                 return self.tile_m * self.tile_n * self.a_dtype.bytes
             return 0
         ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
-        return ab + (4 * self.tile_m if self.block_scaled else 0)
+        scales = 4 * self.tile_m if self.block_scaled else 0
+        if self.op.scales_b_per_row:
+            scales += 4 * self.tile_n
+        return ab + scales
 
     @property
     def epi_tile(self) -> tuple[int, int]:

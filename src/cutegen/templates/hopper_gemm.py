@@ -132,6 +132,9 @@ class HopperGemmKernel:
         # Masked layout: A, SFA and D carry the group mode too; masked_m[g] rows are real and the
         # scheduler walks each group's tiles (N fastest), skipping everything past masked_m[g].
         self.masked = s.op.is_masked
+        # Weight-gradient recipe: SFB per 1x128 of B (per row), staged by TMA like SFA, and D
+        # accumulated in fp32 by a TMA reduce-add store.
+        self.sfb_per_row = s.op.scales_b_per_row
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         self.group_size = s.group_size
@@ -243,8 +246,26 @@ class HopperGemmKernel:
                     "oob_fill": "none",
                 },
                 {"name": "extents_sfa", **shape("sfa", ["M", "KB", "G"] if self.masked else ["M", "KB"])},
-                {"name": "sfb", "kind": "pointer", "operand": "sfb"},
             ]
+            if self.sfb_per_row:
+                params += [
+                    {
+                        "name": "tma_sfb",
+                        "kind": "tma",
+                        "operand": "sfb",
+                        "dtype": "f32",
+                        # SFB [N, KB] per 1x128 of B, contiguous along N like SFA.
+                        "modes": [0, 1],
+                        "box": [tn, 1],
+                        "swizzle": "none",
+                        "interleave": "none",
+                        "l2_promotion": "128B",
+                        "oob_fill": "none",
+                    },
+                    {"name": "extents_sfb", **shape("sfb", ["N", "KB"])},
+                ]
+            else:
+                params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
         if self.masked:
             params += [
                 {"name": "tma_d", **dict(tma("d", s.c_dtype, em, en), modes=[2, 1, 0], box=[en, em, 1])},
@@ -306,8 +327,14 @@ class HopperGemmKernel:
             (tn, tk),
             num_multicast=cm if self.is_b_mcast else 1,
         )
+        # D += tile (TMA reduce-add) for the weight-gradient recipe, else a plain TMA store.
+        store_op = (
+            cpasync.CopyReduceBulkTensorTileS2GOp()
+            if self.sfb_per_row
+            else cpasync.CopyBulkTensorTileS2GOp()
+        )
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(),
+            store_op,
             c,
             cute.slice_(epi_staged, (None, None, 0)),
             self.epi_tile,
@@ -324,6 +351,19 @@ class HopperGemmKernel:
                 (tm, 1),
             )
         sfa_elems = tm * self.ab_stage if self.block_scaled else 1
+        sfb_staged = cute.make_layout((tn, 1, self.ab_stage), stride=(1, 0, tn))
+        tma_atom_sfb = None
+        tma_tensor_sfb = None
+        sfb_arg = sfb
+        if cutlass.const_expr(self.sfb_per_row):
+            tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(),
+                sfb,
+                cute.make_layout((tn, 1)),
+                (tn, 1),
+            )
+            sfb_arg = None
+        sfb_elems = tn * self.ab_stage if self.sfb_per_row else 1
 
         @cute.struct
         class SharedStorage:
@@ -341,6 +381,7 @@ class HopperGemmKernel:
                 self.buffer_align_bytes,
             ]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfa_elems], 128]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfb_elems], 128]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -364,7 +405,9 @@ class HopperGemmKernel:
             tma_tensor_b,
             tma_atom_sfa,
             tma_tensor_sfa,
-            sfb,
+            sfb_arg,
+            tma_atom_sfb,
+            tma_tensor_sfb,
             tma_atom_c,
             tma_tensor_c,
             m_indices,
@@ -373,6 +416,7 @@ class HopperGemmKernel:
             a_staged,
             b_staged,
             sfa_staged,
+            sfb_staged,
             epi_staged,
         ).launch(
             grid=[cm, cn, persistent],
@@ -437,7 +481,7 @@ class HopperGemmKernel:
     @cute.jit
     def _mainloop_block_scaled(
         self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-        k_tile_cnt, num_k_blocks, tile_n, group=None,
+        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
     ):
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
         promoted += acc · sfa[row] · sfb[column block] in fp32 registers. Returns the advanced
@@ -445,14 +489,19 @@ class HopperGemmKernel:
         tn = self.tile_shape_mnk[1]
         n0 = tile_n * tn
         nb0 = n0 // SCALE_BLOCK
-        nb_last = mSFB.shape[0] - 1
-        nb1 = cutlass.min(nb0 + 1, nb_last)
+        nb1 = nb0
+        if cutlass.const_expr(not self.sfb_per_row):
+            nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
         # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
         boundary = (nb0 + 1) * SCALE_BLOCK - n0
         promoted.fill(0.0)
         for k_tile in range(k_tile_cnt):
             # Issue the SFB loads before waiting for the stage: their latency hides behind it.
-            if cutlass.const_expr(self.m_grouped):
+            sfb0 = cutlass.Float32(1.0)
+            sfb1 = sfb0
+            if cutlass.const_expr(self.sfb_per_row):
+                pass  # per-column scales come from the stage (below)
+            elif cutlass.const_expr(self.m_grouped):
                 sfb0 = mSFB[(nb0, k_tile, group)]
                 sfb1 = sfb0
                 if cutlass.const_expr(not self.single_sfb_block):
@@ -475,11 +524,19 @@ class HopperGemmKernel:
             sfa = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 sfa[i] = sSFA[(tCcC[i][0], 0, read_state.index)]
+            sfb_col = None
+            if cutlass.const_expr(self.sfb_per_row):
+                # One scale per column (row of B); identical columns share one load.
+                sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    sfb_col[i] = sSFB[(tCcC[i][1], 0, read_state.index)]
             pipe.consumer_release(read_state)
             read_state.advance()
             for i in cutlass.range_constexpr(cute.size(acc)):
                 sfb = sfb0
-                if cutlass.const_expr(not self.single_sfb_block):
+                if cutlass.const_expr(self.sfb_per_row):
+                    sfb = sfb_col[i]
+                elif cutlass.const_expr(not self.single_sfb_block):
                     sfb = sfb0 if tCcC[i][1] < boundary else sfb1
                 promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
         return read_state
@@ -539,6 +596,8 @@ class HopperGemmKernel:
         tma_atom_sfa,
         mSFA_mk,
         sfb_ptr,
+        tma_atom_sfb,
+        mSFB_nk,
         tma_atom_c: cute.CopyAtom,
         mC_mn: cute.Tensor,
         m_indices_ptr,
@@ -547,6 +606,7 @@ class HopperGemmKernel:
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
+        sfb_smem_layout_staged: cute.Layout,
         epi_smem_layout_staged: cute.ComposedLayout,
     ):
         tm, tn, tk = self.tile_shape_mnk
@@ -560,6 +620,8 @@ class HopperGemmKernel:
             cpasync.prefetch_descriptor(tma_atom_c)
             if cutlass.const_expr(self.block_scaled):
                 cpasync.prefetch_descriptor(tma_atom_sfa)
+            if cutlass.const_expr(self.sfb_per_row):
+                cpasync.prefetch_descriptor(tma_atom_sfb)
 
         tiled_mma = self._make_tiled_mma()
         cta_layout_mnk = cute.make_layout((cm, cn, 1))
@@ -577,6 +639,8 @@ class HopperGemmKernel:
         )
         if cutlass.const_expr(self.block_scaled):
             tma_copy_bytes += tm * 4
+        if cutlass.const_expr(self.sfb_per_row):
+            tma_copy_bytes += tn * 4
 
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -629,10 +693,23 @@ class HopperGemmKernel:
                         stride=(k_blocks, 1, n_blocks * k_blocks),
                     ),
                 )
-            else:
+            elif cutlass.const_expr(not self.sfb_per_row):
                 mSFB = cute.make_tensor(
                     sfb_ptr, cute.make_layout((n_blocks, k_blocks), stride=(k_blocks, 1))
                 )
+        sSFB = None
+        tSFBsSFB = None
+        tSFBgSFB = None
+        if cutlass.const_expr(self.sfb_per_row):
+            sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
+            gSFB = cute.local_tile(mSFB_nk, (tn, 1), (None, None))
+            tSFBsSFB, tSFBgSFB = cpasync.tma_partition(
+                tma_atom_sfb,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sSFB, 0, 2),
+                cute.group_modes(gSFB, 0, 2),
+            )
         mIdx = None
         mMasked = None
         if cutlass.const_expr(self.masked):
@@ -765,6 +842,13 @@ class HopperGemmKernel:
                             tSFAsSFA[(None, producer_state.index)],
                             tma_bar_ptr=barrier,
                         )
+                    if cutlass.const_expr(self.sfb_per_row):
+                        cute.copy(
+                            tma_atom_sfb,
+                            tSFBgSFB[(None, tile_n, producer_state.count)],
+                            tSFBsSFB[(None, producer_state.index)],
+                            tma_bar_ptr=barrier,
+                        )
                     mainloop_pipeline.producer_commit(producer_state)
                     producer_state.advance()
                 t += tile_stride
@@ -851,6 +935,7 @@ class HopperGemmKernel:
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
                         mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
+                        None, sSFB,
                     )
                 else:
                     read_state, release_state = self._mainloop(
@@ -950,6 +1035,23 @@ class HopperMaskedFp8GemmKernel(HopperGemmKernel):
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m)
 
 
+class HopperFp8WgradKernel(HopperGemmKernel):
+    """`fp8_wgrad_gemm_nt`: D (fp32) += (A · sfa) · (B · sfb)ᵀ, both scaled per 1x128 along K."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Tensor,
+        d: cute.Tensor,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
+
+
 class HopperGemmTemplate:
     """The generator's view of this template: fake arguments, launch facts and the ABI."""
 
@@ -961,7 +1063,11 @@ class HopperGemmTemplate:
         self.block_scaled = schedule.scale != ScaleFormat.NONE
         self.m_grouped = schedule.op.is_m_grouped
         self.masked = schedule.op.is_masked
-        if self.masked:
+        self.sfb_per_row = schedule.op.scales_b_per_row
+        if self.sfb_per_row:
+            self.expected_mma = "QGMMA"
+            self.kernel = HopperFp8WgradKernel(schedule)
+        elif self.masked:
             self.expected_mma = "QGMMA"
             self.kernel = HopperMaskedFp8GemmKernel(schedule)
         elif self.m_grouped:
@@ -1018,6 +1124,9 @@ class HopperGemmTemplate:
             )
         else:
             sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+        if self.sfb_per_row:
+            sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+            return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
         sfb = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
         if self.masked:
             masked_m = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
@@ -1040,8 +1149,11 @@ class HopperGemmTemplate:
         if self.block_scaled:
             ops += [
                 {"name": "sfa", "dtype": "f32", "shape": sfa_shape, "contiguous_mode": len(sfa_shape) - 2, "align_bytes": 16},
-                # Row-major and contiguous; the kernel derives its strides from N and K.
-                {"name": "sfb", "dtype": "f32", "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
+                # Row-major and contiguous; the kernel derives its strides from N and K. The
+                # weight-gradient recipe's SFB [N, KB] is MN-major and TMA-aligned like SFA.
+                {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16}
+                if self.sfb_per_row
+                else {"name": "sfb", "dtype": "f32", "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
             ]
         ops.append(
             {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16}

@@ -1,0 +1,68 @@
+"""GPU tests of the FP8 weight-gradient GEMM (``fp8_wgrad_gemm_nt``): both operands scaled per
+1x128 along K, fp32 accumulation into D (C = D allowed), against fp32 references."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_fp8_gemm import calc_diff, quantize_per_token  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+OP = "fp8_wgrad_gemm_nt"
+MN = [(7168, 2112), (1536, 24576), (512, 32768), (16384, 7168), (7168, 4096), (2048, 7168)]
+KS = [4096, 8192]
+
+
+@pytest.fixture(scope="module")
+def fp8(ops):
+    from cutegen.runtime import fp8_ops
+
+    if not ops.catalogue().names(OP):
+        pytest.skip(f"the catalogue holds no {OP} kernel")
+    return fp8_ops
+
+
+def make(m: int, n: int, k: int, seed: int = 0):
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+    qa, sa = quantize_per_token(a)
+    qb, sb = quantize_per_token(b)
+    return a, b, qa, to_mn_major_tma_aligned(sa), qb, to_mn_major_tma_aligned(sb)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("m, n", MN, ids=[f"{m}x{n}" for m, n in MN])
+def test_accumulates_into_d(fp8, m, n, k):
+    a, b, qa, sfa, qb, sfb = make(m, n, k)
+    c = torch.randn(m, n, device="cuda") * 50
+    d = c.clone()
+    fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb, d)  # C = D, in place
+    ref = c + a.float() @ b.float().T
+    assert calc_diff(d, ref) < 1e-3
+
+
+def test_separate_c_and_every_kernel(ops, fp8):
+    a, b, qa, sfa, qb, sfb = make(1000, 1000, 512, seed=2)
+    c = torch.randn(1000, 1000, device="cuda")
+    ref = c + a.float() @ b.float().T
+    for name in ops.catalogue().names(OP):
+        d = torch.full((1000, 1000), float("nan"), device="cuda")
+        fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb, d, c=c, kernel=name)
+        assert calc_diff(d, ref) < 1e-3, name
+
+
+def test_bad_inputs(fp8):
+    from cutegen.runtime.errors import InputError
+
+    a, b, qa, sfa, qb, sfb = make(256, 256, 256)
+    d = torch.zeros(256, 256, device="cuda")
+    with pytest.raises(InputError, match="'d'.*float32"):
+        fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb, d.bfloat16())
+    with pytest.raises(InputError, match="'sfb'.*MN-major"):
+        fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb.contiguous(), d)
