@@ -27,3 +27,17 @@ def test_new_shape_family_run_matches_torch():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "8/8 results match" in proc.stdout, proc.stdout
+
+
+MOE = Path(__file__).resolve().parent.parent.parent / "examples" / "torch_moe_layer" / "moe_layer.py"
+
+
+def test_torch_moe_layer_matches_bf16():
+    from cutegen.runtime.catalogue import resolve_build_dir
+
+    proc = subprocess.run(
+        [sys.executable, str(MOE), "--build-dir", str(resolve_build_dir()), "--tokens", "1024", "--experts", "8"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout and "prefill" in proc.stdout, proc.stdout

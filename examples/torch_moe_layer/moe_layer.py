@@ -1,0 +1,168 @@
+"""A DeepSeek-style FP8 mixture-of-experts layer forward on cutegen kernels, checked against bf16 torch.
+
+    python examples/torch_moe_layer/moe_layer.py [--build-dir build] [--tokens 4096] [--experts 8]
+        [--hidden 2048] [--intermediate 768] [--top-k 2] [--decode-tokens 16]
+
+Prefill (contiguous layout): the router's top-k assignments are sorted by expert and each expert's
+rows padded to `contiguous_alignment()`; the activations are quantised per token (1x128, scales
+MN-major and TMA-aligned), the weights per 128x128 block; gate/up and down projections run as
+`m_grouped_fp8_gemm_nt_contiguous`; SiLU(gate)·up is re-quantised between them. Decode (masked
+layout, CUDA-graph capturable): the same layer on a [experts, max_m, hidden] buffer with
+`masked_m` on the GPU, captured once and replayed. Both are compared with the bf16 layer by
+DeepGEMM's calc_diff; the script exits non-zero when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+
+
+class Fp8Experts:
+    """Expert weights quantised once: w13 [E, 2I, H] (gate and up stacked), w2 [E, H, I]."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor):
+        from cutegen.runtime import quant_ops
+
+        self.experts = w13.shape[0]
+        q13, s13 = zip(*(quant_ops.per_block_quant_fp8(w13[e]) for e in range(self.experts)))
+        q2, s2 = zip(*(quant_ops.per_block_quant_fp8(w2[e]) for e in range(self.experts)))
+        self.q13, self.s13 = torch.stack(q13), torch.stack(s13).contiguous()
+        self.q2, self.s2 = torch.stack(q2), torch.stack(s2).contiguous()
+
+
+def quantize_rows(x: torch.Tensor):
+    from cutegen.runtime import quant_ops
+
+    return quant_ops.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned")
+
+
+def prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, experts: Fp8Experts) -> torch.Tensor:
+    from cutegen.runtime import grouped_ops
+
+    tokens, hidden = x.shape
+    k = topk_ids.shape[1]
+    align = grouped_ops.contiguous_alignment()
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts.experts)
+    # Each expert's segment starts at an aligned row (host-side layout planning for prefill).
+    spans = (counts + align - 1) // align * align
+    starts = torch.cumsum(spans, 0) - spans
+    total = int(spans.sum())
+    rank_in_expert = torch.arange(flat.numel(), device=x.device) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts
+    )
+    rows = starts[flat[order]] + rank_in_expert
+    m_indices = torch.full((total,), -1, dtype=torch.int32, device=x.device)
+    m_indices[rows] = flat[order].to(torch.int32)
+    a = torch.zeros(total, hidden, dtype=x.dtype, device=x.device)
+    a[rows] = x[order // k]
+
+    qa, sa = quantize_rows(a)
+    h = grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, experts.q13, experts.s13, m_indices)
+    inter = h.shape[1] // 2
+    act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)
+    qh, sh = quantize_rows(act)
+    y = grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qh, sh, experts.q2, experts.s2, m_indices)
+    out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
+    out.index_add_(0, order // k, y[rows].float() * topk_w.reshape(-1)[order, None])
+    return out.to(torch.bfloat16)
+
+
+def reference(x, topk_ids, topk_w, w13, w2) -> torch.Tensor:
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    inter = w13.shape[1] // 2
+    for e in range(w13.shape[0]):
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = x[tok].float() @ w13[e].float().T
+        act = F.silu(h[:, :inter]) * h[:, inter:]
+        out.index_add_(0, tok, (act @ w2[e].float().T) * topk_w[tok, slot, None])
+    return out
+
+
+def decode(x3, masked_m, expected_m, experts: Fp8Experts):
+    """One expert pass over [E, max_m, H] rows (masked layout): down(SiLU(gate)·up)."""
+    from cutegen.runtime import grouped_ops, quant_ops
+
+    e, max_m, hidden = x3.shape
+    q, s = quant_ops.per_token_quant_fp8(x3.reshape(e * max_m, hidden), scale_layout="k-major")
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    qa, sa = q.view(e, max_m, hidden), to_mn_major_tma_aligned(s.view(e, max_m, -1))
+    h = grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, experts.q13, experts.s13, masked_m, expected_m)
+    inter = h.shape[2] // 2
+    act = (F.silu(h[..., :inter].float()) * h[..., inter:].float()).to(torch.bfloat16)
+    q2, s2 = quant_ops.per_token_quant_fp8(act.reshape(e * max_m, inter), scale_layout="k-major")
+    qa2, sa2 = q2.view(e, max_m, inter), to_mn_major_tma_aligned(s2.view(e, max_m, -1))
+    return grouped_ops.m_grouped_fp8_gemm_nt_masked(qa2, sa2, experts.q2, experts.s2, masked_m, expected_m)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build-dir", default=None)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=768)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--decode-tokens", type=int, default=16)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("this example needs a CUDA GPU")
+        return 2
+    from cutegen.runtime import ops
+
+    ops.set_build_dir(args.build_dir)
+    torch.manual_seed(0)
+    dev = "cuda"
+    e, h, i = args.experts, args.hidden, args.intermediate
+    w13 = (torch.randn(e, 2 * i, h, device=dev) / h**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, i, device=dev) / i**0.5).to(torch.bfloat16)
+    experts = Fp8Experts(w13, w2)
+    failures = 0
+
+    x = torch.randn(args.tokens, h, device=dev).to(torch.bfloat16)
+    logits = torch.randn(args.tokens, e, device=dev)
+    topk_w, topk_ids = torch.topk(torch.softmax(logits, -1), args.top_k, dim=-1)
+    got = prefill(x, topk_ids, topk_w, experts)
+    diff = calc_diff(got.float(), reference(x, topk_ids, topk_w, w13, w2))
+    ok = diff < 1e-3
+    failures += not ok
+    print(f"prefill  {args.tokens} tokens x top-{args.top_k} of {e} experts: calc_diff {diff:.2e} {'ok' if ok else 'FAIL'}")
+
+    max_m = 128
+    x3 = torch.randn(e, max_m, h, device=dev).to(torch.bfloat16)
+    masked_m = torch.randint(0, args.decode_tokens + 1, (e,), dtype=torch.int32, device=dev)
+    decode(x3, masked_m, args.decode_tokens, experts)  # load the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y3 = decode(x3, masked_m, args.decode_tokens, experts)
+    for step in range(3):
+        masked_m.copy_(torch.randint(0, args.decode_tokens + 1, (e,), dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        worst = 0.0
+        for g, rows in enumerate(masked_m.tolist()):
+            if rows:
+                hh = x3[g, :rows].float() @ w13[g].float().T
+                ref = (F.silu(hh[:, :i]) * hh[:, i:]) @ w2[g].float().T
+                worst = max(worst, calc_diff(y3[g, :rows].float(), ref))
+        ok = worst < 1e-3
+        failures += not ok
+        print(f"decode   replay {step}: masked_m {masked_m.tolist()}: worst calc_diff {worst:.2e} {'ok' if ok else 'FAIL'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
