@@ -380,6 +380,26 @@ def bench_wgrad() -> list[dict]:
     return rows
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi), else the CUDA driver API version, else None."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        return f"CUDA driver API {version // 1000}.{version % 1000 // 10}" if int(err) == 0 else None
+    except Exception:  # noqa: BLE001 - the version is informative only
+        return None
+
+
 def environment() -> dict:
     import torch
 
@@ -391,6 +411,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
+        "driver": driver_version(),
     }
 
 
@@ -421,7 +442,8 @@ OPS = (
 )
 
 
-def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
+def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: str | None = None,
+         command: str | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -430,6 +452,8 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
     from cutegen.runtime import ops as runtime_ops
 
     env = environment()
+    if command:
+        env["command"] = command
     results: dict = {"environment": env}
     available = set()
     for op in OPS[:-1]:
@@ -471,7 +495,18 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS) -> int:
             quant = bench_quant.bench_quant()
             print(bench_quant.render(quant, env))
             results["quantize"] = quant
+    if report_dir:
+        from pathlib import Path
+
+        from cutegen.gen import report
+
+        if not json_out:  # the report links the results it was made from
+            Path(report_dir).mkdir(parents=True, exist_ok=True)
+            json_out = str(Path(report_dir) / f"{report.report_stem(env)}.json")
     if json_out:
         with open(json_out, "w") as f:
             json.dump(results, f, indent=2, default=str)
+    if report_dir:
+        for path in report.write_report(results, report_dir, source=json_out, command=command):
+            print(f"report: {path}")
     return 0

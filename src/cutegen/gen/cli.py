@@ -621,14 +621,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             require_matplotlib()
         except ReportError as exc:
             raise CliError(f"--report: {exc}", 2) from exc
-    command = " ".join(
-        [f"{PROG} bench", *(f"--op {o}" for o in args.op or ()), *(["--json-out", args.json_out] if args.json_out else []),
-         *(["--report", report_dir] if report_dir else [])]
-    )
+    command = " ".join([
+        f"{PROG} bench", *(f"--op {o}" for o in args.op or ()),
+        *(["--json-out", args.json_out] if args.json_out else []), *(["--report", report_dir] if report_dir else []),
+    ])
     ops = tuple(args.op) if args.op else OPS
-    if report_dir:
-        return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command)
-    return bench_main(json_out=args.json_out, ops=ops)
+    return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command)
 
 
 # ---- report ------------------------------------------------------------------------------------

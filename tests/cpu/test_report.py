@@ -1,0 +1,411 @@
+"""`cutegen report`: bench results (synthetic, every op, n/a values, the legacy bf16 form) to a
+Markdown report with PNG plots and LATEST.md. CPU only; matplotlib with the Agg backend."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cutegen.gen import report
+from cutegen.gen.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+LEGACY = ROOT / "docs" / "perf" / "2026-11-30-h200-bf16-gemm.json"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+ENV = {
+    "date": "2026-12-03 10:20:30 UTC",
+    "gpu": "NVIDIA H200",
+    "sms": 132,
+    "torch": "2.11.0+cu130",
+    "cuda": "13.0",
+    "python": "3.12.3",
+    "driver": "580.159",
+    "command": "cutegen bench --json-out results.json",
+}
+COPY_GBS = 4000.0
+
+
+def _gemm_tflops(m: int, n: int, k: int, us: float) -> float:
+    return 2.0 * m * n * k / us / 1e6
+
+
+def bf16_row(shape, ours_us, anchor_us):
+    m, n, k = shape
+    row = {"op": "bf16_gemm_nt", "shape": list(shape), "kernel":
+           "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+           "ours_us": ours_us, "anchor": "torch.matmul", "anchor_us": anchor_us,
+           "ours_tflops": _gemm_tflops(m, n, k, ours_us), "anchor_tflops": _gemm_tflops(m, n, k, anchor_us),
+           "ratio": anchor_us / ours_us}
+    return row
+
+
+def fp8_row(shape, ours_us, cublas_us, deepgemm):
+    m, n, k = shape
+    return {
+        "shape": list(shape),
+        "kernel": "cutegen_sm90a_gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s6_wg2_r40x232_epitma_rm_g8",
+        "ours_us": ours_us,
+        "ours_tflops": _gemm_tflops(m, n, k, ours_us),
+        "cublas_us": cublas_us,
+        "cublas_tflops": _gemm_tflops(m, n, k, cublas_us) if cublas_us else None,
+        "deepgemm_tflops": deepgemm,
+        "b_gbs": (n * k + n * (k // 128) * 4) / ours_us / 1e3,
+    }
+
+
+def grouped_row(groups, rows, n, k, ours_us, loop_tflops, deepgemm):
+    return {"groups": groups, "rows_per_group": rows, "n": n, "k": k, "ours_us": ours_us,
+            "ours_tflops": _gemm_tflops(groups * rows, n, k, ours_us), "cublas_loop_tflops": loop_tflops,
+            "deepgemm_tflops": deepgemm}
+
+
+def quant_row(op, impl, us, nbytes, note="", kernel="", eager_us=None, copy_us=None):
+    return {"op": op, "case": "x [24064, 7168] bf16", "impl": impl, "us": us, "bytes": nbytes,
+            "gbs": nbytes / us / 1e3 if us else None, "note": note, "kernel": kernel,
+            "speedup_vs_eager": eager_us / us if eager_us and us else None,
+            "fraction_of_copy_bw": copy_us / us if copy_us and us else None}
+
+
+def synthetic() -> dict:
+    nb = 24064 * 7168 * 4
+    return {
+        "environment": dict(ENV),
+        "bf16_gemm_nt": {
+            "rows": [bf16_row((4096, 4096, 4096), 160.0, 176.0), bf16_row((1, 4096, 7168), 40.0, 20.0)],
+            "host_overhead_us": {"cutegen.bf16_gemm_nt": 28.0, "torch.matmul": 19.0},
+        },
+        "fp8_gemm_nt": {
+            "rows": [
+                fp8_row((4096, 4096, 7168), 200.0, 250.0, 1436),  # compute-bound
+                fp8_row((64, 2112, 7168), 20.0, None, 180),       # memory-bound; cuBLAS n/a
+                fp8_row((128, 576, 7168), 10.0, 12.0, None),      # DeepGEMM n/a
+            ],
+            "copy_gbs": COPY_GBS,
+        },
+        "m_grouped_fp8_gemm_nt_contiguous": [
+            grouped_row(4, 8192, 4096, 7168, 1000.0, 1100.0, 1345),
+            grouped_row(8, 4096, 7168, 2048, 500.0, None, 1240),
+        ],
+        "m_grouped_fp8_gemm_nt_masked": [grouped_row(2, 512, 4096, 7168, 100.0, 400.0, 686)],
+        "fp8_wgrad_gemm_nt": [{"shape": [7168, 2112, 4096], "ours_us": 150.0,
+                               "ours_tflops": _gemm_tflops(7168, 2112, 4096, 150.0), "deepgemm_tflops": 952}],
+        "quantize": {
+            "rows": [
+                quant_row("per_token_quant_fp8", "copy (same bytes)", 100.0, nb, eager_us=400.0, copy_us=100.0),
+                quant_row("per_token_quant_fp8", "cutegen (fp32, k-major)", 125.0, nb, kernel="cutegen_quant_k",
+                          eager_us=400.0, copy_us=100.0),
+                quant_row("per_token_quant_fp8", "eager torch (reference)", 400.0, nb, eager_us=400.0, copy_us=100.0),
+                quant_row("per_token_quant_fp8", "torch.compile (reference)", None, nb,
+                          note="RuntimeError: failed | to compile"),
+            ],
+            "copy_gbs": COPY_GBS,
+            "seconds": 12.0,
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """The report of the synthetic results, written once (plots included)."""
+    out = tmp_path_factory.mktemp("perf")
+    src = out / "results.json"
+    src.write_text(json.dumps(synthetic()))
+    assert main(["report", str(src), "-o", str(out)]) == 0
+    md = out / "2026-12-03-nvidia-h200.md"
+    return out, md.read_text()
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
+def _table_lines(text: str, heading: str) -> list[str]:
+    """The lines of the first Markdown table after `heading`."""
+    lines = text.split(heading, 1)[1].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def header_of(text: str, heading: str) -> list[str]:
+    return _cells(_table_lines(text, heading)[0])
+
+
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    return [_cells(ln) for ln in _table_lines(text, heading)[2:]]
+
+
+def table(text: str, heading: str) -> list[dict[str, str]]:
+    cols = header_of(text, heading)
+    return [dict(zip(cols, r, strict=True)) for r in table_rows(text, heading)]
+
+
+def geo(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+# ---- the Markdown ------------------------------------------------------------------------------
+
+
+def test_header_names_the_environment_and_the_command(full):
+    _, text = full
+    assert text.startswith("# Benchmark report: NVIDIA H200, 2026-12-03 10:20:30 UTC")
+    for needle in ("| driver | 580.159 |", "| torch | 2.11.0+cu130 |", "| CUDA | 13.0 |",
+                   "| GPU | NVIDIA H200 (132 SMs) |", "`cutegen bench --json-out results.json`",
+                   "| results | [results.json](results.json) |"):
+        assert needle in text, needle
+
+
+def test_bf16_table_numbers_ratios_and_geomean(full):
+    _, text = full
+    head = "## BF16 GEMM"
+    rows = table(text, head)
+    assert len(rows) == 2
+    big = rows[0]
+    assert big["M, N, K"] == "4096, 4096, 4096"
+    assert big["kernel"] == "128x256x64_c2x1_mcb_s4_wg2"
+    assert big["cutegen µs"] == "160.0" and big["torch.matmul µs"] == "176.0"
+    assert big["cutegen TFLOPS"] == f"{_gemm_tflops(4096, 4096, 4096, 160.0):.0f}"
+    assert big["vs torch.matmul"] == "1.100"
+    assert big["bound"] == "compute"
+    # compute-bound: % of the bf16 dense peak
+    assert big["% of roofline"] == f"{100 * _gemm_tflops(4096, 4096, 4096, 160.0) / 989:.1f}%"
+    one = rows[1]
+    assert one["bound"] == "memory" and one["vs torch.matmul"] == "0.500"
+    # memory-bound: TFLOPS over AI x the copy bandwidth measured in the run
+    ai = 2 * 4096 * 7168 / (2 * (7168 + 4096 * 7168) + 2 * 4096)
+    assert one["AI (FLOP/B)"] == f"{ai:.1f}"
+    assert one["% of roofline"] == f"{100 * _gemm_tflops(1, 4096, 7168, 40.0) / (ai * COPY_GBS / 1e3):.1f}%"
+    assert f"vs torch.matmul **{geo([1.1, 0.5]):.3f}** (min 0.500, 2 of 2 shapes)" in text
+    assert "- torch.matmul: 19.0 µs" in text
+
+
+def test_fp8_table_na_values_and_geomeans(full):
+    _, text = full
+    head = "## FP8 block-scaled GEMM"
+    cols = header_of(text, head)
+    assert "DeepGEMM † TFLOPS" in cols and "vs cuBLAS blockwise" in cols and "% of roofline" in cols
+    rows = table(text, head)
+    assert [r["M, N, K"] for r in rows] == ["4096, 4096, 7168", "64, 2112, 7168", "128, 576, 7168"]
+    assert rows[0]["bound"] == "compute" and rows[1]["bound"] == "memory"
+    assert rows[0]["vs cuBLAS blockwise"] == "1.250"
+    assert rows[0]["% of roofline"] == f"{100 * _gemm_tflops(4096, 4096, 7168, 200.0) / 1979:.1f}%"
+    assert rows[1]["cuBLAS blockwise µs"] == "n/a" and rows[1]["vs cuBLAS blockwise"] == "n/a"
+    assert rows[2]["DeepGEMM † TFLOPS"] == "n/a" and rows[2]["vs DeepGEMM †"] == "n/a"
+    ours = [_gemm_tflops(4096, 4096, 7168, 200.0), _gemm_tflops(64, 2112, 7168, 20.0)]
+    g_dg = geo([ours[0] / 1436, ours[1] / 180])
+    assert f"vs DeepGEMM † **{g_dg:.3f}**" in text and "2 of 3 shapes" in text
+    assert f"vs cuBLAS blockwise **{geo([1.25, 1.2]):.3f}**" in text
+    assert "not measured in this run" in text  # the † footnote
+
+
+def test_grouped_and_wgrad_tables(full):
+    _, text = full
+    cont = table(text, "contiguous layout")
+    assert cont[0]["groups x rows"] == "4 x ~8192" and cont[0]["N, K"] == "4096, 7168"
+    assert cont[1]["cuBLAS loop TFLOPS"] == "n/a" and cont[1]["vs cuBLAS loop"] == "n/a"
+    t0 = _gemm_tflops(4 * 8192, 4096, 7168, 1000.0)
+    assert cont[0]["vs cuBLAS loop"] == f"{t0 / 1100:.3f}"
+    masked = table(text, "masked layout")
+    assert masked[0]["groups x rows"] == "2 x 512"
+    assert masked[0]["vs cuBLAS loop"] == f"{_gemm_tflops(1024, 4096, 7168, 100.0) / 400:.3f}"
+    wgrad = table(text, "`fp8_wgrad_gemm_nt`)")
+    assert wgrad[0]["vs DeepGEMM †"] == f"{_gemm_tflops(7168, 2112, 4096, 150.0) / 952:.3f}"
+
+
+def test_quantize_table(full):
+    _, text = full
+    head = "## FP8 quantize"
+    cols = header_of(text, head)
+    rows = table(text, head)
+    ours = next(r for r in rows if r["implementation"].startswith("cutegen"))
+    assert ours["µs"] == "125.0" and ours["vs eager"] == "3.20x" and ours["% of roofline"] == "80.0%"
+    assert ours["note / kernel"] == "cutegen_quant_k"
+    failed = next(r for r in rows if r["implementation"].startswith("torch.compile"))
+    assert failed["µs"] == "n/a" and failed["GB/s"] == "n/a" and failed["vs eager"] == "n/a"
+    assert "failed \\| to compile" in failed["note / kernel"]
+    assert "vs eager torch **3.20x**" in text
+
+
+def test_summary_plots_and_latest(full):
+    out, text = full
+    summary = text.split(report.SUMMARY_BEGIN)[1].split(report.SUMMARY_END)[0]
+    for op in ("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
+               "fp8_wgrad_gemm_nt", "quantize"):
+        assert f"`{op}`" in summary
+    pngs = sorted(out.glob("*.png"))
+    names = {p.name for p in pngs}
+    stem = "2026-12-03-nvidia-h200"
+    expected = {f"{stem}-{op}.png" for op in report.GEMM_OPS} | {f"{stem}-roofline.png", f"{stem}-quantize.png"}
+    assert names == expected
+    for p in pngs:
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 15_000, p
+        assert f"]({p.name})" in text  # linked from the report
+    latest = (out / "LATEST.md").read_text()
+    assert f"[{stem}.md]({stem}.md)" in latest and "`fp8_gemm_nt`" in latest
+
+
+# ---- legacy form, n/a, LATEST ordering ---------------------------------------------------------
+
+
+def test_legacy_bf16_results(tmp_path):
+    src = tmp_path / "old.json"
+    shutil.copy(LEGACY, src)
+    assert main(["report", str(src), "-o", str(tmp_path), "--name", "old run", "--no-plots"]) == 0
+    text = (tmp_path / "old-run.md").read_text()
+    data = json.loads(LEGACY.read_text())
+    ratios = [r["anchor_us"] / r["ours_us"] for r in data["rows"]]
+    rows = table_rows(text, "## BF16 GEMM")
+    assert len(rows) == 5 and rows[0][0] == "4096, 4096, 4096"
+    assert [r[-1] for r in rows] == [f"{x:.3f}" for x in ratios]
+    assert f"**{geo(ratios):.3f}**" in text
+    assert "| driver | n/a |" in text and "not recorded in the results" in text
+    assert "nominal" in text  # no copy bandwidth in a bf16-only run
+    assert "- torch.matmul: 19.3 µs" in text
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_missing_fields_render_as_na(tmp_path):
+    results = {
+        "environment": {"gpu": "NVIDIA H200"},
+        "bf16_gemm_nt": {"rows": [{"shape": [128, 128, 128], "ours_us": None}, {"shape": "bad"}, {}]},
+        "fp8_gemm_nt": {"rows": [{"shape": [64, 2112, 7168], "ours_us": 20.0, "cublas_us": None,
+                                  "cublas_tflops": None, "deepgemm_tflops": None}]},
+        "m_grouped_fp8_gemm_nt_contiguous": [{"groups": 4}],
+        "m_grouped_fp8_gemm_nt_masked": {"rows": []},
+        "quantize": {"rows": [{"op": "per_block_quant_fp8", "us": None}]},
+        "something_new": [1, 2],
+    }
+    paths = report.write_report(results, tmp_path, settings=report.Settings(plots=True))
+    md = paths[0]
+    assert md.name == "undated-nvidia-h200.md"
+    text = md.read_text()
+    assert "n/a" in text and not re.search(r"\b(nan|inf|None)\b", text, re.IGNORECASE)
+    assert "`something_new`" in text
+    rows = table_rows(text, "## BF16 GEMM")
+    assert rows[1][0] == "n/a" and rows[2][0] == "n/a"
+    fp8 = table(text, "## FP8 block-scaled")[0]
+    # TFLOPS from the time when the row does not carry it
+    assert fp8["cutegen TFLOPS"] == f"{_gemm_tflops(64, 2112, 7168, 20.0):.1f}"
+    assert fp8["vs cuBLAS blockwise"] == "n/a"
+    assert "No rows in the results for this op (n/a)." in text
+
+
+def test_latest_points_at_the_newest_by_recorded_date(tmp_path):
+    def results(date):
+        return {"environment": {"date": date, "gpu": "NVIDIA H200"},
+                "rows": [bf16_row((4096, 4096, 4096), 160.0, 176.0)]}
+
+    s = report.Settings(plots=False)
+    report.write_report(results("2026-12-05 09:00:00 UTC"), tmp_path, settings=s)
+    report.write_report(results("2026-11-01 09:00:00 UTC"), tmp_path, settings=s)  # written later, older run
+    latest = (tmp_path / "LATEST.md").read_text()
+    newest = latest.split("Newest:")[1].splitlines()[0]
+    assert "2026-12-05-nvidia-h200.md" in newest
+    order = [m for m in re.findall(r"\((2026-[\d-]+-nvidia-h200\.md)\)", latest.split("## All reports")[1])]
+    assert order == ["2026-12-05-nvidia-h200.md", "2026-11-01-nvidia-h200.md"]
+
+
+def test_geomean_and_stem():
+    assert report.geomean([1.0, 4.0, None, 0.0, float("nan")]) == pytest.approx(2.0)
+    assert report.geomean([None]) is None
+    assert report.report_stem({"date": "2026-11-30 07:00:17 UTC", "gpu": "NVIDIA H200"}) == "2026-11-30-nvidia-h200"
+    assert report.report_stem({}) == "undated-unknown-gpu"
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def test_cli_missing_file(tmp_path, capsys):
+    rc = main(["report", str(tmp_path / "nope.json"), "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nope.json: no such file" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"environment": {}}', "no benchmark results"),
+])
+def test_cli_malformed_json(tmp_path, capsys, content, needle):
+    src = tmp_path / "bad.json"
+    src.write_text(content)
+    rc = main(["report", str(src), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_bad_peak(tmp_path, capsys):
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(synthetic()))
+    assert main(["report", str(src), "-o", str(tmp_path), "--peak-fp8", "0"]) == 2
+    assert "--peak-fp8 must be a positive number" in capsys.readouterr().err
+
+
+def test_missing_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(synthetic()))
+    assert main(["report", str(src), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cutegen[report]" in err and "--no-plots" in err
+    # the Markdown alone needs no matplotlib
+    assert main(["report", str(src), "-o", str(tmp_path / "out"), "--no-plots"]) == 0
+    # and `bench --report` refuses before running anything
+    assert main(["bench", "--report", str(tmp_path / "b")]) == 2
+    assert "--report" in capsys.readouterr().err
+
+
+def test_bench_report_option_is_passed_on(monkeypatch, tmp_path):
+    from cutegen.gen import bench
+
+    seen = {}
+
+    def fake_main(**kwargs):
+        seen.update(kwargs)
+        return 0
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    assert main(["bench", "--op", "fp8_gemm_nt", "--report", str(tmp_path)]) == 0
+    assert seen["report_dir"] == str(tmp_path) and seen["ops"] == ("fp8_gemm_nt",)
+    assert seen["command"] == f"cutegen bench --op fp8_gemm_nt --report {tmp_path}"
+
+
+def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):
+    """`bench.main(report_dir=...)` with the GPU parts replaced: results JSON and report land in DIR."""
+    torch = pytest.importorskip("torch")
+    from cutegen.gen import bench, bench_quant
+    from cutegen.runtime import ops as runtime_ops
+
+    quant = synthetic()["quantize"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "environment", lambda: dict(ENV, command=None))
+    monkeypatch.setattr(runtime_ops, "catalogue", lambda: type("C", (), {"names": lambda self, op: []})())
+    monkeypatch.setattr(bench_quant, "bench_quant", lambda: quant)
+    cmd = f"cutegen bench --op quantize --report {tmp_path}"
+    assert bench.main(ops=("quantize",), report_dir=str(tmp_path), command=cmd) == 0
+    stem = "2026-12-03-nvidia-h200"
+    saved = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert saved["environment"]["command"] == cmd and saved["quantize"]["copy_gbs"] == COPY_GBS
+    text = (tmp_path / f"{stem}.md").read_text()
+    assert f"`{cmd}`" in text and f"[{stem}.json]({stem}.json)" in text
+    assert (tmp_path / f"{stem}-quantize.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "LATEST.md").is_file()
+    assert f"report: {tmp_path / (stem + '.md')}" in capsys.readouterr().out
+
+
+def test_driver_version_never_raises():
+    from cutegen.gen import bench
+
+    v = bench.driver_version()
+    assert v is None or isinstance(v, str)
