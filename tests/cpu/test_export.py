@@ -1227,3 +1227,10 @@ def test_examples_new_shape_family_schedules_are_valid(capsys):
     assert len(mine) >= 4 and all(e["valid"] for e in mine)
     defaults = {e.name for e in cli._load(None, None)}
     assert not defaults & {e["name"] for e in mine}, "the example should add schedules, not repeat the defaults"
+
+
+def test_every_op_with_a_template_has_an_expected_mma_entry():
+    from cutegen.schedules.predicates import OP_ARCHS
+
+    missing = [(a.value, o.value) for o, archs in OP_ARCHS.items() for a in archs if (a.value, o.value) not in EXPECTED_MMA]
+    assert missing == [], f"add these (arch, op) pairs to cutegen.gen.verify.EXPECTED_MMA: {missing}"

@@ -186,7 +186,6 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
         "params": params,
         "operands": template.operands(),
         "grid": template.grid_rule(),
-        "expected_mma": template.expected_mma,
     }
 
 

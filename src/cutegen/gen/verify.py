@@ -35,6 +35,9 @@ from cutegen.runtime.manifest import KernelManifest, ManifestError
 EXPECTED_MMA: dict[tuple[str, str], str] = {
     ("sm_90a", "bf16_gemm_nt"): "HGMMA",
     ("sm_90a", "fp8_gemm_nt"): "QGMMA",
+    ("sm_90a", "m_grouped_fp8_gemm_nt_contiguous"): "QGMMA",
+    ("sm_90a", "m_grouped_fp8_gemm_nt_masked"): "QGMMA",
+    ("sm_90a", "fp8_wgrad_gemm_nt"): "QGMMA",
     ("sm_100a", "bf16_gemm_nt"): "UTCHMMA",
     ("sm_100a", "fp8_gemm_nt"): "UTCQMMA",
     **{

@@ -1055,8 +1055,6 @@ class HopperFp8WgradKernel(HopperGemmKernel):
 class HopperGemmTemplate:
     """The generator's view of this template: fake arguments, launch facts and the ABI."""
 
-    #: MMA instruction the SASS must contain.
-    expected_mma = "HGMMA"
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
@@ -1065,16 +1063,12 @@ class HopperGemmTemplate:
         self.masked = schedule.op.is_masked
         self.sfb_per_row = schedule.op.scales_b_per_row
         if self.sfb_per_row:
-            self.expected_mma = "QGMMA"
             self.kernel = HopperFp8WgradKernel(schedule)
         elif self.masked:
-            self.expected_mma = "QGMMA"
             self.kernel = HopperMaskedFp8GemmKernel(schedule)
         elif self.m_grouped:
-            self.expected_mma = "QGMMA"
             self.kernel = HopperMGroupedFp8GemmKernel(schedule)
         elif self.block_scaled:
-            self.expected_mma = "QGMMA"
             self.kernel = HopperFp8GemmKernel(schedule)
         else:
             self.kernel = HopperGemmKernel(schedule)

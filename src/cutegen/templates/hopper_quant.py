@@ -689,8 +689,6 @@ class GroupedTransposedQuantKernel:
 class _QuantTemplateBase:
     """Common adapter: fake arguments, launch facts and the ABI of a quantize kernel."""
 
-    #: Quantize kernels contain no MMA.
-    expected_mma = None
     kernel_class: type = PerTokenQuantKernel
 
     def __init__(self, schedule: Schedule):
