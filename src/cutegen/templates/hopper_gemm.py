@@ -542,6 +542,17 @@ class HopperGemmKernel:
         return read_state
 
     @cute.jit
+    def _locate_tile(self, t, ct_m, ct_n, mMasked, cluster_coord_mnk):
+        """Cluster tile t → (group, this CTA's tile m, tile n); both roles walk the same sequence."""
+        cm, cn = self.cluster_shape_mn
+        group = cutlass.Int32(0)
+        if cutlass.const_expr(self.masked):
+            group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+        else:
+            ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
+        return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1]
+
+    @cute.jit
     def _masked_total(self, mMasked, ct_n):
         """Cluster tiles of the masked layout: Σ_g ⌈masked_m[g] / tile_m⌉ · ct_n (read on the GPU)."""
         tm = self.tile_shape_mnk[0]
@@ -793,13 +804,7 @@ class HopperGemmKernel:
             )
             t = first_tile
             while t < num_cluster_tiles:
-                group = cutlass.Int32(0)
-                if cutlass.const_expr(self.masked):
-                    group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
-                else:
-                    ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
-                tile_m = ctm * cm + cluster_coord_mnk[0]
-                tile_n = ctn * cn + cluster_coord_mnk[1]
+                group, tile_m, tile_n = self._locate_tile(t, ct_m, ct_n, mMasked, cluster_coord_mnk)
                 tile_k_tiles = k_tile_cnt
                 if cutlass.const_expr(self.masked):
                     tAgA_k = tAgA[(None, tile_m, None, group)]
@@ -895,13 +900,7 @@ class HopperGemmKernel:
             tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_cluster_tiles:
-                group = cutlass.Int32(0)
-                if cutlass.const_expr(self.masked):
-                    group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
-                else:
-                    ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
-                tile_m = ctm * cm + cluster_coord_mnk[0]
-                tile_n = ctn * cn + cluster_coord_mnk[1]
+                group, tile_m, tile_n = self._locate_tile(t, ct_m, ct_n, mMasked, cluster_coord_mnk)
                 if cutlass.const_expr(self.masked):
                     gC_tile = gC_mn[(None, None, tile_m, tile_n, group)]
                 else:
