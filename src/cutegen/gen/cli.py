@@ -609,6 +609,31 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from cutegen.gen.tune import parse_shapes, tune
+
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        raise CliError(f"--shapes: {exc}", 2) from exc
+    try:
+        import torch
+    except ImportError:
+        raise CliError("cutegen tune needs torch with CUDA", 2) from None
+    if not torch.cuda.is_available():
+        raise CliError("cutegen tune needs a CUDA GPU (torch.cuda.is_available() is False)", 2)
+    from cutegen.runtime import ops
+
+    ops.set_build_dir(args.build_dir)
+    out = Path(args.out) if args.out else Path(args.build_dir) / "tuning.json"
+    try:
+        tune(args.op, shapes, out)
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from exc
+    print(f"tuning table written: {out}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from cutegen.gen.bench import OPS
     from cutegen.gen.bench import main as bench_main
@@ -732,6 +757,13 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--op", choices=ops, help="only this op")
     ex.add_argument("--json", action="store_true", help="print what was written as JSON")
     ex.set_defaults(func=cmd_export)
+
+    tn = sub.add_parser("tune", help="time every built kernel of an op for given shapes and write the tuning table (needs CUDA)")
+    tn.add_argument("--op", required=True, choices=("bf16_gemm_nt", "fp8_gemm_nt"))
+    tn.add_argument("--shapes", required=True, metavar="M,N,K;...", help="shapes to tune, e.g. '4096,7168,16384;64,2112,7168'")
+    tn.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=f"build folder (default: {DEFAULT_BUILD_DIR})")
+    tn.add_argument("-o", "--out", metavar="PATH", help="tuning table to update (default: DIR/tuning.json, which the runtime reads)")
+    tn.set_defaults(func=cmd_tune)
 
     bn = sub.add_parser("bench", help="benchmark the built kernels on this GPU beside torch (needs CUDA)")
     bn.add_argument("--json-out", metavar="PATH", help="also write the results as JSON")

@@ -1,0 +1,104 @@
+"""`cutegen tune`: time every built kernel of an op on this GPU for given shapes and write the tuning
+table (``{op: {"M,N,K": kernel}}``) that the runtime prefers over its analytic heuristic.
+
+Optional: the heuristic needs no tuning. Entries for other ops and shapes already in the table are
+kept; each timed shape gets the fastest kernel that also produced a correct result (checked against
+the first candidate's output, so a broken kernel never wins).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from cutegen.gen.bench import time_cuda
+
+TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt")
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """"M,N,K;M,N,K;..." → shapes; ValueError naming the bad item."""
+    shapes = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        try:
+            m, n, k = (int(x) for x in item.split(","))
+        except ValueError:
+            raise ValueError(f"shape {item!r} is not M,N,K (three integers)") from None
+        if min(m, n, k) <= 0:
+            raise ValueError(f"shape {item!r} must have positive extents")
+        shapes.append((m, n, k))
+    if not shapes:
+        raise ValueError("no shapes given (expected e.g. '4096,7168,16384;64,2112,7168')")
+    return shapes
+
+
+def _runner(op: str, m: int, n: int, k: int) -> tuple[Callable[[str], object], Callable[[], object]]:
+    """(run(kernel) → output, inputs are created once) for one problem of `op`."""
+    import torch
+
+    from cutegen.runtime import fp8_ops, ops
+
+    if op == "bf16_gemm_nt":
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return (lambda name: ops.bf16_gemm_nt(a, b, out=out, kernel=name)), (lambda: out)
+    if op == "fp8_gemm_nt":
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
+        sfb = torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return (lambda name: fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name)), (lambda: out)
+    raise ValueError(f"op {op!r} cannot be tuned; tunable ops: {', '.join(TUNABLE_OPS)}")
+
+
+def merge_table(path: Path, op: str, choices: dict[str, str]) -> dict:
+    """Read the table at `path` (if any), set op's entries from `choices`, write it atomically."""
+    table: dict = {}
+    if path.is_file():
+        table = json.loads(path.read_text())
+        if not isinstance(table, dict):
+            raise ValueError(f"{path} is not a tuning table (a JSON object)")
+    table.setdefault(op, {}).update(choices)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(table, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return table
+
+
+def tune(op: str, shapes: list[tuple[int, int, int]], out: Path, progress: Callable[[str], None] = print) -> dict:
+    import torch
+
+    from cutegen.runtime import heuristics, ops
+
+    if op not in TUNABLE_OPS:
+        raise ValueError(f"op {op!r} cannot be tuned; tunable ops: {', '.join(TUNABLE_OPS)}")
+    names = ops.catalogue().names(op)
+    if not names:
+        raise ValueError(f"the catalogue at {ops.catalogue().build_dir} holds no {op} kernel")
+    choices: dict[str, str] = {}
+    for m, n, k in shapes:
+        run, output = _runner(op, m, n, k)
+        reference = None
+        timings = []
+        for name in names:
+            run(name)
+            torch.cuda.synchronize()
+            result = output().float()
+            if reference is None:
+                reference = result.clone()
+            elif not torch.allclose(result, reference, rtol=2e-2, atol=2e-2 * float(reference.abs().max() + 1e-6)):
+                progress(f"{m},{n},{k}: {name} disagrees with {names[0]}; not considered")
+                continue
+            timings.append((time_cuda(lambda: run(name), warmup=3, reps=10), name))
+        best_us, best = min(timings)
+        choices[heuristics.shape_key(m, n, k)] = best
+        progress(f"{m},{n},{k}: {best} ({best_us:.1f} µs; {len(timings)} kernels timed)")
+    return merge_table(out, op, choices)
