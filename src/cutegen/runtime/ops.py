@@ -112,23 +112,24 @@ def explain(op: str, m: int, n: int, k: int, device: int = 0) -> list[heuristics
     )
 
 
-def _kernel_for(op: str, m: int, n: int, k: int, device: int, forced: str) -> Any:
+def forced_manifest(op: str, forced: str) -> Any:
+    """The manifest of the kernel a caller forced by name; InputError unless it is an `op` kernel."""
     cat = catalogue()
-    if forced:
-        if forced not in cat:
-            known = ", ".join(cat.names(op)) or "none"
-            raise InputError(
-                f"{op}: argument 'kernel' must name a kernel of the catalogue at {cat.build_dir} "
-                f"(known {op} kernels: {known}), got {forced!r}"
-            )
-        if cat.manifest(forced).op != op:
-            raise InputError(
-                f"{op}: argument 'kernel' names {forced!r}, a {cat.manifest(forced).op} kernel"
-            )
-        name = forced
-    else:
-        name = choose_kernel(op, m, n, k, device)
-    return cat.load(name, device)
+    if forced not in cat:
+        known = ", ".join(cat.names(op)) or "none"
+        raise InputError(
+            f"{op}: argument 'kernel' must name a kernel of the catalogue at {cat.build_dir} "
+            f"(known {op} kernels: {known}), got {forced!r}"
+        )
+    manifest = cat.manifest(forced)
+    if manifest.op != op:
+        raise InputError(f"{op}: argument 'kernel' names {forced!r}, a {manifest.op} kernel")
+    return manifest
+
+
+def _kernel_for(op: str, m: int, n: int, k: int, device: int, forced: str) -> Any:
+    name = forced_manifest(op, forced).name if forced else choose_kernel(op, m, n, k, device)
+    return catalogue().load(name, device)
 
 
 # ------------------------------------------------------------------------------------------------

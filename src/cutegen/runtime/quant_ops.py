@@ -108,15 +108,7 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> 
 def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str) -> Any:
     cat = ops.catalogue()
     if forced:
-        if forced not in cat:
-            known = ", ".join(cat.names(op)) or "none"
-            raise InputError(
-                f"{op}: argument 'kernel' must name a kernel of the catalogue at {cat.build_dir} "
-                f"(known {op} kernels: {known}), got {forced!r}"
-            )
-        manifest = cat.manifest(forced)
-        if manifest.op != op:
-            raise InputError(f"{op}: argument 'kernel' names {forced!r}, a {manifest.op} kernel")
+        manifest = ops.forced_manifest(op, forced)
         want_scale = {"fp32": "f32", "ue8m0": "ue8m0"}[scale]
         if manifest.schedule.get("a_dtype") != in_dtype or manifest.schedule.get("scale") != want_scale:
             raise InputError(

@@ -20,6 +20,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from cutegen.templates.dtypes import cute_dtype
 from cutegen.schedules.spec import (
     EPILOGUE_STAGES,
     SCALE_BLOCK,
@@ -29,13 +30,6 @@ from cutegen.schedules.spec import (
     ScaleFormat,
     Schedule,
 )
-
-_CUTE_DTYPES = {
-    DType.BF16: cutlass.BFloat16,
-    DType.F16: cutlass.Float16,
-    DType.F32: cutlass.Float32,
-    DType.E4M3: cutlass.Float8E4M3FN,
-}
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
@@ -47,10 +41,6 @@ def swizzle_bytes(swizzle: str) -> str:
     if swizzle not in table:
         raise ValueError(f"shared-memory swizzle {swizzle} has no TMA swizzle mode")
     return table[swizzle]
-
-
-def cute_dtype(dtype: DType):
-    return _CUTE_DTYPES[dtype]
 
 
 class HopperGemmKernel:

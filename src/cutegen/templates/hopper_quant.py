@@ -29,6 +29,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
+from cutegen.templates.dtypes import cute_dtype
 from cutegen.schedules.spec import (
     QUANT_GROUP,
     QUANT_MAX_GROUPS,
@@ -37,13 +38,6 @@ from cutegen.schedules.spec import (
     ScaleFormat,
     Schedule,
 )
-
-_CUTE_DTYPES = {
-    DType.BF16: cutlass.BFloat16,
-    DType.F16: cutlass.Float16,
-    DType.F32: cutlass.Float32,
-    DType.E4M3: cutlass.Float8E4M3FN,
-}
 
 E4M3_MAX = 448.0
 ABS_MASK = 0x7FFFFFFF
@@ -61,10 +55,6 @@ MIN_CTAS_PER_SM = {"per_token": 4, "grouped": 3, "per_block": 2}
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
 VEC_BYTES = 16  # one 128-bit access
-
-
-def cute_dtype(dtype: DType):
-    return _CUTE_DTYPES[dtype]
 
 
 # ------------------------------------------------------------------------------------------------

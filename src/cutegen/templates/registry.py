@@ -43,11 +43,12 @@ def load_template(schedule: Schedule):
 
 
 def template_fingerprint(schedule: Schedule) -> str:
-    """sha256 over the sources a kernel depends on: its template module and the schedule vocabulary."""
+    """sha256 over the sources a kernel depends on: its template module, the dtype table and the
+    schedule vocabulary."""
     module_name, _ = template_path(schedule).split(":")
     here = Path(__file__).parent
     sources = [here / (module_name.rsplit(".", 1)[1] + ".py"), here / "registry.py",
-               here.parent / "schedules" / "spec.py"]
+               here / "dtypes.py", here.parent / "schedules" / "spec.py"]
     h = hashlib.sha256()
     for path in sources:
         h.update(path.name.encode())
