@@ -52,23 +52,9 @@ DTYPE_BYTES: dict[str, int] = {
     "i64": 8,
 }
 
-# Element bytes of the TMA data type names a ``tma`` binding may use.
-TMA_DTYPE_BYTES: dict[str, int] = {
-    "bf16": 2,
-    "f16": 2,
-    "f32": 4,
-    "f64": 8,
-    "tf32": 4,
-    "e4m3": 1,
-    "e5m2": 1,
-    "u8": 1,
-    "i8": 1,
-    "u16": 2,
-    "i32": 4,
-    "u32": 4,
-    "i64": 8,
-    "u64": 8,
-}
+# The data type names a ``tma`` binding may use (every manifest dtype but i16, which
+# cuTensorMapEncodeTiled has no type for), with their element bytes.
+TMA_DTYPE_BYTES: dict[str, int] = {name: size for name, size in DTYPE_BYTES.items() if name != "i16"}
 TMA_SWIZZLE_BYTES: dict[str, int] = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
 TMA_L2_PROMOTIONS = ("none", "64B", "128B", "256B")
 TMA_OOB_FILLS = ("none", "nan_request_zero_fma")
