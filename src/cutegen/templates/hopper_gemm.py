@@ -334,24 +334,14 @@ class HopperGemmKernel:
         tma_atom_sfa = None
         tma_tensor_sfa = None
         if cutlass.const_expr(self.block_scaled):
-            tma_atom_sfa, tma_tensor_sfa = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(),
-                sfa,
-                cute.make_layout((tm, 1)),
-                (tm, 1),
-            )
+            tma_atom_sfa, tma_tensor_sfa = self._scale_vector_tma(sfa, tm)
         sfa_elems = tm * self.ab_stage if self.block_scaled else 1
         sfb_staged = cute.make_layout((tn, 1, self.ab_stage), stride=(1, 0, tn))
         tma_atom_sfb = None
         tma_tensor_sfb = None
         sfb_arg = sfb
         if cutlass.const_expr(self.sfb_per_row):
-            tma_atom_sfb, tma_tensor_sfb = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(),
-                sfb,
-                cute.make_layout((tn, 1)),
-                (tn, 1),
-            )
+            tma_atom_sfb, tma_tensor_sfb = self._scale_vector_tma(sfb, tn)
             sfb_arg = None
         sfb_elems = tn * self.ab_stage if self.sfb_per_row else 1
 
@@ -531,6 +521,22 @@ class HopperGemmKernel:
                 promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
         return read_state
 
+    def _scale_vector_tma(self, scales, rows: int):
+        """TMA load of one K block's column of `rows` fp32 scales (contiguous along M or N)."""
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), scales, cute.make_layout((rows, 1)), (rows, 1)
+        )
+
+    @cute.jit
+    def _partition_scale_vector(self, tma_atom, s_staged, m_scales, rows: int):
+        """(stage buffers, global tiles) of a scale vector for its TMA copy; the global side is
+        (TMA, tiles, K blocks[, groups]) — a group mode when the scales have one (masked SFA)."""
+        tiler = (None,) * cute.rank(m_scales)
+        g_tiles = cute.local_tile(m_scales, (rows, 1), tiler)
+        return cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(s_staged, 0, 2), cute.group_modes(g_tiles, 0, 2)
+        )
+
     @cute.jit
     def _locate_tile(self, t, ct_m, ct_n, mMasked, cluster_coord_mnk):
         """Cluster tile t → (group, this CTA's tile m, tile n); both roles walk the same sequence."""
@@ -672,17 +678,7 @@ class HopperGemmKernel:
         mSFB = None
         if cutlass.const_expr(self.block_scaled):
             sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-            if cutlass.const_expr(self.masked):
-                gSFA = cute.local_tile(mSFA_mk, (tm, 1), (None, None, None))
-            else:
-                gSFA = cute.local_tile(mSFA_mk, (tm, 1), (None, None))
-            tSFAsSFA, tSFAgSFA = cpasync.tma_partition(
-                tma_atom_sfa,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sSFA, 0, 2),
-                cute.group_modes(gSFA, 0, 2),
-            )
+            tSFAsSFA, tSFAgSFA = self._partition_scale_vector(tma_atom_sfa, sSFA, mSFA_mk, tm)
             k_blocks = mSFA_mk.shape[1]
             n_blocks = (mC_mn.shape[1] + SCALE_BLOCK - 1) // SCALE_BLOCK
             if cutlass.const_expr(self.m_grouped):
@@ -703,14 +699,7 @@ class HopperGemmKernel:
         tSFBgSFB = None
         if cutlass.const_expr(self.sfb_per_row):
             sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
-            gSFB = cute.local_tile(mSFB_nk, (tn, 1), (None, None))
-            tSFBsSFB, tSFBgSFB = cpasync.tma_partition(
-                tma_atom_sfb,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sSFB, 0, 2),
-                cute.group_modes(gSFB, 0, 2),
-            )
+            tSFBsSFB, tSFBgSFB = self._partition_scale_vector(tma_atom_sfb, sSFB, mSFB_nk, tn)
         mIdx = None
         mMasked = None
         if cutlass.const_expr(self.masked):
