@@ -91,13 +91,11 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
     return m, n, k
 
 
-def _check_pointers(**tensors: torch.Tensor | None) -> None:
+def _check_pointers(op: str = OP_FP8_GEMM_NT, sfb_align: int = 4, **tensors: torch.Tensor | None) -> None:
+    """Base alignment: 16 bytes (TMA) for every operand but SFB, which fp8_gemm_nt reads with
+    plain loads (4 bytes) and the weight-gradient GEMM loads by TMA (16)."""
     for arg, t in tensors.items():
-        if t is None or t.numel() == 0:
-            continue
-        align = 4 if arg == "sfb" else PTR_ALIGN_BYTES
-        if t.data_ptr() % align:
-            raise _fail(arg, f"must start at a {align}-byte aligned address, got 0x{t.data_ptr():x}")
+        ops.check_aligned(op, arg, t, sfb_align if arg == "sfb" else PTR_ALIGN_BYTES)
 
 
 def _new_out(a: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
@@ -245,7 +243,7 @@ def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
         d.copy_(c)
     if m == 0 or n == 0 or k == 0:
         return
-    _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=d)
+    _check_pointers(OP_FP8_WGRAD, PTR_ALIGN_BYTES, a=a, sfa=sfa, b=b, sfb=sfb, out=d)
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel)

@@ -122,8 +122,7 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Non
             out.zero_()
         return
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
-        if t.data_ptr() % fp8_ops.PTR_ALIGN_BYTES:
-            raise _fail(arg, f"must start at a 16-byte aligned address, got 0x{t.data_ptr():x}")
+        ops.check_aligned(OP, arg, t)
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP, m, n, k, device, kernel)
@@ -258,8 +257,7 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
     if g == 0 or max_m == 0 or n == 0:
         return
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
-        if t.data_ptr() % fp8_ops.PTR_ALIGN_BYTES:
-            raise _fail_masked(arg, f"must start at a 16-byte aligned address, got 0x{t.data_ptr():x}")
+        ops.check_aligned(OP_MASKED, arg, t)
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     hint_m = max(1, min(int(expected_m), max_m)) * g
     with torch.cuda.device(device):

@@ -191,17 +191,21 @@ def _check_meta(a: Any, b: Any, out: Any | None) -> tuple[int, int, int]:
     return m, n, k
 
 
+def check_aligned(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = PTR_ALIGN_BYTES) -> None:
+    """InputError unless `t` (when given and not empty) starts at an `align_bytes`-aligned address."""
+    if t is None or t.numel() == 0:
+        return
+    ptr = t.data_ptr()
+    if ptr % align_bytes:
+        raise InputError(
+            f"{op}: argument '{arg}' must start at a {align_bytes}-byte aligned address, got "
+            f"0x{ptr:x} (storage offset {t.storage_offset()} elements)"
+        )
+
+
 def _check_pointers(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> None:
     for arg, t in (("a", a), ("b", b), ("out", out)):
-        if t is None or t.numel() == 0:
-            continue
-        ptr = t.data_ptr()
-        if ptr % PTR_ALIGN_BYTES:
-            raise _fail(
-                arg,
-                f"must start at a {PTR_ALIGN_BYTES}-byte aligned address, got 0x{ptr:x} "
-                f"(storage offset {t.storage_offset()} elements)",
-            )
+        check_aligned(OP_BF16_GEMM_NT, arg, t)
 
 
 def _out_strides(n: Any) -> tuple[Any, int]:

@@ -168,15 +168,7 @@ def _check_rows(op: str, arg: str, t: torch.Tensor) -> None:
 
 
 def _check_ptr(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = PTR_ALIGN_BYTES) -> None:
-    if t is None or t.numel() == 0:
-        return
-    if t.data_ptr() % align_bytes:
-        raise _fail(
-            op,
-            arg,
-            f"must start at a {align_bytes}-byte aligned address, got 0x{t.data_ptr():x} "
-            f"(storage offset {t.storage_offset()} elements)",
-        )
+    ops.check_aligned(op, arg, t, align_bytes)
 
 
 def _check_out(op: str, out: Any, out_scales: Any, device: Any, q_shape: tuple) -> None:
