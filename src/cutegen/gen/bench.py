@@ -270,31 +270,43 @@ def bench_grouped_contiguous() -> list[dict]:
         sfa = to_mn_major_tma_aligned(sfa_rows)
         sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
         out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
-        ours = time_cuda(lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out))
-        try:
-            calls, row = [], 0
-            for g, span in enumerate(spans):
-                calls.append(_cublas_blockwise(a[row : row + span], sfa_rows[row : row + span], b[g], sfb[g]))
-                row += span
-            loop = time_cuda(lambda: [c() for c in calls])
-        except Exception as exc:
-            loop = None
-            print(f"cuBLAS loop failed for {groups}x{expected}: {type(exc).__name__}: {str(exc)[:120]}")
-        flops = 2.0 * sum(sizes) * n * k
+        starts = [sum(spans[:g]) for g in range(groups)]
         rows.append(
-            {
-                "groups": groups, "rows_per_group": expected, "n": n, "k": k,
-                "ours_us": ours, "ours_tflops": flops / ours / 1e6,
-                "cublas_loop_tflops": flops / loop / 1e6 if loop else None,
-                "deepgemm_tflops": anchor,
-            }
+            _grouped_row(
+                (groups, expected, n, k), sum(sizes), anchor,
+                lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out),
+                lambda: [
+                    _cublas_blockwise(a[r : r + span], sfa_rows[r : r + span], b[g], sfb[g])
+                    for g, (r, span) in enumerate(zip(starts, spans))
+                ],
+            )
         )
     return rows
 
 
-def render_grouped(rows: list[dict], env: dict) -> str:
+def _grouped_row(problem, real_rows: int, anchor, run_ours, make_cublas_calls) -> dict:
+    """Time a grouped GEMM and the loop of cuBLAS calls (one per group) it replaces; TFLOPS count
+    real rows only. A configuration cuBLAS rejects is reported as n/a."""
+    groups, rows_per_group, n, k = problem
+    ours = time_cuda(run_ours)
+    try:
+        calls = make_cublas_calls()
+        loop = time_cuda(lambda: [c() for c in calls])
+    except Exception as exc:
+        loop = None
+        print(f"cuBLAS loop failed for {groups}x{rows_per_group}: {type(exc).__name__}: {str(exc)[:120]}")
+    flops = 2.0 * real_rows * n * k
+    return {
+        "groups": groups, "rows_per_group": rows_per_group, "n": n, "k": k,
+        "ours_us": ours, "ours_tflops": flops / ours / 1e6,
+        "cublas_loop_tflops": flops / loop / 1e6 if loop else None,
+        "deepgemm_tflops": anchor,
+    }
+
+
+def render_grouped(rows: list[dict], env: dict, op: str = "m_grouped_fp8_gemm_nt_contiguous") -> str:
     lines = [
-        f"# m_grouped_fp8_gemm_nt_contiguous on {env['gpu']} ({env['date']}); TFLOPS count real rows only",
+        f"# {op} on {env['gpu']} ({env['date']}); TFLOPS count real rows only",
         "",
         "| groups x rows | N, K | TFLOPS | cuBLAS loop TFLOPS | DeepGEMM TFLOPS | vs DeepGEMM |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -332,21 +344,12 @@ def bench_grouped_masked() -> list[dict]:
         sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
         masked_m = torch.full((groups,), m, dtype=torch.int32, device="cuda")
         out = torch.empty(groups, m, n, device="cuda", dtype=torch.bfloat16)
-        ours = time_cuda(lambda: grouped_ops.m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, m, out=out))
-        try:
-            calls = [_cublas_blockwise(a[g], sfa_rows[g], b[g], sfb[g]) for g in range(groups)]
-            loop = time_cuda(lambda: [c() for c in calls])
-        except Exception as exc:
-            loop = None
-            print(f"cuBLAS loop failed for {groups}x{m}: {type(exc).__name__}: {str(exc)[:120]}")
-        flops = 2.0 * groups * m * n * k
         rows.append(
-            {
-                "groups": groups, "rows_per_group": m, "n": n, "k": k,
-                "ours_us": ours, "ours_tflops": flops / ours / 1e6,
-                "cublas_loop_tflops": flops / loop / 1e6 if loop else None,
-                "deepgemm_tflops": anchor,
-            }
+            _grouped_row(
+                (groups, m, n, k), groups * m, anchor,
+                lambda: grouped_ops.m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, m, out=out),
+                lambda: [_cublas_blockwise(a[g], sfa_rows[g], b[g], sfb[g]) for g in range(groups)],
+            )
         )
     return rows
 
@@ -477,7 +480,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         results["m_grouped_fp8_gemm_nt_contiguous"] = rows
     if "m_grouped_fp8_gemm_nt_masked" in ops and "m_grouped_fp8_gemm_nt_masked" in available:
         rows = bench_grouped_masked()
-        print(render_grouped(rows, env).replace("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"))
+        print(render_grouped(rows, env, "m_grouped_fp8_gemm_nt_masked"))
         results["m_grouped_fp8_gemm_nt_masked"] = rows
     if "fp8_wgrad_gemm_nt" in ops and "fp8_wgrad_gemm_nt" in available:
         rows = bench_wgrad()
