@@ -520,6 +520,25 @@ def test_catalogue_load_refuses_other_arch_before_touching_the_cubin(tmp_path, m
         KernelCatalogue.open(build).load("k100")
 
 
+def test_kernel_choice_is_remembered_per_op(tmp_path, monkeypatch):
+    """Two ops asked for the same shape each get one of their own kernels (the choice cache is
+    keyed by op as well as shape)."""
+    from cutegen.runtime import driver, ops
+
+    bf16 = make_manifest("bf16_k")
+    fp8 = dataclasses.replace(make_manifest("fp8_k"), op="fp8_gemm_nt")
+    build = write_build(tmp_path, [bf16, fp8], {"bf16_k": b"a", "fp8_k": b"b"})
+    fake = driver.DeviceInfo(0, "NVIDIA H200", (9, 0), 132, 232448)
+    monkeypatch.setattr(driver, "device_info", lambda ordinal=0: fake)
+    ops.set_build_dir(build)
+    try:
+        assert ops.choose_kernel("bf16_gemm_nt", 4096, 4096, 4096) == "bf16_k"
+        assert ops.choose_kernel("fp8_gemm_nt", 4096, 4096, 4096) == "fp8_k"
+        assert ops.choose_kernel("bf16_gemm_nt", 4096, 4096, 4096) == "bf16_k"
+    finally:
+        ops.set_build_dir(None)
+
+
 # ------------------------------------------------------------------------------------------------
 # Driver-layer helpers that need no driver
 

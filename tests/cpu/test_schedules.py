@@ -539,3 +539,19 @@ def test_schedules_package_imports_nothing_else():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_scale_stages_start_on_tma_aligned_boundaries():
+    """Each stage of a TMA-staged scale vector starts 128-byte aligned (a TMA destination must),
+    so 112- or 144-row stages are padded, and the shared-memory budget counts the padding."""
+    from cutegen.schedules.spec import TMA_SMEM_ALIGN_BYTES, scale_stage_elems
+
+    assert [scale_stage_elems(r) for r in (64, 112, 128, 144, 160, 256)] == [64, 128, 128, 160, 160, 256]
+    for rows in range(16, 257, 16):
+        assert scale_stage_elems(rows) * 4 % TMA_SMEM_ALIGN_BYTES == 0
+        assert 0 <= scale_stage_elems(rows) - rows < TMA_SMEM_ALIGN_BYTES // 4
+    wgrad = [s for s in default_schedules() if s.op.scales_b_per_row and s.tile_n == 112]
+    assert wgrad, "the default catalogue has 112-wide weight-gradient tiles"
+    for s in wgrad:
+        ab = s.tile_k * (s.tile_m + s.tile_n)  # one byte per e4m3 element
+        assert s.stage_bytes == ab + 4 * (128 + 128)

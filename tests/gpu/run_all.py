@@ -1,7 +1,8 @@
 """Run the whole GPU tier and the benchmark in one go, each part in its own process under a time
 limit, so that a hung kernel costs one part and not the session; print a summary table last.
 
-    python3 tests/gpu/run_all.py [--out DIR] [--test-timeout S] [--bench-timeout S] [--no-bench]
+    python3 tests/gpu/run_all.py [--out DIR] [--only NAME ...] [--test-timeout S] [--bench-timeout S]
+                                 [--no-bench] [--bench-op OP ...]
 
 Logs go to DIR (default ./gpu-logs): one per test file, bench.md and bench.json.
 """
@@ -37,16 +38,22 @@ def main() -> int:
     p.add_argument("--test-timeout", type=int, default=240)
     p.add_argument("--bench-timeout", type=int, default=300)
     p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--only", action="append", default=[], help="only test files whose name contains this (repeatable)")
+    p.add_argument("--bench-op", action="append", default=[], help="only this benchmark op (repeatable)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for test in sorted(HERE.glob("test_*.py")):
+        if args.only and not any(o in test.name for o in args.only):
+            continue
         log = out / f"{test.stem}.log"
         cmd = [sys.executable, "-m", "pytest", str(test), "-q", "-ra", "-p", "no:cacheprovider"]
         rows.append((test.name, *run(cmd, log, args.test_timeout)))
     if not args.no_bench:
         cmd = [sys.executable, "-m", "cutegen.gen.cli", "bench", "--json-out", str(out / "bench.json")]
+        for op in args.bench_op:
+            cmd += ["--op", op]
         rows.append(("cutegen bench", *run(cmd, out / "bench.md", args.bench_timeout)))
     width = max(len(r[0]) for r in rows)
     print(f"{'part':<{width}}  {'status':<24} {'seconds':>7}  last line")

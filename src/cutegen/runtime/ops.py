@@ -47,7 +47,8 @@ _CHOICE_CACHE_SIZE = 4096
 _lock = threading.RLock()
 _catalogue: KernelCatalogue | None = None
 _build_dir: str | os.PathLike[str] | None = None
-_choices: dict[tuple[int, int, int, int], str] = {}
+# (op, device, M, N, K) -> kernel name; the op is part of the key (shapes repeat across ops).
+_choices: dict[tuple[str, int, int, int, int], str] = {}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -90,7 +91,7 @@ def _candidates(op: str, ordinal: int) -> list[Any]:
 
 def choose_kernel(op: str, m: int, n: int, k: int, device: int = 0) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU."""
-    key = (int(device), int(m), int(n), int(k))
+    key = (op, int(device), int(m), int(n), int(k))
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)

@@ -167,6 +167,16 @@ QUANT_GROUP = 128
 QUANT_MAX_GROUPS = 1024
 # Block-scaled ops: one scale per 128 elements along K (and per 128 rows of B).
 SCALE_BLOCK = 128
+# A TMA tensor copy's shared-memory destination must be 128-byte aligned, so each stage of a
+# TMA-staged scale vector starts on a 128-byte boundary.
+TMA_SMEM_ALIGN_BYTES = 128
+
+
+def scale_stage_elems(rows: int) -> int:
+    """fp32 slots one pipeline stage of a TMA-staged scale vector of ``rows`` scales occupies:
+    ``rows`` rounded up so that the next stage starts 128-byte aligned (112 -> 128, 144 -> 160)."""
+    per_line = TMA_SMEM_ALIGN_BYTES // 4
+    return -(-rows // per_line) * per_line
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -223,9 +233,9 @@ class Schedule:
                 return self.tile_m * self.tile_n * self.a_dtype.bytes
             return 0
         ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
-        scales = 4 * self.tile_m if self.block_scaled else 0
+        scales = 4 * scale_stage_elems(self.tile_m) if self.block_scaled else 0
         if self.op.scales_b_per_row:
-            scales += 4 * self.tile_n
+            scales += 4 * scale_stage_elems(self.tile_n)
         return ab + scales
 
     @property

@@ -29,6 +29,7 @@ from cutegen.schedules.spec import (
     Raster,
     ScaleFormat,
     Schedule,
+    scale_stage_elems,
 )
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
@@ -329,21 +330,25 @@ class HopperGemmKernel:
             cute.slice_(epi_staged, (None, None, 0)),
             self.epi_tile,
         )
-        # SFA: one column of tile_m scales per stage, contiguous along M (no swizzle).
-        sfa_staged = cute.make_layout((tm, 1, self.ab_stage), stride=(1, 0, tm))
+        # SFA: one column of tile_m scales per stage, contiguous along M (no swizzle); each stage
+        # starts 128-byte aligned, as a TMA destination must.
+        sfa_stride = scale_stage_elems(tm)
+        sfa_staged = cute.make_layout((tm, 1, self.ab_stage), stride=(1, 0, sfa_stride))
         tma_atom_sfa = None
         tma_tensor_sfa = None
         if cutlass.const_expr(self.block_scaled):
             tma_atom_sfa, tma_tensor_sfa = self._scale_vector_tma(sfa, tm)
-        sfa_elems = tm * self.ab_stage if self.block_scaled else 1
-        sfb_staged = cute.make_layout((tn, 1, self.ab_stage), stride=(1, 0, tn))
+        sfa_elems = sfa_stride * self.ab_stage if self.block_scaled else 1
+        # SFB per row (weight gradients): 112- or 144-wide tiles pad each stage to 128 bytes.
+        sfb_stride = scale_stage_elems(tn)
+        sfb_staged = cute.make_layout((tn, 1, self.ab_stage), stride=(1, 0, sfb_stride))
         tma_atom_sfb = None
         tma_tensor_sfb = None
         sfb_arg = sfb
         if cutlass.const_expr(self.sfb_per_row):
             tma_atom_sfb, tma_tensor_sfb = self._scale_vector_tma(sfb, tn)
             sfb_arg = None
-        sfb_elems = tn * self.ab_stage if self.sfb_per_row else 1
+        sfb_elems = sfb_stride * self.ab_stage if self.sfb_per_row else 1
 
         @cute.struct
         class SharedStorage:

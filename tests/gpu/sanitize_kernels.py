@@ -1,0 +1,131 @@
+"""Run every built kernel of the chosen ops once on a small multi-tile problem, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck  python3 tests/gpu/sanitize_kernels.py [--op OP ...] [--pattern S]
+    compute-sanitizer --tool synccheck python3 tests/gpu/sanitize_kernels.py --op fp8_gemm_nt --pattern c2x1
+
+Each kernel is forced by name and synchronised, so the sanitizer attributes any error to it; the
+problems are small (the sanitizer slows kernels by orders of magnitude) but span several tiles,
+several waves of a shrunk grid and ragged edges, which is where out-of-bounds accesses hide. The
+script prints one line per kernel and exits non-zero when a launch or a synchronisation fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+import torch
+
+from cutegen.runtime import fp8_ops, grouped_ops, ops, quant_ops
+
+
+def _fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random e4m3 [rows, cols] and its per-1x128 scales, MN-major and TMA-aligned."""
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    return quant_ops.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned")
+
+
+def _block_scaled(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 weights with 128x128 block scales (one per group when b has a group mode)."""
+    if b.dim() == 2:
+        return quant_ops.per_block_quant_fp8(b)
+    q, s = zip(*(quant_ops.per_block_quant_fp8(b[g]) for g in range(b.shape[0])))
+    return torch.stack(q), torch.stack(s).contiguous()
+
+
+def run_bf16(name: str) -> None:
+    a = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(456, 512, device="cuda", dtype=torch.bfloat16)
+    ops.bf16_gemm_nt(a, b, kernel=name)
+
+
+def run_fp8(name: str) -> None:
+    qa, sa = _fp8(300, 512)
+    qb, sb = _block_scaled(torch.randn(456, 512, device="cuda", dtype=torch.bfloat16))
+    fp8_ops.fp8_gemm_nt(qa, sa, qb, sb, kernel=name)
+
+
+def run_wgrad(name: str) -> None:
+    qa, sa = _fp8(300, 512)
+    qb, sb = _fp8(456, 512)
+    d = torch.randn(300, 456, device="cuda")
+    fp8_ops.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, kernel=name)
+
+
+def run_contiguous(name: str) -> None:
+    align = grouped_ops.contiguous_alignment()
+    rows = [align, 0, 2 * align]  # an empty group in the middle
+    m_indices = torch.cat(
+        [torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)]
+    )
+    m_indices[align - 5 : align] = -1  # padding rows
+    qa, sa = _fp8(int(m_indices.numel()), 512)
+    qb, sb = _block_scaled(torch.randn(3, 456, 512, device="cuda", dtype=torch.bfloat16))
+    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, m_indices, kernel=name)
+
+
+def run_masked(name: str) -> None:
+    groups, max_m = 3, 192
+    a = torch.randn(groups * max_m, 512, device="cuda", dtype=torch.bfloat16)
+    qa, sa = quant_ops.per_token_quant_fp8(a)
+    qa = qa.view(groups, max_m, 512)
+    sa = fp8_ops.to_mn_major_tma_aligned(sa.view(groups, max_m, 4))
+    qb, sb = _block_scaled(torch.randn(groups, 456, 512, device="cuda", dtype=torch.bfloat16))
+    masked_m = torch.tensor([70, 0, 192], dtype=torch.int32, device="cuda")
+    grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 96, kernel=name)
+
+
+def run_quant(name: str) -> None:
+    manifest = ops.catalogue().manifest(name)
+    op, schedule = manifest.op, manifest.schedule
+    x = torch.randn(300, 1040, device="cuda", dtype=torch.bfloat16)  # K: 8 blocks + a ragged one
+    if op == "per_token_quant_fp8":
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[schedule["a_dtype"]]
+        fmt = "fp32" if schedule["scale"] == "f32" else schedule["scale"]
+        for layout in ("k-major", "mn-major-tma-aligned"):
+            quant_ops.per_token_quant_fp8(x.to(dtype), scale_format=fmt, scale_layout=layout, kernel=name)
+    elif op == "per_block_quant_fp8":
+        quant_ops.per_block_quant_fp8(x, kernel=name)
+    else:
+        sizes = torch.tensor([0, 100, 37, 163], dtype=torch.int32, device="cuda")
+        quant_ops.grouped_transposed_quant_fp8(x, sizes, kernel=name)
+
+
+RUNNERS: dict[str, Callable[[str], None]] = {
+    "bf16_gemm_nt": run_bf16,
+    "fp8_gemm_nt": run_fp8,
+    "fp8_wgrad_gemm_nt": run_wgrad,
+    "m_grouped_fp8_gemm_nt_contiguous": run_contiguous,
+    "m_grouped_fp8_gemm_nt_masked": run_masked,
+    "per_token_quant_fp8": run_quant,
+    "per_block_quant_fp8": run_quant,
+    "grouped_transposed_quant_fp8": run_quant,
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", action="append", choices=sorted(RUNNERS), help="repeatable; default: all")
+    p.add_argument("--pattern", default="", help="only kernels whose name contains this")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    failed = 0
+    for op in args.op or sorted(RUNNERS):
+        for name in ops.catalogue().names(op):
+            if args.pattern not in name:
+                continue
+            try:
+                RUNNERS[op](name)
+                torch.cuda.synchronize()
+                print(f"ok    {name}", flush=True)
+            except Exception as e:  # report and go on: the sanitizer's own log has the details
+                failed += 1
+                print(f"FAIL  {name}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+                if "CUDA error" in str(e) or "CUDA_ERROR" in str(e):
+                    return 1  # the context is gone; later kernels cannot run
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
