@@ -79,12 +79,12 @@ def run_masked(name: str) -> None:
 def run_quant(name: str) -> None:
     manifest = ops.catalogue().manifest(name)
     op, schedule = manifest.op, manifest.schedule
-    x = torch.randn(300, 1040, device="cuda", dtype=torch.bfloat16)  # K: 8 blocks + a ragged one
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[schedule["a_dtype"]]
+    x = torch.randn(300, 1040, device="cuda", dtype=dtype)  # K: 8 blocks + a ragged one
     if op == "per_token_quant_fp8":
-        dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[schedule["a_dtype"]]
         fmt = "fp32" if schedule["scale"] == "f32" else schedule["scale"]
         for layout in ("k-major", "mn-major-tma-aligned"):
-            quant_ops.per_token_quant_fp8(x.to(dtype), scale_format=fmt, scale_layout=layout, kernel=name)
+            quant_ops.per_token_quant_fp8(x, scale_format=fmt, scale_layout=layout, kernel=name)
     elif op == "per_block_quant_fp8":
         quant_ops.per_block_quant_fp8(x, kernel=name)
     else:

@@ -293,6 +293,13 @@ class Schedule:
             return 2 * self.accumulators_per_thread
         return self.accumulators_per_thread
 
+    @property
+    def ordered_math_warpgroups(self) -> bool:
+        """Block-scaled GEMMs with two math warpgroups take turns issuing their WGMMAs for each K
+        block (named barriers), so that one warpgroup promotes while the other's WGMMAs keep the
+        tensor cores busy; issued together, both would finish and promote at the same time."""
+        return self.block_scaled and not self.op.is_quantize and self.math_warpgroups == 2
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):

@@ -32,8 +32,11 @@ from cutegen.schedules.spec import (
     scale_stage_elems,
 )
 
-# Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
+# Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier; 2 and 3 order
+# the two math warpgroups' WGMMA issue (warpgroup w waits on 2 + w, signals 3 - w).
 EPILOGUE_BARRIER_ID = 1
+ORDER_BARRIER_ID = 2
+ORDER_BARRIER_THREADS = 2 * THREADS_PER_WARPGROUP
 
 
 def swizzle_bytes(swizzle: str) -> str:
@@ -128,6 +131,8 @@ class HopperGemmKernel:
         self.sfb_per_row = s.op.scales_b_per_row
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
+        # Two math warpgroups take turns issuing each K block's WGMMAs (block-scaled ops).
+        self.ordered_math_warpgroups = s.ordered_math_warpgroups
         self.group_size = s.group_size
         self.buffer_align_bytes = 1024
         self.load_warp_id = 0
@@ -466,11 +471,12 @@ class HopperGemmKernel:
     @cute.jit
     def _mainloop_block_scaled(
         self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
+        k_tile_cnt, num_k_blocks, tile_n, wg, group=None, sSFB=None,
     ):
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
-        promoted += acc · sfa[row] · sfb[column block] in fp32 registers. Returns the advanced
-        pipeline state (the caller must rebind it)."""
+        promoted += acc · sfa[row] · sfb[column block] in fp32 registers. With two math
+        warpgroups (`wg` 0 or 1) the warpgroups take turns issuing (see the class docstring).
+        Returns the advanced pipeline state (the caller must rebind it)."""
         tn = self.tile_shape_mnk[1]
         n0 = tile_n * tn
         nb0 = n0 // SCALE_BLOCK
@@ -480,13 +486,31 @@ class HopperGemmKernel:
         # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
         boundary = (nb0 + 1) * SCALE_BLOCK - n0
         promoted.fill(0.0)
+        mma_state = read_state.clone()
         for k_tile in range(k_tile_cnt):
-            # Issue the SFB loads before waiting for the stage: their latency hides behind it.
-            sfb0 = cutlass.Float32(1.0)
-            sfb1 = sfb0
-            if cutlass.const_expr(self.sfb_per_row):
-                pass  # per-column scales come from the stage (below)
-            elif cutlass.const_expr(self.m_grouped):
+            # The SFB loads go out before the stage wait: their latency hides behind it.
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+            if cutlass.const_expr(self.ordered_math_warpgroups):
+                cute.arch.barrier(barrier_id=ORDER_BARRIER_ID + wg, number_of_threads=ORDER_BARRIER_THREADS)
+            mma_state = self._issue_block(tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks)
+            if cutlass.const_expr(self.ordered_math_warpgroups):
+                cute.arch.barrier_arrive(
+                    barrier_id=ORDER_BARRIER_ID + 1 - wg, number_of_threads=ORDER_BARRIER_THREADS
+                )
+            warpgroup.wait_group(0)
+            read_state = self._promote_block(
+                acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary
+            )
+        return read_state
+
+    @cute.jit
+    def _block_sfb(self, mSFB, k_tile, nb0, nb1, group):
+        """(sfb of scale block nb0, of nb1) for K block k_tile; 1.0 when SFB is per row (those
+        scales come from the stage)."""
+        sfb0 = cutlass.Float32(1.0)
+        sfb1 = sfb0
+        if cutlass.const_expr(not self.sfb_per_row):
+            if cutlass.const_expr(self.m_grouped):
                 sfb0 = mSFB[(nb0, k_tile, group)]
                 sfb1 = sfb0
                 if cutlass.const_expr(not self.single_sfb_block):
@@ -496,34 +520,46 @@ class HopperGemmKernel:
                 sfb1 = sfb0
                 if cutlass.const_expr(not self.single_sfb_block):
                     sfb1 = mSFB[(nb1, k_tile)]
-            pipe.consumer_wait(read_state)
-            warpgroup.fence()
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-            for kb in cutlass.range_constexpr(num_k_blocks):
-                coord = (None, None, kb, read_state.index)
-                cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            # This thread's rows' SFA, read before the stage is handed back to the producer.
-            sfa = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
+        return sfb0, sfb1
+
+    @cute.jit
+    def _issue_block(self, tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks):
+        """Wait for the stage of `mma_state`, issue its WGMMAs into `acc` (from zero) as one
+        commit group; returns the advanced state."""
+        pipe.consumer_wait(mma_state)
+        warpgroup.fence()
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        for kb in cutlass.range_constexpr(num_k_blocks):
+            coord = (None, None, kb, mma_state.index)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        mma_state.advance()
+        return mma_state
+
+    @cute.jit
+    def _promote_block(self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary):
+        """promoted += acc · sfa · sfb for the (completed) block of `read_state`: this thread's
+        SFA (and per-row SFB) are read from the stage, which is then handed back to the
+        producer; returns the advanced state."""
+        sfa = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            sfa[i] = sSFA[(tCcC[i][0], 0, read_state.index)]
+        sfb_col = None
+        if cutlass.const_expr(self.sfb_per_row):
+            # One scale per column (row of B); identical columns share one load.
+            sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
             for i in cutlass.range_constexpr(cute.size(acc)):
-                sfa[i] = sSFA[(tCcC[i][0], 0, read_state.index)]
-            sfb_col = None
+                sfb_col[i] = sSFB[(tCcC[i][1], 0, read_state.index)]
+        pipe.consumer_release(read_state)
+        read_state.advance()
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            sfb = sfb0
             if cutlass.const_expr(self.sfb_per_row):
-                # One scale per column (row of B); identical columns share one load.
-                sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    sfb_col[i] = sSFB[(tCcC[i][1], 0, read_state.index)]
-            pipe.consumer_release(read_state)
-            read_state.advance()
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                sfb = sfb0
-                if cutlass.const_expr(self.sfb_per_row):
-                    sfb = sfb_col[i]
-                elif cutlass.const_expr(not self.single_sfb_block):
-                    sfb = sfb0 if tCcC[i][1] < boundary else sfb1
-                promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
+                sfb = sfb_col[i]
+            elif cutlass.const_expr(not self.single_sfb_block):
+                sfb = sfb0 if tCcC[i][1] < boundary else sfb1
+            promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
         return read_state
 
     def _scale_vector_tma(self, scales, rows: int):
@@ -881,6 +917,14 @@ class HopperGemmKernel:
                 ),
             )
 
+            # Issue order of the two math warpgroups: warpgroup 0 goes first, so warpgroup 1
+            # grants it the first turn; warpgroup 0 takes the last grant back after its last tile,
+            # leaving both named barriers balanced at exit.
+            math_wg = warp_group_idx - 1
+            if cutlass.const_expr(self.ordered_math_warpgroups):
+                if math_wg == 1:
+                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER_ID, number_of_threads=ORDER_BARRIER_THREADS)
+
             tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_cluster_tiles:
@@ -899,14 +943,14 @@ class HopperGemmKernel:
                 if cutlass.const_expr(self.masked):
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
+                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, math_wg, group,
                     )
                 elif cutlass.const_expr(self.m_grouped):
                     group = self._tile_group(mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
+                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n, math_wg,
                         cutlass.max(group, 0),
                     )
                     # Padding rows of D are written as zeros unless the caller opted out; with
@@ -917,7 +961,7 @@ class HopperGemmKernel:
                 elif cutlass.const_expr(self.block_scaled):
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
+                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, math_wg,
                         None, sSFB,
                     )
                 else:
@@ -960,6 +1004,9 @@ class HopperGemmKernel:
                 t += tile_stride
 
             store_pipeline.producer_tail()
+            if cutlass.const_expr(self.ordered_math_warpgroups):
+                if math_wg == 0:
+                    cute.arch.barrier(barrier_id=ORDER_BARRIER_ID, number_of_threads=ORDER_BARRIER_THREADS)
 
 
 class HopperFp8GemmKernel(HopperGemmKernel):
