@@ -128,7 +128,7 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
         (bad(producer_regs=16), "producer_regs"),
         (bad(consumer_regs=248), "consumer_regs"),  # 128*(40 + 2*248) > 65536
     ],
-    "accumulator_registers": [(bad(consumer_regs=192), "consumer_regs")],
+    "accumulator_registers": [(bad(consumer_regs=160), "consumer_regs")],
     "cluster_shape": [(bad(cluster_m=4), "cluster_m"), (bad(cluster_n=2, multicast=Multicast.AB), "cluster")],
     "multicast_matches_cluster": [
         (bad(multicast=Multicast.A), "multicast"),
@@ -210,7 +210,7 @@ def test_reason_wording():
     (sm,) = [v for v in violations(bad(stages=5)) if v.name == "smem_fits"]
     for word in ("stages=5", "stage_bytes=49152", "epilogue_bytes", "232448", "at most 4"):
         assert word in sm.reason, sm.reason
-    (acc,) = [v for v in violations(bad(consumer_regs=192)) if v.name == "accumulator_registers"]
+    (acc,) = [v for v in violations(bad(consumer_regs=160)) if v.name == "accumulator_registers"]
     assert "128" in acc.reason and "120" in acc.reason
 
 

@@ -627,7 +627,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     ops.set_build_dir(args.build_dir)
     out = Path(args.out) if args.out else Path(args.build_dir) / "tuning.json"
     try:
-        tune(args.op, shapes, out)
+        tune(args.op, shapes, out, timings_out=Path(args.timings_out) if args.timings_out else None)
     except ValueError as exc:
         raise CliError(str(exc), 2) from exc
     print(f"tuning table written: {out}")
@@ -763,6 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--shapes", required=True, metavar="M,N,K;...", help="shapes to tune, e.g. '4096,7168,16384;64,2112,7168'")
     tn.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=f"build folder (default: {DEFAULT_BUILD_DIR})")
     tn.add_argument("-o", "--out", metavar="PATH", help="tuning table to update (default: DIR/tuning.json, which the runtime reads)")
+    tn.add_argument("--timings-out", metavar="PATH", help="also write every kernel's time per shape (JSON)")
     tn.set_defaults(func=cmd_tune)
 
     bn = sub.add_parser("bench", help="benchmark the built kernels on this GPU beside torch (needs CUDA)")

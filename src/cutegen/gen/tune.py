@@ -73,7 +73,13 @@ def merge_table(path: Path, op: str, choices: dict[str, str]) -> dict:
     return table
 
 
-def tune(op: str, shapes: list[tuple[int, int, int]], out: Path, progress: Callable[[str], None] = print) -> dict:
+def tune(
+    op: str,
+    shapes: list[tuple[int, int, int]],
+    out: Path,
+    progress: Callable[[str], None] = print,
+    timings_out: Path | None = None,
+) -> dict:
     import torch
 
     from cutegen.runtime import heuristics, ops
@@ -84,6 +90,7 @@ def tune(op: str, shapes: list[tuple[int, int, int]], out: Path, progress: Calla
     if not names:
         raise ValueError(f"the catalogue at {ops.catalogue().build_dir} holds no {op} kernel")
     choices: dict[str, str] = {}
+    every: dict[str, dict[str, float]] = {}
     for m, n, k in shapes:
         run, output = _runner(op, m, n, k)
         reference = None
@@ -100,5 +107,9 @@ def tune(op: str, shapes: list[tuple[int, int, int]], out: Path, progress: Calla
             timings.append((time_cuda(lambda: run(name), warmup=3, reps=10), name))
         best_us, best = min(timings)
         choices[heuristics.shape_key(m, n, k)] = best
+        every[heuristics.shape_key(m, n, k)] = {name: round(us, 2) for us, name in timings}
         progress(f"{m},{n},{k}: {best} ({best_us:.1f} µs; {len(timings)} kernels timed)")
+    if timings_out is not None:
+        # Every kernel's time per shape (µs), for calibrating the analytic heuristic.
+        timings_out.write_text(json.dumps({op: every}, indent=2, sort_keys=True))
     return merge_table(out, op, choices)

@@ -43,6 +43,7 @@ TUNING_ENV = "CUTEGEN_TUNING"
 TUNING_FILE = "tuning.json"
 DEFAULT_NUM_SMS = 132
 TIE_TOLERANCE = 0.005
+SCALE_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,10 @@ class CostModel:
     operand_bandwidth: float = 10e12
     # What one SM can pull on its own (bounds the share of a nearly idle GPU).
     sm_bandwidth_cap: float = 200e9
+    # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 160, …)
+    # choose a scale per accumulator element while promoting; measured on an H200 their main
+    # loop runs ~1.2-1.25x slower than a 128-wide tile's (docs/perf/*-fp8-kernel-timings.json).
+    split_scale_block_slowdown: float = 1.25
 
     @property
     def flops_per_sm(self) -> float:
@@ -107,6 +112,13 @@ def _operand_bytes(manifest: KernelManifest, name: str, default: int = 2) -> int
 _RATE_BY_ELEMENT_BYTES = {1: 2.0, 2: 1.0, 4: 0.5}
 
 
+def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
+    """A block-scaled kernel with one SFB per 128x128 block whose tiles can span two of them."""
+    names = {operand.name for operand in manifest.operands}
+    per_block_sfb = "sfb" in names and manifest.op != "fp8_wgrad_gemm_nt"
+    return per_block_sfb and SCALE_BLOCK % tile_n != 0
+
+
 def score(
     manifest: KernelManifest,
     m: int,
@@ -136,6 +148,8 @@ def score(
     active = max(1, min(tiles, clusters_per_wave * cluster_size))
     sm_bandwidth = min(model.operand_bandwidth / active, model.sm_bandwidth_cap)
     compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
+    if _straddles_scale_blocks(manifest, tn):
+        compute *= model.split_scale_block_slowdown
     memory = tile_bytes / sm_bandwidth
     estimated = waves * max(compute, memory)
     return Score(

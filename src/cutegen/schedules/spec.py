@@ -288,10 +288,18 @@ class Schedule:
     @property
     def accumulator_registers(self) -> int:
         """fp32 registers per math thread that hold accumulators: the block-scaled path keeps
-        both the WGMMA accumulator and the promoted sum."""
-        if self.block_scaled:
-            return 2 * self.accumulators_per_thread
+        the promoted sum of the whole tile and the WGMMA accumulator of one wave."""
+        if self.block_scaled and not self.op.is_quantize:
+            return self.accumulators_per_thread + self.accumulators_per_thread // self.waves
         return self.accumulators_per_thread
+
+    @property
+    def waves(self) -> int:
+        """Row blocks of 64 per math warpgroup that a block-scaled tile is computed in, one
+        after the other through a single WGMMA accumulator (tile_m=256 with two warpgroups: 2)."""
+        if not self.block_scaled or self.op.is_quantize:
+            return 1
+        return max(1, self.tile_m // (64 * self.math_warpgroups))
 
     @property
     def ordered_math_warpgroups(self) -> bool:

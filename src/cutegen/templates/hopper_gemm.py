@@ -66,14 +66,21 @@ class HopperGemmKernel:
         swizzled shared-memory ring of EPILOGUE_STAGES sub-tiles, one elected warp issues the TMA
         store of each sub-tile.
 
-    Block-scaled path (`fp8_gemm_nt`, scale = f32; K a multiple of 128 = tile_k): each stage also
-    holds the tile's column of SFA (tile_m fp32, loaded by TMA with A from the MN-major,
-    TMA-aligned SFA [M, ⌈K/128⌉]); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math
-    threads (one or two values per K block: a tile spans at most two 128-column scale blocks).
-    Per K block each math warpgroup zeroes its WGMMA accumulator (ACCUMULATE=False on the first
-    MMA), waits for its own WGMMAs, reads its rows' SFA from the stage, releases the stage and
-    promotes: final += acc · sfa[row] · sfb[col block]. The two math warpgroups own different
-    rows, so one promotes while the other's WGMMAs run on the tensor cores.
+    Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; K a
+    multiple of 128 = tile_k): each stage also holds the tile's column of SFA (tile_m fp32, loaded
+    by TMA with A from the MN-major, TMA-aligned SFA [M, ⌈K/128⌉]; each stage's column starts
+    128-byte aligned); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math threads (one
+    or two values per K block: a tile spans at most two 128-column scale blocks), or, for the
+    weight gradient, staged per row of B by TMA like SFA. The tile's rows are computed in
+    `waves` of 64 rows per math warpgroup (tile_m=256 with two warpgroups: two waves). Per K
+    block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
+    (ACCUMULATE=False on the first), waits for them, reads its rows' SFA from the stage and
+    promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it releases the
+    stage. With two math warpgroups the WGMMA issue alternates between them through two named
+    barriers (ORDER_BARRIER_ID + w: warpgroup w waits on its own, then signals the other's), so
+    one warpgroup promotes while the other's WGMMAs run on the tensor cores; warpgroup 1 grants
+    the first turn and warpgroup 0 takes the last grant back after its final tile, so both
+    barriers are balanced at exit.
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
@@ -87,7 +94,9 @@ class HopperGemmKernel:
     Barriers: mbarriers of the mainloop pipeline (full and empty, per stage) initialised by
     warp 0 and made visible cluster-wide (init arrive/wait) before first use; named barrier
     EPILOGUE_BARRIER_ID over the math threads around each epilogue sub-tile (smem written →
-    fence.proxy.async → TMA store issued → buffer reusable).
+    fence.proxy.async → TMA store issued → buffer reusable); block-scaled ops with two math
+    warpgroups: named barriers ORDER_BARRIER_ID and ORDER_BARRIER_ID + 1 (256 threads each) for
+    the WGMMA issue order.
 
     Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
@@ -133,6 +142,9 @@ class HopperGemmKernel:
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         # Two math warpgroups take turns issuing each K block's WGMMAs (block-scaled ops).
         self.ordered_math_warpgroups = s.ordered_math_warpgroups
+        # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
+        # wave's WGMMAs into one accumulator that is promoted before the next wave.
+        self.waves = s.waves
         self.group_size = s.group_size
         self.buffer_align_bytes = 1024
         self.load_warp_id = 0
@@ -490,17 +502,18 @@ class HopperGemmKernel:
         for k_tile in range(k_tile_cnt):
             # The SFB loads go out before the stage wait: their latency hides behind it.
             sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
-            if cutlass.const_expr(self.ordered_math_warpgroups):
-                cute.arch.barrier(barrier_id=ORDER_BARRIER_ID + wg, number_of_threads=ORDER_BARRIER_THREADS)
-            mma_state = self._issue_block(tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks)
-            if cutlass.const_expr(self.ordered_math_warpgroups):
-                cute.arch.barrier_arrive(
-                    barrier_id=ORDER_BARRIER_ID + 1 - wg, number_of_threads=ORDER_BARRIER_THREADS
+            for wave in cutlass.range_constexpr(self.waves):
+                if cutlass.const_expr(self.ordered_math_warpgroups):
+                    cute.arch.barrier(barrier_id=ORDER_BARRIER_ID + wg, number_of_threads=ORDER_BARRIER_THREADS)
+                mma_state = self._issue_wave(tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave)
+                if cutlass.const_expr(self.ordered_math_warpgroups):
+                    cute.arch.barrier_arrive(
+                        barrier_id=ORDER_BARRIER_ID + 1 - wg, number_of_threads=ORDER_BARRIER_THREADS
+                    )
+                warpgroup.wait_group(0)
+                read_state = self._promote_wave(
+                    acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave
                 )
-            warpgroup.wait_group(0)
-            read_state = self._promote_block(
-                acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary
-            )
         return read_state
 
     @cute.jit
@@ -523,43 +536,52 @@ class HopperGemmKernel:
         return sfb0, sfb1
 
     @cute.jit
-    def _issue_block(self, tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks):
-        """Wait for the stage of `mma_state`, issue its WGMMAs into `acc` (from zero) as one
-        commit group; returns the advanced state."""
-        pipe.consumer_wait(mma_state)
+    def _issue_wave(self, tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave: int):
+        """Issue the WGMMAs of one wave (this warpgroup's 64 rows of row block `wave`) of the
+        stage of `mma_state` into `acc` (from zero) as one commit group. The first wave waits
+        for the stage; the last advances the state, which is returned."""
+        if cutlass.const_expr(wave == 0):
+            pipe.consumer_wait(mma_state)
         warpgroup.fence()
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         for kb in cutlass.range_constexpr(num_k_blocks):
-            coord = (None, None, kb, mma_state.index)
-            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+            # (V, 1) x (V, N) -> (V, 1, N): this wave's rows only; the WGMMA atom spans the
+            # tile's N, so N is 1.
+            a_frag = cute.append_ones(tCrA[(None, wave, kb, mma_state.index)], 2)
+            b_frag = tCrB[(None, None, kb, mma_state.index)]
+            cute.gemm(tiled_mma, acc, a_frag, b_frag, acc)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
-        mma_state.advance()
+        if cutlass.const_expr(wave == self.waves - 1):
+            mma_state.advance()
         return mma_state
 
     @cute.jit
-    def _promote_block(self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary):
-        """promoted += acc · sfa · sfb for the (completed) block of `read_state`: this thread's
-        SFA (and per-row SFB) are read from the stage, which is then handed back to the
-        producer; returns the advanced state."""
+    def _promote_wave(self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave: int):
+        """promoted[wave] += acc · sfa · sfb for the completed wave of the block of `read_state`:
+        this thread's SFA (and per-row SFB) are read from the stage; after the last wave the
+        stage is handed back to the producer and the state advanced. Returns the state."""
+        promoted_w = promoted[(None, wave, 0)]
+        coords = tCcC[(None, wave, 0)]
         sfa = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
         for i in cutlass.range_constexpr(cute.size(acc)):
-            sfa[i] = sSFA[(tCcC[i][0], 0, read_state.index)]
+            sfa[i] = sSFA[(coords[i][0], 0, read_state.index)]
         sfb_col = None
         if cutlass.const_expr(self.sfb_per_row):
             # One scale per column (row of B); identical columns share one load.
             sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
             for i in cutlass.range_constexpr(cute.size(acc)):
-                sfb_col[i] = sSFB[(tCcC[i][1], 0, read_state.index)]
-        pipe.consumer_release(read_state)
-        read_state.advance()
+                sfb_col[i] = sSFB[(coords[i][1], 0, read_state.index)]
+        if cutlass.const_expr(wave == self.waves - 1):
+            pipe.consumer_release(read_state)
+            read_state.advance()
         for i in cutlass.range_constexpr(cute.size(acc)):
             sfb = sfb0
             if cutlass.const_expr(self.sfb_per_row):
                 sfb = sfb_col[i]
             elif cutlass.const_expr(not self.single_sfb_block):
-                sfb = sfb0 if tCcC[i][1] < boundary else sfb1
-            promoted[i] = promoted[i] + acc[i] * (sfa[i] * sfb)
+                sfb = sfb0 if coords[i][1] < boundary else sfb1
+            promoted_w[i] = promoted_w[i] + acc[i] * (sfa[i] * sfb)
         return read_state
 
     def _scale_vector_tma(self, scales, rows: int):
@@ -795,6 +817,8 @@ class HopperGemmKernel:
         promoted = accumulators
         tCcC = None
         if cutlass.const_expr(self.block_scaled):
+            # WGMMA accumulator of one wave (64 rows per warpgroup); `promoted` holds them all.
+            accumulators = cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
             promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
             # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
             # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's).

@@ -1,0 +1,66 @@
+"""CPU tier: the analytic kernel choice against every default FP8 kernel's time measured on an H200.
+
+docs/perf/2026-11-30-h200-fp8-kernel-timings.json holds, per problem shape, the time of every
+default `fp8_gemm_nt` kernel (`cutegen tune --timings-out`). The heuristic only sees the kernels'
+names (tile, cluster, multicast), so this pins how far its choice may fall behind the fastest
+kernel measured, shape by shape, with no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from cutegen.runtime import heuristics
+from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec
+from cutegen.schedules import parse_name
+
+TIMINGS = Path(__file__).resolve().parents[2] / "docs" / "perf" / "2026-11-30-h200-fp8-kernel-timings.json"
+# The measured GPU: 132 SMs.
+H200_SMS = 132
+
+
+def manifest_from_name(name: str) -> KernelManifest:
+    """The fields the heuristic reads, from a procedural kernel name."""
+    s = parse_name(name)
+    return KernelManifest(
+        name=name,
+        op=s.op.value,
+        arch=s.arch.value,
+        entry="kernel",
+        cubin="kernel.cubin",
+        sha256="0" * 64,
+        block=(s.threads_per_cta, 1, 1),
+        cluster=(s.cluster_m, s.cluster_n, 1),
+        smem_bytes=s.smem_bytes,
+        pdl=False,
+        cooperative=False,
+        grid=GridRule("persistent_clusters", s.tile_m, s.tile_n, s.cluster_m, s.cluster_n),
+        operands=[
+            OperandSpec("a", s.a_dtype.value, ["M", "K"], 1, 16),
+            OperandSpec("sfa", "f32", ["M", "KB"], 0, 16),
+            OperandSpec("b", s.b_dtype.value, ["N", "K"], 1, 16),
+            OperandSpec("sfb", "f32", ["NB", "KB"], 1, 4),
+            OperandSpec("d", s.c_dtype.value, ["M", "N"], 1, 16),
+        ],
+        params=[],
+        schedule=s.to_dict(),
+        toolchain={},
+    )
+
+
+def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
+    timings = json.loads(TIMINGS.read_text())["fp8_gemm_nt"]
+    names = sorted({name for per_shape in timings.values() for name in per_shape})
+    candidates = [manifest_from_name(n) for n in names]
+    regrets = {}
+    for key, per_shape in timings.items():
+        m, n, k = map(int, key.split(","))
+        chosen = heuristics.choose("fp8_gemm_nt", candidates, m, n, k, H200_SMS, tuning={})
+        regrets[key] = per_shape[chosen.name] / min(per_shape.values())
+    worst = max(regrets, key=regrets.get)
+    geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
+    # Measured with the model of this commit: geometric mean 1.004, worst 1.026.
+    assert regrets[worst] < 1.05, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
+    assert geomean < 1.02, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
