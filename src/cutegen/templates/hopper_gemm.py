@@ -499,14 +499,15 @@ class HopperGemmKernel:
         boundary = (nb0 + 1) * SCALE_BLOCK - n0
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        # SFB comes from global memory: each K block's values are loaded one block ahead, so the
-        # load's latency overlaps a whole block instead of stalling the promotion (small tiles
-        # finish their WGMMAs long before an L2 round trip).
+        # SFB comes from global memory: each K block's values are loaded three blocks ahead
+        # through a register ring (current, ahead1, ahead2, loaded), so the L2 round trip
+        # (longer than a small tile's whole K block) never stalls the promotion.
+        last = cutlass.max(k_tile_cnt - 1, 0)
         sfb0, sfb1 = self._block_sfb(mSFB, 0, nb0, nb1, group)
+        ahead1_0, ahead1_1 = self._block_sfb(mSFB, cutlass.min(1, last), nb0, nb1, group)
+        ahead2_0, ahead2_1 = self._block_sfb(mSFB, cutlass.min(2, last), nb0, nb1, group)
         for k_tile in range(k_tile_cnt):
-            next0, next1 = self._block_sfb(
-                mSFB, cutlass.min(k_tile + 1, k_tile_cnt - 1), nb0, nb1, group
-            )
+            next0, next1 = self._block_sfb(mSFB, cutlass.min(k_tile + 3, last), nb0, nb1, group)
             for wave in cutlass.range_constexpr(self.waves):
                 if cutlass.const_expr(self.ordered_math_warpgroups):
                     cute.arch.barrier(barrier_id=ORDER_BARRIER_ID + wg, number_of_threads=ORDER_BARRIER_THREADS)
@@ -519,8 +520,9 @@ class HopperGemmKernel:
                 read_state = self._promote_wave(
                     acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave
                 )
-            sfb0 = next0
-            sfb1 = next1
+            sfb0, sfb1 = ahead1_0, ahead1_1
+            ahead1_0, ahead1_1 = ahead2_0, ahead2_1
+            ahead2_0, ahead2_1 = next0, next1
         return read_state
 
     @cute.jit
