@@ -1,9 +1,10 @@
-"""GPU tier: examples/c_launcher, linked against the real libcuda, runs exported BF16 GEMMs correctly.
+"""GPU tier: examples/c_launcher, linked against the real libcuda, runs exported BF16 and FP8 GEMMs
+correctly.
 
-Exports the bf16_gemm_nt kernels of the build folder ($CUTEGEN_BUILD_DIR or ./build) with
-`cutegen export`, builds examples/c_launcher with its Makefile (a C compiler, cuda.h, libcuda) and
-runs every exported kernel on a few shapes. The program compares each result with an exact CPU
-reference and exits 0 only if all match. Needs no CUDA toolkit: cuda.h may come from
+Exports the bf16_gemm_nt and fp8_gemm_nt kernels of the build folder ($CUTEGEN_BUILD_DIR or
+./build) with `cutegen export`, builds examples/c_launcher with its Makefile (a C compiler, cuda.h,
+libcuda) and runs every exported kernel of each program on a few shapes. Each program compares its
+results with an exact CPU reference and exits 0 only if all match. Needs no CUDA toolkit: cuda.h may come from
 $CUTEGEN_CUDA_INCLUDE, $CUDA_HOME/include, /usr/local/cuda/include or pip's nvidia packages.
 """
 
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = REPO / "examples" / "c_launcher"
 SHAPES = [(1000, 1536, 2048), (1, 256, 64), (333, 200, 136)]
+# FP8: K a multiple of 128; ragged M and N (N a multiple of 8, not of any tile).
+FP8_SHAPES = [(1000, 1536, 2048), (1, 264, 128), (333, 200, 384)]
 
 
 def cuda_include() -> Path | None:
@@ -59,7 +62,7 @@ def libcuda_path() -> str | None:
     return None
 
 
-def test_c_launcher_runs_exported_bf16_gemms(tmp_path):
+def test_c_launcher_runs_exported_bf16_and_fp8_gemms(tmp_path):
     pytest.importorskip("jinja2", reason="cutegen export needs jinja2")
     cc = shutil.which("gcc") or shutil.which("cc")
     make = shutil.which("make")
@@ -76,7 +79,7 @@ def test_c_launcher_runs_exported_bf16_gemms(tmp_path):
     from cutegen.runtime.catalogue import resolve_build_dir
 
     export = tmp_path / "export"
-    rc = main(["export", "--op", "bf16_gemm_nt", "--arch", "sm_90a", "-o", str(export),
+    rc = main(["export", "_gemm_bf16_", "_fp8gemm_", "--arch", "sm_90a", "-o", str(export),
                "--build-dir", str(resolve_build_dir())])
     assert rc == 0, "cutegen export failed"
     out = tmp_path / "bin"
@@ -86,8 +89,9 @@ def test_c_launcher_runs_exported_bf16_gemms(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for m, n, k in SHAPES:
-        run = subprocess.run([str(out / "c_launcher"), str(export), "all", str(m), str(n), str(k)],
-                             capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, f"{m}x{n}x{k}:\n{run.stdout}\n{run.stderr}"
-        assert "PASS" in run.stdout and "FAIL" not in run.stdout
+    for program, shapes in (("c_launcher", SHAPES), ("c_launcher_fp8", FP8_SHAPES)):
+        for m, n, k in shapes:
+            run = subprocess.run([str(out / program), str(export), "all", str(m), str(n), str(k)],
+                                 capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, f"{program} {m}x{n}x{k}:\n{run.stdout}\n{run.stderr}"
+            assert "PASS" in run.stdout and "FAIL" not in run.stdout
