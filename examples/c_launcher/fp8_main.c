@@ -24,31 +24,10 @@
 
 #include "cutegen_kernels.h"
 
+#define PROGRAM "c_launcher_fp8"
+#include "c_launcher_common.h"
+
 #define SCALE_BLOCK 128
-
-static int fail_cuda(const char* what, CUresult r) {
-  const char* name = NULL;
-  if (cuGetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
-  fprintf(stderr, "c_launcher_fp8: %s failed with %s (%d)\n", what, name ? name : "an unknown error", (int)r);
-  if (cutegen_last_error()[0]) fprintf(stderr, "  %s\n", cutegen_last_error());
-  return 2;
-}
-
-#define CHECK(call)                                 \
-  do {                                              \
-    CUresult check_r_ = (call);                     \
-    if (check_r_ != CUDA_SUCCESS) {                 \
-      status = fail_cuda(#call, check_r_);          \
-      goto done;                                    \
-    }                                               \
-  } while (0)
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 /* e4m3 encoding of k/8 for k in [-8, 8]: every such value is a normal e4m3 number (or zero). */
 static uint8_t e4m3_of_eighths(int k) {

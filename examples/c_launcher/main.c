@@ -20,22 +20,8 @@
 
 #include "cutegen_kernels.h"
 
-static int fail_cuda(const char* what, CUresult r) {
-  const char* name = NULL;
-  if (cuGetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
-  fprintf(stderr, "c_launcher: %s failed with %s (%d)\n", what, name ? name : "an unknown error", (int)r);
-  if (cutegen_last_error()[0]) fprintf(stderr, "  %s\n", cutegen_last_error());
-  return 2;
-}
-
-#define CHECK(call)                                 \
-  do {                                              \
-    CUresult check_r_ = (call);                     \
-    if (check_r_ != CUDA_SUCCESS) {                 \
-      status = fail_cuda(#call, check_r_);          \
-      goto done;                                    \
-    }                                               \
-  } while (0)
+#define PROGRAM "c_launcher"
+#include "c_launcher_common.h"
 
 static uint16_t to_bf16(float f) {
   uint32_t u;
@@ -43,13 +29,6 @@ static uint16_t to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
   u += 0x7fffu + ((u >> 16) & 1u);                   /* round to nearest even */
   return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
 }
 
 /* Multiples of 1/8 in [-1, 1]: exact in bf16. */
