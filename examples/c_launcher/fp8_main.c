@@ -60,8 +60,8 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   const int KB = K / SCALE_BLOCK, NB = (N + SCALE_BLOCK - 1) / SCALE_BLOCK, MA = (M + 3) / 4 * 4;
   size_t sa = (size_t)M * K, sb = (size_t)N * K, sd = (size_t)M * N, i;
   size_t ssfa = (size_t)MA * KB, ssfb = (size_t)NB * KB;
-  int status = 2, rows = M < 16 ? M : 16, r, n, kk, bad = 0, loaded = 0, m, kb;
-  double max_abs = 0.0, max_rel = 0.0;
+  int status = 2, rows = M < 16 ? M : 16, r, n, kk, loaded = 0, m, kb;
+  bf16_check check = {0, 0.0, 0.0};
   uint64_t seed_a = 0x1234567ull, seed_b = 0x89abcdefull;
 
   CHECK(cutegen_kernel_load(&k, info, export_dir));
@@ -104,28 +104,17 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   for (r = 0; r < rows; r++) {
     int row = rows > 1 ? (int)((int64_t)r * (M - 1) / (rows - 1)) : 0;
     for (n = 0; n < N; n++) {
-      double ref = 0.0, got = from_bf16(hd[(size_t)row * N + n]), err, tol;
+      double ref = 0.0, got = from_bf16(hd[(size_t)row * N + n]);
       for (kb = 0; kb < KB; kb++) {
         double block = 0.0;
         for (kk = kb * SCALE_BLOCK; kk < (kb + 1) * SCALE_BLOCK; kk++)
           block += (double)qa[(size_t)row * K + kk] * (double)qb[(size_t)n * K + kk] / 64.0;
         ref += block * sfa_value(row, kb) * sfb_value(n / SCALE_BLOCK, kb);
       }
-      err = fabs(got - ref);
-      tol = fabs(ref) / 128.0 + 1e-6; /* bf16 rounding is at most |ref| / 256 */
-      if (!(err <= tol)) bad++;
-      if (!(err <= max_abs)) max_abs = err; /* NaN-propagating max */
-      if (fabs(ref) > 0 && !(err / fabs(ref) <= max_rel)) max_rel = err / fabs(ref);
+      bf16_check_element(&check, got, ref);
     }
   }
-  printf("kernel   %s\n", info->name);
-  printf("problem  M=%d N=%d K=%d  grid (%u, %u, %u)  block (%u, %u, %u)  cluster (%u, %u, %u)  smem %u\n", M, N, K,
-         plan.grid[0], plan.grid[1], plan.grid[2], info->block[0], info->block[1], info->block[2], info->cluster[0],
-         info->cluster[1], info->cluster[2], info->smem_bytes);
-  printf("checked  %d rows x %d columns against an exact CPU reference\n", rows, N);
-  printf("max abs error %.6g, max rel error %.6g, %d mismatches: %s\n\n", max_abs, max_rel, bad,
-         bad ? "FAIL" : "PASS");
-  status = bad ? 1 : 0;
+  status = bf16_check_report(&check, info, &plan, M, N, K, rows, "an exact CPU reference");
 
 done:
   if (a) cuMemFree(a);
@@ -144,64 +133,16 @@ done:
   return status;
 }
 
-int main(int argc, char** argv) {
-  const char* export_dir;
-  const char* which = NULL;
-  int M = 1000, N = 1536, K = 2048, arg = 2, status = 0, i, ran = 0;
-  CUdevice dev;
-  CUcontext ctx = NULL;
-  CUstream stream = NULL;
-
-  if (argc < 2 || argc > 6) {
-    fprintf(stderr, "usage: %s EXPORT_DIR [KERNEL|all] [M N K]\n", argv[0]);
-    return 2;
-  }
-  export_dir = argv[1];
-  if (argc == 3 || argc == 6) which = argv[arg++];
-  if (argc - arg == 3) {
-    M = atoi(argv[arg]);
-    N = atoi(argv[arg + 1]);
-    K = atoi(argv[arg + 2]);
-  } else if (argc != arg) {
-    fprintf(stderr, "usage: %s EXPORT_DIR [KERNEL|all] [M N K]\n", argv[0]);
-    return 2;
-  }
+static int check_problem(int M, int N, int K) {
   if (M < 1 || N < 8 || N % 8 != 0 || K < SCALE_BLOCK || K % SCALE_BLOCK != 0) {
     fprintf(stderr, "c_launcher_fp8: need M >= 1, N a multiple of 8, K a multiple of %d; got M=%d N=%d K=%d\n",
             SCALE_BLOCK, M, N, K);
     return 2;
   }
-  if (CUTEGEN_FP8_GEMM_NT_NUM_KERNELS == 0) {
-    fprintf(stderr, "c_launcher_fp8: the export at %s has no fp8_gemm_nt kernel\n", export_dir);
-    return 2;
-  }
-  if (which && strcmp(which, "all") != 0) {
-    const cutegen_kernel_info* info = cutegen_find_kernel(which);
-    if (info == NULL || strcmp(info->op, "fp8_gemm_nt") != 0) {
-      fprintf(stderr, "c_launcher_fp8: %s is not a fp8_gemm_nt kernel of this export; it has:\n", which);
-      for (i = 0; i < CUTEGEN_FP8_GEMM_NT_NUM_KERNELS; i++) fprintf(stderr, "  %s\n", cutegen_fp8_gemm_nt_kernels[i]->name);
-      return 2;
-    }
-  }
+  return 0;
+}
 
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
-  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-
-  for (i = 0; i < CUTEGEN_FP8_GEMM_NT_NUM_KERNELS; i++) {
-    const cutegen_kernel_info* info = cutegen_fp8_gemm_nt_kernels[i];
-    int s;
-    if (which == NULL ? i > 0 : (strcmp(which, "all") != 0 && strcmp(which, info->name) != 0)) continue;
-    s = run(export_dir, info, stream, M, N, K);
-    ran++;
-    if (s > status) status = s;
-  }
-  printf("%d kernel(s) run: %s\n", ran, status == 0 ? "PASS" : status == 1 ? "FAIL" : "ERROR");
-
-done:
-  if (stream) cuStreamDestroy(stream);
-  if (ctx) cuDevicePrimaryCtxRelease(dev);
-  return status;
+int main(int argc, char** argv) {
+  return launcher_main(argc, argv, "fp8_gemm_nt", cutegen_fp8_gemm_nt_kernels, CUTEGEN_FP8_GEMM_NT_NUM_KERNELS,
+                       check_problem, run);
 }

@@ -48,8 +48,8 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   CUdeviceptr a = 0, b = 0, d = 0;
   uint16_t *ha = NULL, *hb = NULL, *hd = NULL;
   size_t sa = (size_t)M * K, sb = (size_t)N * K, sd = (size_t)M * N;
-  int status = 2, rows = M < 16 ? M : 16, r, n, kk, bad = 0, loaded = 0;
-  double max_abs = 0.0, max_rel = 0.0;
+  int status = 2, rows = M < 16 ? M : 16, r, n, kk, loaded = 0;
+  bf16_check check = {0, 0.0, 0.0};
 
   CHECK(cutegen_kernel_load(&k, info, export_dir));
   loaded = 1;
@@ -79,23 +79,11 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
     int row = rows > 1 ? (int)((int64_t)r * (M - 1) / (rows - 1)) : 0;
     for (n = 0; n < N; n++) {
       float ref = 0.0f, got = from_bf16(hd[(size_t)row * N + n]);
-      double err, tol;
       for (kk = 0; kk < K; kk++) ref += from_bf16(ha[(size_t)row * K + kk]) * from_bf16(hb[(size_t)n * K + kk]);
-      err = fabs((double)got - (double)ref);
-      tol = fabs((double)ref) / 128.0 + 1e-6; /* bf16 rounding is at most |ref| / 256 */
-      if (!(err <= tol)) bad++;
-      if (!(err <= max_abs)) max_abs = err; /* NaN-propagating max */
-      if (fabs(ref) > 0 && !(err / fabs(ref) <= max_rel)) max_rel = err / fabs(ref);
+      bf16_check_element(&check, got, ref);
     }
   }
-  printf("kernel   %s\n", info->name);
-  printf("problem  M=%d N=%d K=%d  grid (%u, %u, %u)  block (%u, %u, %u)  cluster (%u, %u, %u)  smem %u\n", M, N, K,
-         plan.grid[0], plan.grid[1], plan.grid[2], info->block[0], info->block[1], info->block[2], info->cluster[0],
-         info->cluster[1], info->cluster[2], info->smem_bytes);
-  printf("checked  %d rows x %d columns against an exact fp32 CPU reference\n", rows, N);
-  printf("max abs error %.6g, max rel error %.6g, %d mismatches: %s\n\n", max_abs, max_rel, bad,
-         bad ? "FAIL" : "PASS");
-  status = bad ? 1 : 0;
+  status = bf16_check_report(&check, info, &plan, M, N, K, rows, "an exact fp32 CPU reference");
 
 done:
   if (a) cuMemFree(a);
@@ -109,54 +97,6 @@ done:
 }
 
 int main(int argc, char** argv) {
-  const char* export_dir;
-  const char* which = NULL;
-  int M = 1000, N = 1536, K = 2048, arg = 2, status = 0, i, ran = 0;
-  CUdevice dev;
-  CUcontext ctx = NULL;
-  CUstream stream = NULL;
-
-  if (argc < 2 || argc > 6) {
-    fprintf(stderr, "usage: %s EXPORT_DIR [KERNEL|all] [M N K]\n", argv[0]);
-    return 2;
-  }
-  export_dir = argv[1];
-  if (argc == 3 || argc == 6) which = argv[arg++];
-  if (argc - arg == 3) {
-    M = atoi(argv[arg]);
-    N = atoi(argv[arg + 1]);
-    K = atoi(argv[arg + 2]);
-  } else if (argc != arg) {
-    fprintf(stderr, "usage: %s EXPORT_DIR [KERNEL|all] [M N K]\n", argv[0]);
-    return 2;
-  }
-  if (which && strcmp(which, "all") != 0) {
-    const cutegen_kernel_info* info = cutegen_find_kernel(which);
-    if (info == NULL || strcmp(info->op, "bf16_gemm_nt") != 0) {
-      fprintf(stderr, "c_launcher: %s is not a bf16_gemm_nt kernel of this export; it has:\n", which);
-      for (i = 0; i < CUTEGEN_BF16_GEMM_NT_NUM_KERNELS; i++) fprintf(stderr, "  %s\n", cutegen_bf16_gemm_nt_kernels[i]->name);
-      return 2;
-    }
-  }
-
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
-  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-
-  for (i = 0; i < CUTEGEN_BF16_GEMM_NT_NUM_KERNELS; i++) {
-    const cutegen_kernel_info* info = cutegen_bf16_gemm_nt_kernels[i];
-    int s;
-    if (which == NULL ? i > 0 : (strcmp(which, "all") != 0 && strcmp(which, info->name) != 0)) continue;
-    s = run(export_dir, info, stream, M, N, K);
-    ran++;
-    if (s > status) status = s;
-  }
-  printf("%d kernel(s) run: %s\n", ran, status == 0 ? "PASS" : status == 1 ? "FAIL" : "ERROR");
-
-done:
-  if (stream) cuStreamDestroy(stream);
-  if (ctx) cuDevicePrimaryCtxRelease(dev);
-  return status;
+  return launcher_main(argc, argv, "bf16_gemm_nt", cutegen_bf16_gemm_nt_kernels, CUTEGEN_BF16_GEMM_NT_NUM_KERNELS, NULL,
+                       run);
 }
