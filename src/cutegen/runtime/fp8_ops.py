@@ -26,11 +26,11 @@ import torch
 from . import ops
 from .errors import InputError, KernelLoadError
 from .launch import launch
+from .params import SCALE_BLOCK
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
 
 OP_FP8_GEMM_NT = "fp8_gemm_nt"
-SCALE_BLOCK = 128
 FP8_ROW_ALIGN_ELEMS = 16  # 16 bytes of e4m3
 OUT_ROW_ALIGN_ELEMS = 8  # 16 bytes of bf16
 SFA_COLUMN_ALIGN = 4  # 16 bytes of fp32: TMA's stride rule

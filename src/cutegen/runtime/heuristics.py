@@ -37,13 +37,12 @@ from typing import Any, Iterable, Mapping
 
 from .errors import ArtifactError
 from .manifest import KernelManifest
-from .params import DTYPE_BYTES, ceil_div
+from .params import DTYPE_BYTES, SCALE_BLOCK, ceil_div
 
 TUNING_ENV = "CUTEGEN_TUNING"
 TUNING_FILE = "tuning.json"
 DEFAULT_NUM_SMS = 132
 TIE_TOLERANCE = 0.005
-SCALE_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +112,9 @@ _RATE_BY_ELEMENT_BYTES = {1: 2.0, 2: 1.0, 4: 0.5}
 
 
 def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
-    """A block-scaled kernel with one SFB per 128x128 block whose tiles can span two of them."""
-    names = {operand.name for operand in manifest.operands}
-    per_block_sfb = "sfb" in names and manifest.op != "fp8_wgrad_gemm_nt"
+    """A kernel with one SFB per 128-row block of B (its sfb has an NB extent) whose tiles can
+    span two of those blocks."""
+    per_block_sfb = any(o.name == "sfb" and "NB" in o.shape for o in manifest.operands)
     return per_block_sfb and SCALE_BLOCK % tile_n != 0
 
 

@@ -34,6 +34,9 @@ from .errors import InputError, KernelLoadError
 from .manifest import KernelManifest, OperandSpec, Param
 
 # Bytes per element of the dtype names used in manifests.
+# Block-scaled ops: one fp32 scale per 128 elements along K (and per 128 rows of B, per block).
+SCALE_BLOCK = 128
+
 DTYPE_BYTES: dict[str, int] = {
     "bf16": 2,
     "f16": 2,
