@@ -289,24 +289,22 @@ class Schedule:
     def accumulator_registers(self) -> int:
         """fp32 registers per math thread that hold accumulators: the block-scaled path keeps
         the promoted sum of the whole tile and the WGMMA accumulator of one wave."""
-        if self.block_scaled and not self.op.is_quantize:
+        if self.block_scaled_gemm:
             return self.accumulators_per_thread + self.accumulators_per_thread // self.waves
         return self.accumulators_per_thread
+
+    @property
+    def block_scaled_gemm(self) -> bool:
+        """A GEMM with fp32 block scales (promotes per K block), as opposed to a quantize op."""
+        return self.block_scaled and not self.op.is_quantize
 
     @property
     def waves(self) -> int:
         """Row blocks of 64 per math warpgroup that a block-scaled tile is computed in, one
         after the other through a single WGMMA accumulator (tile_m=256 with two warpgroups: 2)."""
-        if not self.block_scaled or self.op.is_quantize:
+        if not self.block_scaled_gemm:
             return 1
         return max(1, self.tile_m // (64 * self.math_warpgroups))
-
-    @property
-    def ordered_math_warpgroups(self) -> bool:
-        """Block-scaled GEMMs with two math warpgroups take turns issuing their WGMMAs for each K
-        block (named barriers), so that one warpgroup promotes while the other's WGMMAs keep the
-        tensor cores busy; issued together, both would finish and promote at the same time."""
-        return self.block_scaled and not self.op.is_quantize and self.math_warpgroups == 2
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

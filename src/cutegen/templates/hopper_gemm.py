@@ -32,11 +32,8 @@ from cutegen.schedules.spec import (
     scale_stage_elems,
 )
 
-# Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier; 2 and 3 order
-# the two math warpgroups' WGMMA issue (warpgroup w waits on 2 + w, signals 3 - w).
+# Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
-ORDER_BARRIER_ID = 2
-ORDER_BARRIER_THREADS = 2 * THREADS_PER_WARPGROUP
 
 
 def swizzle_bytes(swizzle: str) -> str:
@@ -76,11 +73,8 @@ class HopperGemmKernel:
     block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
     (ACCUMULATE=False on the first), waits for them, reads its rows' SFA from the stage and
     promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it releases the
-    stage. With two math warpgroups the WGMMA issue alternates between them through two named
-    barriers (ORDER_BARRIER_ID + w: warpgroup w waits on its own, then signals the other's), so
-    one warpgroup promotes while the other's WGMMAs run on the tensor cores; warpgroup 1 grants
-    the first turn and warpgroup 0 takes the last grant back after its final tile, so both
-    barriers are balanced at exit.
+    stage. The two math warpgroups own different rows, so one can promote while the other's
+    WGMMAs run on the tensor cores.
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
@@ -94,9 +88,7 @@ class HopperGemmKernel:
     Barriers: mbarriers of the mainloop pipeline (full and empty, per stage) initialised by
     warp 0 and made visible cluster-wide (init arrive/wait) before first use; named barrier
     EPILOGUE_BARRIER_ID over the math threads around each epilogue sub-tile (smem written →
-    fence.proxy.async → TMA store issued → buffer reusable); block-scaled ops with two math
-    warpgroups: named barriers ORDER_BARRIER_ID and ORDER_BARRIER_ID + 1 (256 threads each) for
-    the WGMMA issue order.
+    fence.proxy.async → TMA store issued → buffer reusable).
 
     Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
@@ -140,8 +132,6 @@ class HopperGemmKernel:
         self.sfb_per_row = s.op.scales_b_per_row
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
-        # Two math warpgroups take turns issuing each K block's WGMMAs (block-scaled ops).
-        self.ordered_math_warpgroups = s.ordered_math_warpgroups
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
         # wave's WGMMAs into one accumulator that is promoted before the next wave.
         self.waves = s.waves
@@ -483,12 +473,11 @@ class HopperGemmKernel:
     @cute.jit
     def _mainloop_block_scaled(
         self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-        k_tile_cnt, num_k_blocks, tile_n, wg, group=None, sSFB=None,
+        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
     ):
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
-        promoted += acc · sfa[row] · sfb[column block] in fp32 registers. With two math
-        warpgroups (`wg` 0 or 1) the warpgroups take turns issuing (see the class docstring).
-        Returns the advanced pipeline state (the caller must rebind it)."""
+        promoted += acc · sfa[row] · sfb[column block] in fp32 registers, wave by wave (see the
+        class docstring). Returns the advanced pipeline state (the caller must rebind it)."""
         tn = self.tile_shape_mnk[1]
         n0 = tile_n * tn
         nb0 = n0 // SCALE_BLOCK
@@ -499,30 +488,15 @@ class HopperGemmKernel:
         boundary = (nb0 + 1) * SCALE_BLOCK - n0
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        # SFB comes from global memory: each K block's values are loaded three blocks ahead
-        # through a register ring (current, ahead1, ahead2, loaded), so the L2 round trip
-        # (longer than a small tile's whole K block) never stalls the promotion.
-        last = cutlass.max(k_tile_cnt - 1, 0)
-        sfb0, sfb1 = self._block_sfb(mSFB, 0, nb0, nb1, group)
-        ahead1_0, ahead1_1 = self._block_sfb(mSFB, cutlass.min(1, last), nb0, nb1, group)
-        ahead2_0, ahead2_1 = self._block_sfb(mSFB, cutlass.min(2, last), nb0, nb1, group)
         for k_tile in range(k_tile_cnt):
-            next0, next1 = self._block_sfb(mSFB, cutlass.min(k_tile + 3, last), nb0, nb1, group)
+            # The SFB loads go out before the stage wait: their latency hides behind it.
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
             for wave in cutlass.range_constexpr(self.waves):
-                if cutlass.const_expr(self.ordered_math_warpgroups):
-                    cute.arch.barrier(barrier_id=ORDER_BARRIER_ID + wg, number_of_threads=ORDER_BARRIER_THREADS)
                 mma_state = self._issue_wave(tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave)
-                if cutlass.const_expr(self.ordered_math_warpgroups):
-                    cute.arch.barrier_arrive(
-                        barrier_id=ORDER_BARRIER_ID + 1 - wg, number_of_threads=ORDER_BARRIER_THREADS
-                    )
                 warpgroup.wait_group(0)
                 read_state = self._promote_wave(
                     acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave
                 )
-            sfb0, sfb1 = ahead1_0, ahead1_1
-            ahead1_0, ahead1_1 = ahead2_0, ahead2_1
-            ahead2_0, ahead2_1 = next0, next1
         return read_state
 
     @cute.jit
@@ -950,14 +924,6 @@ class HopperGemmKernel:
                 ),
             )
 
-            # Issue order of the two math warpgroups: warpgroup 0 goes first, so warpgroup 1
-            # grants it the first turn; warpgroup 0 takes the last grant back after its last tile,
-            # leaving both named barriers balanced at exit.
-            math_wg = warp_group_idx - 1
-            if cutlass.const_expr(self.ordered_math_warpgroups):
-                if math_wg == 1:
-                    cute.arch.barrier_arrive(barrier_id=ORDER_BARRIER_ID, number_of_threads=ORDER_BARRIER_THREADS)
-
             tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_cluster_tiles:
@@ -976,14 +942,14 @@ class HopperGemmKernel:
                 if cutlass.const_expr(self.masked):
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, math_wg, group,
+                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
                     )
                 elif cutlass.const_expr(self.m_grouped):
                     group = self._tile_group(mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n, math_wg,
+                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
                         cutlass.max(group, 0),
                     )
                     # Padding rows of D are written as zeros unless the caller opted out; with
@@ -994,7 +960,7 @@ class HopperGemmKernel:
                 elif cutlass.const_expr(self.block_scaled):
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, math_wg,
+                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
                         None, sSFB,
                     )
                 else:
@@ -1037,9 +1003,6 @@ class HopperGemmKernel:
                 t += tile_stride
 
             store_pipeline.producer_tail()
-            if cutlass.const_expr(self.ordered_math_warpgroups):
-                if math_wg == 0:
-                    cute.arch.barrier(barrier_id=ORDER_BARRIER_ID, number_of_threads=ORDER_BARRIER_THREADS)
 
 
 class HopperFp8GemmKernel(HopperGemmKernel):
