@@ -26,6 +26,7 @@ SCHEDULES = (
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
     "cutegen_sm90a_fp8wgrad_e4m3_e4m3_f32_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_kgfp8wgrad_e4m3_e4m3_f32_f32_sff32_128x128x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
 )
 GROUPS = 3
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
@@ -96,6 +97,11 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     if masked:  # [G, max_m, ...] with M = max_m
         operands["a"] = OperandInfo(0x7F0000000000, (GROUPS, m, k), (m * (k + pad), k + pad, 1), ab)
         operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m, n), (m * (n + pad), n + pad, 1), "bf16")
+    kt = 128 * -(-k // 128)
+    if schedule.op.is_k_grouped:
+        operands["a"] = OperandInfo(0x7F0000000000, (m, kt), (kt, 1), ab)
+        operands["b"] = OperandInfo(0x7F1000000000, (n, kt), (kt, 1), ab)
+        operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m, n), (m * (n + pad), n + pad, 1), "f32")
     fakes = art["fake_arguments"]
 
     def tensor(fake, name):
@@ -140,6 +146,15 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             operands["m_indices"] = OperandInfo(0x7F5000000000, (m,), (1,), "i32")
             args += [ap.CPointer(operands["m_indices"].ptr), ap.CScalar(1)]
             extents.update(G=GROUPS, ZERO_PADDING=1)
+        if schedule.op.is_k_grouped:  # flat A, B as [rows, KT]; D [G, M, N]; sizes and workspace
+            operands["group_sizes"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
+            operands["workspace"] = OperandInfo(0x7F7000000000, (32 * 132,), (1,), "i64")
+            args = [
+                tensor(a_fake, "a"), tensor(sfa_fake, "sfa"), tensor(b_fake, "b"), tensor(sfb_fake, "sfb"),
+                tensor(d_fake, "d"), ap.CPointer(operands["group_sizes"].ptr),
+                ap.CPointer(operands["workspace"].ptr),
+            ]
+            extents = {"M": m, "N": n, "KT": kt, "KB": kb, "G": GROUPS, "W": 32 * 132}
     else:
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from cutegen.runtime import fp8_ops, grouped_ops, ops, quant_ops
+from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, ops, quant_ops
 
 
 def _fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +51,18 @@ def run_wgrad(name: str) -> None:
     qb, sb = _fp8(456, 512)
     d = torch.randn(300, 456, device="cuda")
     fp8_ops.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, kernel=name)
+
+
+def run_k_grouped(name: str) -> None:
+    sizes = [0, 100, 129, 300, 0]  # empty groups first and last, ragged block counts
+    m, n = 296, 456
+    x = torch.randn(sum(sizes), m, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(sum(sizes), n, device="cuda", dtype=torch.bfloat16)
+    sizes_gpu = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    qa, sa = quant_ops.grouped_transposed_quant_fp8(x, sizes_gpu)
+    qb, sb = quant_ops.grouped_transposed_quant_fp8(y, sizes_gpu)
+    d = torch.randn(len(sizes), m, n, device="cuda")
+    k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, d, sizes_gpu, kernel=name)
 
 
 def run_contiguous(name: str) -> None:
@@ -96,6 +108,7 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "bf16_gemm_nt": run_bf16,
     "fp8_gemm_nt": run_fp8,
     "fp8_wgrad_gemm_nt": run_wgrad,
+    "k_grouped_fp8_gemm_nt_contiguous": run_k_grouped,
     "m_grouped_fp8_gemm_nt_contiguous": run_contiguous,
     "m_grouped_fp8_gemm_nt_masked": run_masked,
     "per_token_quant_fp8": run_quant,

@@ -41,3 +41,17 @@ def test_torch_moe_layer_matches_bf16():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout and "prefill" in proc.stdout, proc.stdout
+
+
+MOE_BACKWARD = Path(__file__).resolve().parent.parent.parent / "examples" / "torch_moe_backward" / "moe_backward.py"
+
+
+def test_torch_moe_backward_matches_autograd():
+    from cutegen.runtime.catalogue import resolve_build_dir
+
+    proc = subprocess.run(
+        [sys.executable, str(MOE_BACKWARD), "--build-dir", str(resolve_build_dir()), "--tokens", "2048"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout and "dW2" in proc.stdout, proc.stdout

@@ -771,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument(
         "--op",
         action="append",
-        choices=("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_wgrad_gemm_nt", "quantize"),
+        choices=("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "quantize"),
         help="only this op (repeatable; default: every op with built kernels)",
     )
     bn.add_argument("--report", metavar="DIR",

@@ -38,6 +38,7 @@ EXPECTED_MMA: dict[tuple[str, str], str] = {
     ("sm_90a", "m_grouped_fp8_gemm_nt_contiguous"): "QGMMA",
     ("sm_90a", "m_grouped_fp8_gemm_nt_masked"): "QGMMA",
     ("sm_90a", "fp8_wgrad_gemm_nt"): "QGMMA",
+    ("sm_90a", "k_grouped_fp8_gemm_nt_contiguous"): "QGMMA",
     ("sm_100a", "bf16_gemm_nt"): "UTCHMMA",
     ("sm_100a", "fp8_gemm_nt"): "UTCQMMA",
     **{

@@ -5,6 +5,8 @@ reached lazily by attribute:
 
 * ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.ops`; imports torch on first access);
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
+* ``fp8_wgrad_gemm_nt`` (dense weight gradient, `fp8_ops`) and
+  ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient, `cutegen.runtime.k_grouped_ops`);
 * ``per_token_quant_fp8``, ``per_block_quant_fp8``, ``grouped_transposed_quant_fp8``
   (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch references are in
   `cutegen.runtime.quant_reference`);
@@ -34,6 +36,7 @@ _LAZY = {
     "bf16_gemm_nt": "ops",
     "fp8_gemm_nt": "fp8_ops",
     "fp8_wgrad_gemm_nt": "fp8_ops",
+    "k_grouped_fp8_gemm_nt_contiguous": "k_grouped_ops",
     "m_grouped_fp8_gemm_nt_contiguous": "grouped_ops",
     "m_grouped_fp8_gemm_nt_masked": "grouped_ops",
     "m_indices_from_group_ends": "grouped_ops",

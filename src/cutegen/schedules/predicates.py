@@ -39,6 +39,7 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({Arch.SM90A}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({Arch.SM90A}),
+    Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A}),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: frozenset({Arch.SM90A}),
@@ -54,6 +55,7 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
     # Weight gradients accumulate into an fp32 output.
     Op.FP8_WGRAD_GEMM_NT: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
+    Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
     Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: _QUANT_IN(DType.BF16),
@@ -67,6 +69,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({ScaleFormat.F32}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32}),
+    Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({ScaleFormat.F32}),

@@ -39,6 +39,7 @@ class Op(str, enum.Enum):
     M_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "m_grouped_fp8_gemm_nt_contiguous"
     M_GROUPED_FP8_GEMM_NT_MASKED = "m_grouped_fp8_gemm_nt_masked"
     FP8_WGRAD_GEMM_NT = "fp8_wgrad_gemm_nt"
+    K_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "k_grouped_fp8_gemm_nt_contiguous"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
@@ -51,6 +52,7 @@ class Op(str, enum.Enum):
             "m_grouped_fp8_gemm_nt_contiguous": "mgfp8gemmc",
             "m_grouped_fp8_gemm_nt_masked": "mgfp8gemmm",
             "fp8_wgrad_gemm_nt": "fp8wgrad",
+            "k_grouped_fp8_gemm_nt_contiguous": "kgfp8wgrad",
             "per_token_quant_fp8": "ptquant",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
@@ -64,7 +66,13 @@ class Op(str, enum.Enum):
     @property
     def scales_b_per_row(self) -> bool:
         """The weight-gradient recipe: B scaled per 1x128 along K (per row), like A."""
-        return self.value == "fp8_wgrad_gemm_nt"
+        return self.value in ("fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous")
+
+    @property
+    def is_k_grouped(self) -> bool:
+        """The MoE weight gradient: groups split K (tokens); A, B and their scales are stored one
+        group after another, D carries a group mode."""
+        return self.value == "k_grouped_fp8_gemm_nt_contiguous"
 
     @property
     def is_masked(self) -> bool:

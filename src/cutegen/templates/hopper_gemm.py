@@ -18,6 +18,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
+from cutlass.tensor_utils.tensormap import TensorMapManager, TensorMapUpdateMode
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.templates.dtypes import cute_dtype
@@ -34,6 +35,10 @@ from cutegen.schedules.spec import (
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
+# A TMA descriptor (CUtensorMap) is 128 bytes; the k-grouped kernels keep two per CTA (A and B)
+# in a global workspace, as 16 Int64 words each.
+TENSORMAP_BYTES = 128
+TENSORMAP_WORDS = TENSORMAP_BYTES // 8
 
 
 def swizzle_bytes(swizzle: str) -> str:
@@ -130,6 +135,12 @@ class HopperGemmKernel:
         # Weight-gradient recipe: SFB per 1x128 of B (per row), staged by TMA like SFA, and D
         # accumulated in fp32 by a TMA reduce-add store.
         self.sfb_per_row = s.op.scales_b_per_row
+        # k-grouped (MoE weight gradient): groups split K; A_g, B_g are stored one group after
+        # another with row stride 128·⌈k_g/128⌉, so each group needs its own TMA descriptors of A
+        # and B, which the producer writes into this CTA's workspace slot on the GPU. D carries a
+        # group mode; the scales are one [Σ blocks, M|N] tensor indexed by the group's first block.
+        self.k_grouped = s.op.is_k_grouped
+        self.d_grouped = self.masked or self.k_grouped
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
@@ -212,6 +223,9 @@ class HopperGemmKernel:
             # B [G, N, K]: the kernel's modes (N, K, G) are torch dims (1, 2, 0); K is contiguous.
             tma_b = dict(tma("b", s.b_dtype, b_rows, tk), modes=[2, 1, 0], box=[tk, b_rows, 1])
             extents_b = shape("b", ["N", "K", "G"])
+        elif self.k_grouped:
+            tma_b = tma("b", s.b_dtype, b_rows, tk)
+            extents_b = shape("b", ["N", "KT"])
         else:
             tma_b = tma("b", s.b_dtype, b_rows, tk)
             extents_b = shape("b", ["N", "K"])
@@ -219,6 +233,11 @@ class HopperGemmKernel:
             # A [G, max_m, K] and D [G, max_m, N]: kernel modes (M, K|N, G) are torch dims (1, 2, 0).
             tma_a = dict(tma("a", s.a_dtype, a_rows, tk), modes=[2, 1, 0], box=[tk, a_rows, 1])
             extents_a = shape("a", ["M", "K", "G"])
+        elif self.k_grouped:
+            # The flat A and B viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a template;
+            # the kernel rewrites address, extents and stride per group.
+            tma_a = tma("a", s.a_dtype, a_rows, tk)
+            extents_a = shape("a", ["M", "KT"])
         else:
             tma_a = tma("a", s.a_dtype, a_rows, tk)
             extents_a = shape("a", ["M", "K"])
@@ -264,12 +283,21 @@ class HopperGemmKernel:
                 ]
             else:
                 params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
-        if self.masked:
+        if self.d_grouped:
             params += [
                 {"name": "tma_d", **dict(tma("d", s.c_dtype, em, en), modes=[2, 1, 0], box=[en, em, 1])},
                 {"name": "extents_d", **shape("d", ["M", "N", "G"])},
-                {"name": "masked_m", "kind": "pointer", "operand": "masked_m"},
             ]
+            if self.masked:
+                params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
+            else:
+                params += [
+                    {"name": "group_sizes", "kind": "pointer", "operand": "group_sizes"},
+                    {"name": "workspace", "kind": "pointer", "operand": "workspace"},
+                    # A and B again as plain pointers: the per-group descriptors start from them.
+                    {"name": "a_base", "kind": "pointer", "operand": "a"},
+                    {"name": "b_base", "kind": "pointer", "operand": "b"},
+                ]
             return params
         params += [
             {"name": "tma_d", **tma("d", s.c_dtype, em, en)},
@@ -298,7 +326,7 @@ class HopperGemmKernel:
     @cute.jit
     def _launch(
         self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
-        masked_m=None,
+        masked_m=None, group_sizes=None, workspace=None,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -384,8 +412,9 @@ class HopperGemmKernel:
         tiles_m = (m + tm - 1) // tm
         tiles_n = (n + tn - 1) // tn
         cluster_tiles = ((tiles_m + cm - 1) // cm) * ((tiles_n + cn - 1) // cn)
-        if cutlass.const_expr(self.masked):
-            # An upper bound without reading masked_m (every group full); idle clusters exit.
+        if cutlass.const_expr(self.d_grouped):
+            # An upper bound without reading masked_m / group sizes (every group present); idle
+            # clusters exit.
             cluster_tiles = cluster_tiles * c.shape[2]
         persistent = cutlass.min(cluster_tiles, max_active_clusters)
         persistent = cutlass.max(persistent, 1)
@@ -405,6 +434,10 @@ class HopperGemmKernel:
             m_indices,
             zero_padding,
             masked_m,
+            group_sizes,
+            workspace,
+            a.iterator if self.k_grouped else None,
+            b.iterator if self.k_grouped else None,
             a_staged,
             b_staged,
             sfa_staged,
@@ -584,15 +617,96 @@ class HopperGemmKernel:
         )
 
     @cute.jit
-    def _locate_tile(self, t, ct_m, ct_n, mMasked, cluster_coord_mnk):
-        """Cluster tile t → (group, this CTA's tile m, tile n); both roles walk the same sequence."""
+    def _locate_tile(self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk):
+        """Cluster tile t → (group, this CTA's tile m, tile n, first K block of the group in the
+        scales, K blocks of the tile); both roles walk the same sequence. Only the k-grouped
+        layout has a group-dependent first block and K block count."""
         cm, cn = self.cluster_shape_mn
         group = cutlass.Int32(0)
+        first_block = cutlass.Int32(0)
+        k_blocks = k_tile_cnt
         if cutlass.const_expr(self.masked):
             group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+        elif cutlass.const_expr(self.k_grouped):
+            group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n)
+            ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
         else:
             ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
-        return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1]
+        return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block, k_blocks
+
+    @cute.jit
+    def _k_grouped_total(self, mSizes, per_group):
+        """Cluster tiles of the k-grouped layout: every group with at least one token has
+        `per_group` of them; empty groups have none (their D is left as it is)."""
+        total = cutlass.Int32(0)
+        for g in range(cute.size(mSizes)):
+            if mSizes[g] > 0:
+                total += per_group
+        return total
+
+    @cute.jit
+    def _k_grouped_locate(self, t, mSizes, per_group):
+        """Cluster tile t of the k-grouped layout → (group, cluster tile within the group, the
+        group's first 128-token block, its block count ⌈k_g/128⌉)."""
+        group = cutlass.Int32(0)
+        local = t
+        before = cutlass.Int32(0)
+        blocks_before = cutlass.Int32(0)
+        first_block = cutlass.Int32(0)
+        k_blocks = cutlass.Int32(0)
+        found = cutlass.Int32(0)
+        for g in range(cute.size(mSizes)):
+            blocks = (cutlass.max(mSizes[g], 0) + SCALE_BLOCK - 1) // SCALE_BLOCK
+            if found == 0:
+                if blocks > 0:
+                    if t < before + per_group:
+                        group = cutlass.Int32(g)
+                        local = t - before
+                        first_block = blocks_before
+                        k_blocks = blocks
+                        found = cutlass.Int32(1)
+                    before += per_group
+            blocks_before += blocks
+        return group, local, first_block, k_blocks
+
+    @cute.jit
+    def _group_descriptor_slots(self, workspace_ptr, cta_rank_in_cluster):
+        """This CTA's two 128-byte descriptor slots (A, B) in the workspace, as tensor-map pointers."""
+        cm, cn = self.cluster_shape_mn
+        _, _, cluster_idx = cute.arch.block_idx()
+        slot = (cluster_idx * (cm * cn) + cta_rank_in_cluster) * 2
+        manager = TensorMapManager(TensorMapUpdateMode.GMEM, TENSORMAP_BYTES)
+        desc_a = manager.get_tensormap_ptr(workspace_ptr + slot * TENSORMAP_WORDS)
+        desc_b = manager.get_tensormap_ptr(workspace_ptr + (slot + 1) * TENSORMAP_WORDS)
+        # The TMA copies take the descriptors as generic addresses.
+        load_a = manager.get_tensormap_ptr(desc_a, cute.AddressSpace.generic)
+        load_b = manager.get_tensormap_ptr(desc_b, cute.AddressSpace.generic)
+        return desc_a, desc_b, load_a, load_b
+
+    @cute.jit
+    def _point_descriptors_at_group(
+        self, tma_atom_a, tma_atom_b, a_base_ptr, b_base_ptr, m, n, first_block, k_blocks, desc_a, desc_b
+    ):
+        """Rewrite this CTA's descriptors of A and B for one group (run by the whole producer warp).
+
+        Group g's A is [M, 128·⌈k_g/128⌉] row-major starting 128·M·(first block) elements into the
+        flat A (B likewise with N). The TMA loads issued with the old descriptors must have read
+        them before they change: the bulk-async wait below is the fence CUTLASS uses for that."""
+        tk = self.tile_shape_mnk[2]
+        k = k_blocks * tk
+        first = cutlass.Int64(first_block) * tk
+        a_group = cute.make_tensor(a_base_ptr + first * m, cute.make_layout((m, k), stride=(k, 1)))
+        b_group = cute.make_tensor(b_base_ptr + first * n, cute.make_layout((n, k), stride=(k, 1)))
+        with cute.arch.elect_one():
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.sync_warp()
+        cpasync.update_tma_descriptor(tma_atom_a, a_group, desc_a)
+        cpasync.update_tma_descriptor(tma_atom_b, b_group, desc_b)
+        cute.arch.sync_warp()
+        cpasync.fence_tma_desc_release()
+        cpasync.fence_tma_desc_acquire(desc_a)
+        cpasync.fence_tma_desc_acquire(desc_b)
 
     @cute.jit
     def _masked_total(self, mMasked, ct_n):
@@ -656,6 +770,10 @@ class HopperGemmKernel:
         m_indices_ptr,
         zero_padding,
         masked_m_ptr,
+        group_sizes_ptr,
+        workspace_ptr,
+        a_base_ptr,
+        b_base_ptr,
         a_smem_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
@@ -748,6 +866,9 @@ class HopperGemmKernel:
             tSFBsSFB, tSFBgSFB = self._partition_scale_vector(tma_atom_sfb, sSFB, mSFB_nk, tn)
         mIdx = None
         mMasked = None
+        mSizes = None
+        if cutlass.const_expr(self.k_grouped):
+            mSizes = cute.make_tensor(group_sizes_ptr, cute.make_layout(mC_mn.shape[2]))
         if cutlass.const_expr(self.masked):
             mMasked = cute.make_tensor(masked_m_ptr, cute.make_layout(mB_nk.shape[2]))
         elif cutlass.const_expr(self.m_grouped):
@@ -764,7 +885,7 @@ class HopperGemmKernel:
             gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None, None))
         else:
             gB_nk = cute.local_tile(mB_nk, (tn, tk), (None, None))
-        if cutlass.const_expr(self.masked):
+        if cutlass.const_expr(self.d_grouped):
             gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None, None))
         else:
             gC_mn = cute.local_tile(mC_mn, (tm, tn), (None, None))
@@ -816,6 +937,8 @@ class HopperGemmKernel:
         num_cluster_tiles = ct_m * ct_n
         if cutlass.const_expr(self.masked):
             num_cluster_tiles = self._masked_total(mMasked, ct_n)
+        if cutlass.const_expr(self.k_grouped):
+            num_cluster_tiles = self._k_grouped_total(mSizes, num_cluster_tiles)
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
 
@@ -829,10 +952,34 @@ class HopperGemmKernel:
             producer_state = pipeline.make_pipeline_state(
                 pipeline.PipelineUserType.Producer, self.ab_stage
             )
+            desc_a = None
+            desc_b = None
+            load_desc_a = None
+            load_desc_b = None
+            if cutlass.const_expr(self.k_grouped):
+                # Start from the host's descriptors (swizzle, box, dtype); only address, extents
+                # and strides change per group.
+                desc_a, desc_b, load_desc_a, load_desc_b = self._group_descriptor_slots(
+                    workspace_ptr, cta_rank_in_cluster
+                )
+                with cute.arch.elect_one():
+                    cpasync.copy_tensormap(tma_atom_a, desc_a)
+                    cpasync.copy_tensormap(tma_atom_b, desc_b)
+                cute.arch.sync_warp()
+                cute.arch.fence_acq_rel_cta()
+            current_group = cutlass.Int32(-1)
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n = self._locate_tile(t, ct_m, ct_n, mMasked, cluster_coord_mnk)
-                tile_k_tiles = k_tile_cnt
+                group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
+                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk
+                )
+                if cutlass.const_expr(self.k_grouped):
+                    if group != current_group:
+                        self._point_descriptors_at_group(
+                            tma_atom_a, tma_atom_b, a_base_ptr, b_base_ptr, mC_mn.shape[0],
+                            mC_mn.shape[1], first_block, tile_k_tiles, desc_a, desc_b,
+                        )
+                        current_group = group
                 if cutlass.const_expr(self.masked):
                     tAgA_k = tAgA[(None, tile_m, None, group)]
                     tBgB_k = tBgB[(None, tile_n, None, group)]
@@ -855,6 +1002,7 @@ class HopperGemmKernel:
                         tAsA[(None, producer_state.index)],
                         tma_bar_ptr=barrier,
                         mcast_mask=a_mcast_mask,
+                        tma_desc_ptr=load_desc_a,
                     )
                     cute.copy(
                         tma_atom_b,
@@ -862,12 +1010,13 @@ class HopperGemmKernel:
                         tBsB[(None, producer_state.index)],
                         tma_bar_ptr=barrier,
                         mcast_mask=b_mcast_mask,
+                        tma_desc_ptr=load_desc_b,
                     )
                     if cutlass.const_expr(self.block_scaled):
                         if cutlass.const_expr(self.masked):
                             sfa_src = tSFAgSFA[(None, tile_m, producer_state.count, group)]
                         else:
-                            sfa_src = tSFAgSFA[(None, tile_m, producer_state.count)]
+                            sfa_src = tSFAgSFA[(None, tile_m, first_block + producer_state.count)]
                         cute.copy(
                             tma_atom_sfa,
                             sfa_src,
@@ -877,7 +1026,7 @@ class HopperGemmKernel:
                     if cutlass.const_expr(self.sfb_per_row):
                         cute.copy(
                             tma_atom_sfb,
-                            tSFBgSFB[(None, tile_n, producer_state.count)],
+                            tSFBgSFB[(None, tile_n, first_block + producer_state.count)],
                             tSFBsSFB[(None, producer_state.index)],
                             tma_bar_ptr=barrier,
                         )
@@ -927,8 +1076,10 @@ class HopperGemmKernel:
             tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n = self._locate_tile(t, ct_m, ct_n, mMasked, cluster_coord_mnk)
-                if cutlass.const_expr(self.masked):
+                group, tile_m, tile_n, _, tile_k_tiles = self._locate_tile(
+                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk
+                )
+                if cutlass.const_expr(self.d_grouped):
                     gC_tile = gC_mn[(None, None, tile_m, tile_n, group)]
                 else:
                     gC_tile = gC_mn[(None, None, tile_m, tile_n)]
@@ -958,9 +1109,10 @@ class HopperGemmKernel:
                         self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
                     write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
                 elif cutlass.const_expr(self.block_scaled):
+                    # Dense: tile_k_tiles is every K block; k-grouped: the group's blocks.
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n,
+                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
                         None, sSFB,
                     )
                 else:
@@ -1078,6 +1230,29 @@ class HopperFp8WgradKernel(HopperGemmKernel):
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
 
 
+class HopperKGroupedFp8GemmKernel(HopperGemmKernel):
+    """`k_grouped_fp8_gemm_nt_contiguous`: for every group g with k_g > 0 tokens,
+    D[g] (fp32) += (A_g · sfa_g) · (B_g · sfb_g)ᵀ, the groups' A_g [M, k_g] and B_g [N, k_g] stored
+    one after another (each padded to whole 128-token blocks) with scales [Σ blocks, M | N]."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Tensor,
+        d: cute.Tensor,
+        group_sizes: cute.Pointer,
+        workspace: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(
+            a, b, d, sfa, sfb, max_active_clusters, stream, group_sizes=group_sizes, workspace=workspace
+        )
+
+
 class HopperGemmTemplate:
     """The generator's view of this template: fake arguments, launch facts and the ABI."""
 
@@ -1088,7 +1263,10 @@ class HopperGemmTemplate:
         self.m_grouped = schedule.op.is_m_grouped
         self.masked = schedule.op.is_masked
         self.sfb_per_row = schedule.op.scales_b_per_row
-        if self.sfb_per_row:
+        self.k_grouped = schedule.op.is_k_grouped
+        if self.k_grouped:
+            self.kernel = HopperKGroupedFp8GemmKernel(schedule)
+        elif self.sfb_per_row:
             self.kernel = HopperFp8WgradKernel(schedule)
         elif self.masked:
             self.kernel = HopperMaskedFp8GemmKernel(schedule)
@@ -1113,6 +1291,8 @@ class HopperGemmTemplate:
             return cute.sym_int64(divisibility=16 // dtype.bytes)
 
         g = cute.sym_int32(symbol="G")
+        if self.k_grouped:
+            return self._k_grouped_fake_arguments(m, n, g, ld)
         if self.masked:
             a = make_fake_tensor(
                 cute_dtype(s.a_dtype), (m, k, g), (ld(s.a_dtype), 1, ld(s.a_dtype)), assumed_align=16
@@ -1156,8 +1336,39 @@ class HopperGemmTemplate:
             return (a, sfa, b, sfb, d, m_indices, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
         return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
 
+    def _k_grouped_fake_arguments(self, m, n, g, ld) -> tuple:
+        from cutlass.cute.runtime import make_fake_tensor, make_ptr
+        from cutlass.runtime import make_fake_stream
+
+        s = self.schedule
+        kt = cute.sym_int32(symbol="KT")
+        kb = cute.sym_int32(symbol="KB")
+        # The flat A and B as [M, KT] and [N, KT] row-major (templates for the per-group maps).
+        a = make_fake_tensor(cute_dtype(s.a_dtype), (m, kt), (kt, 1), assumed_align=16)
+        b = make_fake_tensor(cute_dtype(s.b_dtype), (n, kt), (kt, 1), assumed_align=16)
+        # Scales [Σ blocks, M] and [Σ blocks, N] row-major = (M, KB) and (N, KB) MN-major.
+        sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+        sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+        d = make_fake_tensor(
+            cute_dtype(s.c_dtype), (m, n, g), (ld(s.c_dtype), 1, ld(s.c_dtype)), assumed_align=16
+        )
+        group_sizes = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        workspace = make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=TENSORMAP_BYTES)
+        return (a, sfa, b, sfb, d, group_sizes, workspace, cutlass.Int32(1), make_fake_stream())
+
     def operands(self) -> list[dict]:
         s = self.schedule
+        if self.k_grouped:
+            return [
+                {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "KT"], "contiguous_mode": 1, "align_bytes": 16},
+                {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "KT"], "contiguous_mode": 1, "align_bytes": 16},
+                {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
+                {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16},
+                {"name": "d", "dtype": s.c_dtype.value, "shape": ["G", "M", "N"], "contiguous_mode": 2, "align_bytes": 16},
+                {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
+                # Two 128-byte TMA descriptors per CTA of the grid (see workspace_words()).
+                {"name": "workspace", "dtype": "i64", "shape": ["W"], "contiguous_mode": 0, "align_bytes": TENSORMAP_BYTES},
+            ]
         b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", "KB"]) if self.m_grouped else (["N", "K"], ["NB", "KB"])
         a_shape, sfa_shape, d_shape = (
             (["G", "M", "K"], ["G", "M", "KB"], ["G", "M", "N"]) if self.masked else (["M", "K"], ["M", "KB"], ["M", "N"])
@@ -1186,10 +1397,13 @@ class HopperGemmTemplate:
 
     def grid_rule(self) -> dict:
         s = self.schedule
-        if self.masked:
-            # Every group counted full (the host never reads masked_m); idle clusters exit at once.
-            # The tile fields feed the heuristic.
-            cluster_tiles = f"G * ceil_div(M, {s.tile_m}) * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
+        if self.masked or self.k_grouped:
+            # Every group counted full (the host never reads masked_m or the group sizes); idle
+            # clusters exit at once. The tile fields feed the heuristic.
+            cluster_tiles = (
+                f"G * ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m})"
+                f" * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
+            )
             return {
                 "kind": "blocks",
                 "tile_m": s.tile_m,

@@ -1,0 +1,206 @@
+"""PyTorch entry point of the k-grouped FP8 weight-gradient GEMM for mixture-of-experts layers.
+
+``k_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, d, group_sizes, c=None, *, expected_k=None,
+kernel=None)`` computes, for every group g with k_g = group_sizes[g] tokens,
+
+    D[g] (fp32 [M, N]) = C[g] + Σ_kb (A_g[:, kb] · sfa_g[kb]) · (B_g[:, kb] · sfb_g[kb])ᵀ
+
+with fp32 promotion after every 128-token block: the MoE weight gradient, each expert's gradient
+contracting over that expert's tokens. The operands are exactly what `grouped_transposed_quant_fp8`
+returns for dy (giving A, M = dy's width) and for x (giving B, N = x's width):
+
+* ``a``: e4m3, flat, 128·M·S elements: for each group in order, A_g [M, 128·⌈k_g/128⌉] row-major
+  (the group's tokens padded with zeros to whole 128-token blocks); S ≥ Σ ⌈k_g/128⌉ blocks.
+* ``sfa``: fp32 [S, M] row-major, one scale per row and 128-token block; block rows of group g
+  start at Σ_{j<g} ⌈k_j/128⌉.
+* ``b``, ``sfb``: the same for B with N rows: 128·N·S elements and [S, N].
+* ``d``: fp32 [G, M, N], contiguous along N with a row stride that is a multiple of 4 elements;
+  accumulated in place (C = D) unless ``c`` is given, in which case D is first set to C.
+* ``group_sizes``: int32 [G] on the GPU. Never read by the host: the launch needs no
+  synchronisation and can be captured in a CUDA graph. Groups with 0 tokens leave D[g] as it is
+  (as C[g] when ``c`` is given).
+* ``expected_k`` (optional): the typical tokens per group, a hint for the kernel choice only.
+
+M and N must be multiples of 4 (the scale rows are read by TMA, whose strides are multiples of 16
+bytes). What cannot be checked without reading device memory: that Σ ⌈group_sizes/128⌉ ≤ S, that
+the sizes are the ones the quantize used, and that the scales are finite. Bad inputs that can be
+checked raise `InputError` naming the argument before anything is launched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import ops
+from .errors import InputError
+from .launch import launch
+from .params import SCALE_BLOCK
+
+OP = "k_grouped_fp8_gemm_nt_contiguous"
+SCALE_ROW_ALIGN = 4  # 16 bytes of fp32: TMA's stride rule for the scale rows
+F32_ROW_ALIGN_ELEMS = 4
+# Two 128-byte TMA descriptors per CTA (A and B), as int64 words.
+WORKSPACE_WORDS_PER_CTA = 2 * 128 // 8
+
+
+def _fail(arg: str, what: str) -> InputError:
+    return InputError(f"{OP}: argument '{arg}' {what}")
+
+
+def _check(a, sfa, b, sfb, d, group_sizes, c) -> tuple[int, int, int, int]:
+    """Everything checkable without data (also under fake tensors); returns (G, M, N, S)."""
+    for arg, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda" or t.dtype != torch.float8_e4m3fn:
+            raise _fail(arg, f"must be a torch.float8_e4m3fn CUDA tensor, got {t.dtype} on {t.device}")
+        if t.dim() != 1 or not t.is_contiguous():
+            raise _fail(
+                arg,
+                f"must be the flat, contiguous 1-D tensor grouped_transposed_quant_fp8 returns, got "
+                f"shape {list(t.shape)} strides {list(t.stride())}",
+            )
+    if b.device != a.device:
+        raise _fail("b", f"must be on {a.device} (the device of 'a'), got {b.device}")
+    for arg, t in (("sfa", sfa), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
+            raise _fail(arg, f"must be a torch.float32 tensor on {a.device}")
+        if t.dim() != 2 or not t.is_contiguous():
+            raise _fail(arg, f"must be a contiguous [S, rows] tensor, got shape {list(t.shape)} strides {list(t.stride())}")
+    s, m = sfa.shape
+    s_b, n = sfb.shape
+    if s_b != s:
+        raise _fail("sfb", f"must have S = sfa.shape[0] = {s} block rows, got {s_b}")
+    for arg, rows in (("sfa", m), ("sfb", n)):
+        if rows % SCALE_ROW_ALIGN:
+            raise _fail(arg, f"must have a multiple of {SCALE_ROW_ALIGN} columns (M or N), got {rows}")
+    for arg, t, rows in (("a", a, m), ("b", b, n)):
+        if t.numel() != SCALE_BLOCK * rows * s:
+            raise _fail(
+                arg,
+                f"must hold 128 · {rows} · S = {SCALE_BLOCK * rows * s} elements (S = {s} scale block "
+                f"rows), got {t.numel()}",
+            )
+    if not isinstance(group_sizes, torch.Tensor) or group_sizes.device != a.device or group_sizes.dtype != torch.int32:
+        raise _fail("group_sizes", f"must be an int32 tensor on {a.device}")
+    if group_sizes.dim() != 1 or not group_sizes.is_contiguous():
+        raise _fail("group_sizes", f"must be a contiguous 1-D [G] tensor, got shape {list(group_sizes.shape)}")
+    g = group_sizes.shape[0]
+    if not isinstance(d, torch.Tensor) or d.device != a.device or d.dtype != torch.float32:
+        raise _fail("d", f"must be a torch.float32 tensor on {a.device}")
+    if tuple(d.shape) != (g, m, n):
+        raise _fail("d", f"must have shape [G, M, N] = [{g}, {m}, {n}], got {list(d.shape)}")
+    if d.numel() and (
+        (n > 1 and d.stride(2) != 1)
+        or (m > 1 and d.stride(1) % F32_ROW_ALIGN_ELEMS)
+        or (g > 1 and d.stride(0) % F32_ROW_ALIGN_ELEMS)
+    ):
+        raise _fail("d", f"must be contiguous along N with strides that are multiples of 4 elements, got {list(d.stride())}")
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32 or tuple(c.shape) != (g, m, n):
+            raise _fail("c", f"must be a torch.float32 [G, M, N] = [{g}, {m}, {n}] tensor on {a.device}")
+    return g, m, n, s
+
+
+def workspace_words(sm_count: int) -> int:
+    """Int64 words of descriptor workspace a launch on a GPU with ``sm_count`` SMs needs (the grid
+    never has more CTAs than SMs)."""
+    return WORKSPACE_WORDS_PER_CTA * sm_count
+
+
+def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str) -> None:
+    g, m, n, s = _check(a, sfa, b, sfb, d, group_sizes, c)
+    if c is not None and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    if g == 0 or m == 0 or n == 0 or s == 0:
+        return
+    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
+        ops.check_aligned(OP, arg, t)
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    # The kernel choice sees one group's GEMM: M x N x (tokens per group).
+    k_hint = int(expected_k) if expected_k else max(1, s * SCALE_BLOCK // max(g, 1))
+    k_hint = max(SCALE_BLOCK, -(-k_hint // SCALE_BLOCK) * SCALE_BLOCK)
+    with torch.cuda.device(device):
+        loaded = ops._kernel_for(OP, m, n, k_hint, device, kernel)
+        workspace = torch.empty(workspace_words(loaded.device.sm_count), dtype=torch.int64, device=a.device)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        operands = {
+            # The flat operands as [rows, 128·S] (the host descriptors are templates the kernel
+            # rewrites per group) and the scales as MN-major (rows, S) views.
+            "a": a.view(m, SCALE_BLOCK * s),
+            "sfa": sfa.t(),
+            "b": b.view(n, SCALE_BLOCK * s),
+            "sfb": sfb.t(),
+            "d": d,
+            "group_sizes": group_sizes,
+            "workspace": workspace,
+        }
+        launch(loaded, operands, stream=stream)
+
+
+@torch.library.custom_op(f"cutegen::{OP}", mutates_args=("d",))
+def _op(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+    group_sizes: torch.Tensor, c: torch.Tensor | None = None, expected_k: int = 0, kernel_name: str = "",
+) -> None:
+    _run(a, sfa, b, sfb, d, group_sizes, c, expected_k or None, kernel_name)
+
+
+@_op.register_fake
+def _op_fake(a, sfa, b, sfb, d, group_sizes, c=None, expected_k: int = 0, kernel_name: str = "") -> None:
+    _check(a, sfa, b, sfb, d, group_sizes, c)
+
+
+def k_grouped_fp8_gemm_nt_contiguous(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    d: torch.Tensor,
+    group_sizes: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    expected_k: int | None = None,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """MoE weight gradient over groups that split K; D is updated in place and returned (module
+    docstring)."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
+        raise _fail("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
+    if ops._plain_eager(a, sfa, b, sfb, d, group_sizes, c):
+        _run(a, sfa, b, sfb, d, group_sizes, c, expected_k, kernel or "")
+    else:
+        torch.ops.cutegen.k_grouped_fp8_gemm_nt_contiguous(
+            a, sfa, b, sfb, d, group_sizes, c, expected_k or 0, kernel or ""
+        )
+    return d
+
+
+def k_grouped_reference(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, group_sizes: Any
+) -> list[torch.Tensor]:
+    """fp32 Σ over each group's blocks of (A_g · sfa) (B_g · sfb)ᵀ on the dequantised operands
+    (the executable statement of the layout; ``group_sizes`` on the host or the GPU)."""
+    sizes = [int(v) for v in (group_sizes.tolist() if isinstance(group_sizes, torch.Tensor) else group_sizes)]
+    m, n = sfa.shape[1], sfb.shape[1]
+    out, first = [], 0
+    for k in sizes:
+        blocks = -(-max(k, 0) // SCALE_BLOCK)
+        if blocks == 0:
+            out.append(torch.zeros(m, n, dtype=torch.float32, device=a.device))
+            continue
+        width = blocks * SCALE_BLOCK
+        ag = a[SCALE_BLOCK * m * first : SCALE_BLOCK * m * (first + blocks)].view(m, blocks, SCALE_BLOCK).float()
+        bg = b[SCALE_BLOCK * n * first : SCALE_BLOCK * n * (first + blocks)].view(n, blocks, SCALE_BLOCK).float()
+        ag = (ag * sfa[first : first + blocks].t().unsqueeze(2)).reshape(m, width)
+        bg = (bg * sfb[first : first + blocks].t().unsqueeze(2)).reshape(n, width)
+        out.append(ag @ bg.t())
+        first += blocks
+    return out
+
+
+__all__ = ["k_grouped_fp8_gemm_nt_contiguous", "k_grouped_reference", "workspace_words"]
