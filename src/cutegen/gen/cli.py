@@ -759,8 +759,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=cmd_export)
 
     tn = sub.add_parser("tune", help="time every built kernel of an op for given shapes and write the tuning table (needs CUDA)")
-    tn.add_argument("--op", required=True, choices=("bf16_gemm_nt", "fp8_gemm_nt"))
-    tn.add_argument("--shapes", required=True, metavar="M,N,K;...", help="shapes to tune, e.g. '4096,7168,16384;64,2112,7168'")
+    tn.add_argument("--op", required=True,
+                    choices=("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous"))
+    tn.add_argument("--shapes", required=True, metavar="M,N,K;...",
+                    help="shapes to tune, e.g. '4096,7168,16384;64,2112,7168' (k-grouped: M,N and the tokens "
+                         "per group, timed as 4 groups)")
     tn.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=f"build folder (default: {DEFAULT_BUILD_DIR})")
     tn.add_argument("-o", "--out", metavar="PATH", help="tuning table to update (default: DIR/tuning.json, which the runtime reads)")
     tn.add_argument("--timings-out", metavar="PATH", help="also write every kernel's time per shape (JSON)")

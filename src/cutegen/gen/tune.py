@@ -16,7 +16,10 @@ from typing import Callable
 
 from cutegen.gen.bench import time_cuda
 
-TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt")
+TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous")
+# A k-grouped shape M,N,K is timed as this many groups of K tokens each (the runtime's kernel
+# choice sees one group's M x N x K).
+K_GROUPED_TUNE_GROUPS = 4
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -35,24 +38,51 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def _runner(op: str, m: int, n: int, k: int) -> tuple[Callable[[str], object], Callable[[], object]]:
-    """(run(kernel) → output, inputs are created once) for one problem of `op`."""
+def _runner(
+    op: str, m: int, n: int, k: int
+) -> tuple[Callable[[str], object], Callable[[], object], Callable[[], object]]:
+    """(run(kernel), output(), reset()) for one problem of `op` (inputs are created once); reset
+    puts an accumulating output (weight gradients, D += ...) back to zero before the comparison run."""
     import torch
 
-    from cutegen.runtime import fp8_ops, ops
+    from cutegen.runtime import fp8_ops, k_grouped_ops, ops
+
+    def nothing() -> None:
+        return None
 
     if op == "bf16_gemm_nt":
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return (lambda name: ops.bf16_gemm_nt(a, b, out=out, kernel=name)), (lambda: out)
+        return (lambda name: ops.bf16_gemm_nt(a, b, out=out, kernel=name)), (lambda: out), nothing
     if op == "fp8_gemm_nt":
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
         sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
         sfb = torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return (lambda name: fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name)), (lambda: out)
+        return (lambda name: fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name)), (lambda: out), nothing
+    if op == "fp8_wgrad_gemm_nt":
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+        sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
+        sfb = fp8_ops.to_mn_major_tma_aligned(torch.rand(n, k // 128, device="cuda") + 0.5)
+        d = torch.zeros(m, n, device="cuda")
+        return (lambda name: fp8_ops.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d, kernel=name)), (lambda: d), d.zero_
+    if op == "k_grouped_fp8_gemm_nt_contiguous":
+        groups = K_GROUPED_TUNE_GROUPS
+        blocks = groups * -(-k // 128)
+        a = torch.randn(128 * m * blocks, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(128 * n * blocks, device="cuda").to(torch.float8_e4m3fn)
+        sfa = torch.rand(blocks, m, device="cuda") + 0.5
+        sfb = torch.rand(blocks, n, device="cuda") + 0.5
+        d = torch.zeros(groups, m, n, device="cuda")
+        sizes = torch.full((groups,), k, dtype=torch.int32, device="cuda")
+        return (
+            (lambda name: k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, d, sizes, kernel=name)),
+            (lambda: d),
+            d.zero_,
+        )
     raise ValueError(f"op {op!r} cannot be tuned; tunable ops: {', '.join(TUNABLE_OPS)}")
 
 
@@ -92,10 +122,11 @@ def tune(
     choices: dict[str, str] = {}
     every: dict[str, dict[str, float]] = {}
     for m, n, k in shapes:
-        run, output = _runner(op, m, n, k)
+        run, output, reset = _runner(op, m, n, k)
         reference = None
         timings = []
         for name in names:
+            reset()
             run(name)
             torch.cuda.synchronize()
             result = output().float()
@@ -106,7 +137,9 @@ def tune(
                 continue
             timings.append((time_cuda(lambda: run(name), warmup=3, reps=10), name))
         best_us, best = min(timings)
-        choices[heuristics.shape_key(m, n, k)] = best
+        # The key the runtime looks the choice up by (k-grouped: the groups' rows stacked).
+        rows = m * K_GROUPED_TUNE_GROUPS if op == "k_grouped_fp8_gemm_nt_contiguous" else m
+        choices[heuristics.shape_key(rows, n, k)] = best
         every[heuristics.shape_key(m, n, k)] = {name: round(us, 2) for us, name in timings}
         progress(f"{m},{n},{k}: {best} ({best_us:.1f} µs; {len(timings)} kernels timed)")
     if timings_out is not None:

@@ -62,6 +62,12 @@ class CostModel:
     # choose a scale per accumulator element while promoting; measured on an H200 their main
     # loop runs ~1.2-1.25x slower than a 128-wide tile's (docs/perf/*-fp8-kernel-timings.json).
     split_scale_block_slowdown: float = 1.25
+    # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
+    # (sfa·sfb per element); a tile computed in one wave per math warpgroup (tile_m = 64 x
+    # warpgroups) leaves the tensor cores idle for it, and measured on an H200 its main loop runs
+    # ~1.08x slower than a two-wave 256-row tile's (cutegen tune --timings-out, 12 dense + 4
+    # k-grouped shapes; docs/perf/NOTES.md).
+    single_wave_per_row_scale_slowdown: float = 1.08
 
     @property
     def flops_per_sm(self) -> float:
@@ -118,6 +124,15 @@ def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
     return per_block_sfb and SCALE_BLOCK % tile_n != 0
 
 
+def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
+    """A kernel with one SFB per row of B (weight gradients: its sfb has no NB extent) whose
+    tile is computed in a single wave per math warpgroup."""
+    per_row_sfb = any(o.name == "sfb" and "NB" not in o.shape for o in manifest.operands)
+    schedule = manifest.schedule
+    rows_per_wave = 64 * int(schedule.get("math_warpgroups", 1) or 1)
+    return per_row_sfb and schedule.get("scale", "none") != "none" and manifest.grid.tile_m <= rows_per_wave
+
+
 def score(
     manifest: KernelManifest,
     m: int,
@@ -149,6 +164,8 @@ def score(
     compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
     if _straddles_scale_blocks(manifest, tn):
         compute *= model.split_scale_block_slowdown
+    if _single_wave_per_row_scales(manifest):
+        compute *= model.single_wave_per_row_scale_slowdown
     memory = tile_bytes / sm_bandwidth
     estimated = waves * max(compute, memory)
     return Score(

@@ -119,11 +119,12 @@ def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str)
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
         ops.check_aligned(OP, arg, t)
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    # The kernel choice sees one group's GEMM: M x N x (tokens per group).
+    # The kernel choice sees the groups' tiles stacked along M (the persistent scheduler walks
+    # them as one sequence) over the tokens of one group.
     k_hint = int(expected_k) if expected_k else max(1, s * SCALE_BLOCK // max(g, 1))
     k_hint = max(SCALE_BLOCK, -(-k_hint // SCALE_BLOCK) * SCALE_BLOCK)
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP, m, n, k_hint, device, kernel)
+        loaded = ops._kernel_for(OP, m * g, n, k_hint, device, kernel)
         workspace = torch.empty(workspace_words(loaded.device.sm_count), dtype=torch.int64, device=a.device)
         stream = torch.cuda.current_stream(a.device).cuda_stream
         operands = {

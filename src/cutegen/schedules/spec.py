@@ -168,6 +168,8 @@ THREADS_PER_WARPGROUP = 128
 SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
+# Three 8 KiB fp32 sub-tiles: what lets a 256x128 weight-gradient tile keep 4 operand stages.
+F32_EPILOGUE_STAGES = 3
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
@@ -249,8 +251,9 @@ class Schedule:
     @property
     def epi_tile(self) -> tuple[int, int]:
         """The (M, N) sub-tile one epilogue step moves through shared memory with one TMA store."""
-        # 32 columns per step when they divide the tile, else 16 (tiles such as 112 or 144 wide).
-        en = 32 if self.tile_n % 32 == 0 else 16
+        # 32 columns per step when they divide the tile, else 16 (tiles such as 112 or 144 wide);
+        # fp32 outputs always take 16, the bytes of a 32-column bf16 sub-tile.
+        en = 32 if self.tile_n % 32 == 0 and self.c_dtype.bytes <= 2 else 16
         return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, en))
 
     @property
@@ -258,7 +261,13 @@ class Schedule:
         if self.op.is_quantize:  # stores go straight from registers to global memory
             return 0
         em, en = self.epi_tile
-        return EPILOGUE_STAGES * em * en * self.c_dtype.bytes
+        return self.epilogue_stages * em * en * self.c_dtype.bytes
+
+    @property
+    def epilogue_stages(self) -> int:
+        """Sub-tiles in the epilogue's shared-memory ring: EPILOGUE_STAGES, or F32_EPILOGUE_STAGES
+        for fp32 outputs (weight gradients), whose tiles need the room for operand stages."""
+        return F32_EPILOGUE_STAGES if self.c_dtype == DType.F32 else EPILOGUE_STAGES
 
     @property
     def barrier_bytes(self) -> int:

@@ -23,7 +23,6 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.schedules.spec import (
-    EPILOGUE_STAGES,
     SCALE_BLOCK,
     THREADS_PER_WARPGROUP,
     DType,
@@ -65,7 +64,7 @@ class HopperGemmKernel:
         `consumer_regs`, issue WGMMA on each stage (warpgroup w owns rows
         [64·(w-1)·tile_m/(64·math_warpgroups) …) of the tile), keep one WGMMA batch in flight,
         release the previous stage, then run the epilogue: fp32 → bf16 in registers, stmatrix into a
-        swizzled shared-memory ring of EPILOGUE_STAGES sub-tiles, one elected warp issues the TMA
+        swizzled shared-memory ring of `epilogue_stages` sub-tiles, one elected warp issues the TMA
         store of each sub-tile.
 
     Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; K a
@@ -87,7 +86,7 @@ class HopperGemmKernel:
         consumers = every math warp of every CTA that receives the stage through multicast: the
         empty barrier expects `mcast_size · 4 · math_warpgroups` warp arrivals, where
         mcast_size = cluster_m + cluster_n − 1 (the CTAs that write into this CTA's stage).
-      - **epilogue store** (PipelineTmaStore, EPILOGUE_STAGES slots): producer = the math threads
+      - **epilogue store** (PipelineTmaStore, `epilogue_stages` slots): producer = the math threads
         (commit groups of TMA stores), drained with `producer_tail` before exit.
 
     Barriers: mbarriers of the mainloop pipeline (full and empty, per stage) initialised by
@@ -116,7 +115,7 @@ class HopperGemmKernel:
         self.num_mma_threads = s.math_warpgroups * THREADS_PER_WARPGROUP
         self.threads_per_cta = s.threads_per_cta
         self.ab_stage = s.stages
-        self.epi_stage = EPILOGUE_STAGES
+        self.epi_stage = s.epilogue_stages
         self.epi_tile = s.epi_tile
         self.producer_regs = s.producer_regs
         self.consumer_regs = s.consumer_regs
