@@ -168,6 +168,10 @@ THREADS_PER_WARPGROUP = 128
 SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
+# Accumulator registers (promoted sum + two WGMMA accumulators) up to which a single-wave
+# block-scaled tile double-buffers its WGMMA accumulator: 128x128 with two math warpgroups
+# (64 + 2 x 64) fits under consumer_regs=232 without local memory.
+DOUBLE_ACCUMULATOR_REGISTERS = 192
 # Three 8 KiB fp32 sub-tiles: what lets a 256x128 weight-gradient tile keep 4 operand stages.
 F32_EPILOGUE_STAGES = 3
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
@@ -305,10 +309,24 @@ class Schedule:
     @property
     def accumulator_registers(self) -> int:
         """fp32 registers per math thread that hold accumulators: the block-scaled path keeps
-        the promoted sum of the whole tile and the WGMMA accumulator of one wave."""
+        the promoted sum of the whole tile and `wgmma_accumulators` WGMMA accumulators of one wave."""
         if self.block_scaled_gemm:
-            return self.accumulators_per_thread + self.accumulators_per_thread // self.waves
+            per_wave = self.accumulators_per_thread // self.waves
+            return self.accumulators_per_thread + per_wave * self.wgmma_accumulators
         return self.accumulators_per_thread
+
+    @property
+    def wgmma_accumulators(self) -> int:
+        """WGMMA accumulators a block-scaled math warpgroup alternates between: two for tiles
+        computed in one wave whose promoted sum and two accumulators fit in
+        DOUBLE_ACCUMULATOR_REGISTERS (the next K block's WGMMAs then run while the previous block
+        is promoted), else one. The contiguous M-grouped op keeps one (its padding tiles have no
+        K block to start the alternation with)."""
+        if not self.block_scaled_gemm or self.waves != 1 or self.op == Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS:
+            return 1
+        if 3 * self.accumulators_per_thread <= DOUBLE_ACCUMULATOR_REGISTERS:
+            return 2
+        return 1
 
     @property
     def block_scaled_gemm(self) -> bool:

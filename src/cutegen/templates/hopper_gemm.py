@@ -78,7 +78,16 @@ class HopperGemmKernel:
     (ACCUMULATE=False on the first), waits for them, reads its rows' SFA from the stage and
     promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it releases the
     stage. The two math warpgroups own different rows, so one can promote while the other's
-    WGMMAs run on the tensor cores.
+    WGMMAs run on the tensor cores. Single-wave tiles whose registers allow it
+    (`Schedule.wgmma_accumulators` = 2) alternate between two WGMMA accumulators: block kb+1's
+    WGMMAs are issued before the warpgroup waits for block kb (wait_group(1)) and promotes it.
+
+    k-grouped weight gradient (`k_grouped_fp8_gemm_nt_contiguous`): the tile sequence runs over
+    the groups with at least one token (D carries a group mode); before its first tile of a new
+    group the producer warp rewrites this CTA's TMA descriptors of A and B in the global
+    workspace (copied from the host's descriptors once, then address, extents and stride
+    replaced with `tensormap.replace`, released and acquired through the tensormap proxy fence);
+    the scales are TMA-loaded at the group's first block plus the K block.
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
@@ -145,6 +154,9 @@ class HopperGemmKernel:
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
         # wave's WGMMAs into one accumulator that is promoted before the next wave.
         self.waves = s.waves
+        # Single-wave tiles may alternate between two WGMMA accumulators: block kb+1's WGMMAs are
+        # issued before block kb is promoted, so the tensor cores never wait for a promotion.
+        self.double_accumulators = s.wgmma_accumulators == 2
         self.group_size = s.group_size
         self.buffer_align_bytes = 1024
         self.load_warp_id = 0
@@ -529,6 +541,54 @@ class HopperGemmKernel:
                 read_state = self._promote_wave(
                     acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave
                 )
+        return read_state
+
+    @cute.jit
+    def _mainloop_double_accumulators(
+        self, tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
+    ):
+        """Block-scaled mainloop of single-wave tiles with two WGMMA accumulators (at least one K
+        block): block kb+1 is issued into the other accumulator before block kb is waited for
+        and promoted, so one block's WGMMAs are always in flight while the math threads promote.
+        Returns the advanced pipeline state (the caller must rebind it)."""
+        tn = self.tile_shape_mnk[1]
+        n0 = tile_n * tn
+        nb0 = n0 // SCALE_BLOCK
+        nb1 = nb0
+        if cutlass.const_expr(not self.sfb_per_row):
+            nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
+        boundary = (nb0 + 1) * SCALE_BLOCK - n0
+        promoted.fill(0.0)
+        mma_state = read_state.clone()
+        mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+        k_tile = cutlass.Int32(0)
+        # Pairs of blocks after the first: acc1 gets the odd ones, acc0 the even ones.
+        for _ in range((k_tile_cnt - 1) // 2):
+            mma_state = self._issue_wave(tiled_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+            warpgroup.wait_group(1)
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+            warpgroup.wait_group(1)
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
+            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            k_tile += 2
+        if (k_tile_cnt - 1) % 2 == 1:
+            # One block left to issue. A tiled MMA of this region sets its own ACCUMULATE field
+            # (a field set inside a dynamic branch must not be read after it).
+            tail_mma = self._make_tiled_mma()
+            mma_state = self._issue_wave(tail_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+            warpgroup.wait_group(1)
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            warpgroup.wait_group(0)
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
+            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+        else:
+            warpgroup.wait_group(0)
+            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
         return read_state
 
     @cute.jit
@@ -918,10 +978,13 @@ class HopperGemmKernel:
         # The block-scaled path promotes each K block's WGMMA result into `promoted`; the
         # epilogue stores whichever tensor holds the final sum.
         promoted = accumulators
+        accumulators_next = None
         tCcC = None
         if cutlass.const_expr(self.block_scaled):
             # WGMMA accumulator of one wave (64 rows per warpgroup); `promoted` holds them all.
             accumulators = cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
+            if cutlass.const_expr(self.double_accumulators):
+                accumulators_next = cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
             promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
             # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
             # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's).
@@ -1089,7 +1152,12 @@ class HopperGemmKernel:
                 # the DSL carry the states across iterations of this persistent loop (state
                 # merely passed to a call is not loop-carried, and the next tile would hang).
                 write_tile = cutlass.Int32(1)
-                if cutlass.const_expr(self.masked):
+                if cutlass.const_expr(self.masked and self.double_accumulators):
+                    read_state = self._mainloop_double_accumulators(
+                        tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB, tCcC, sSFA,
+                        mSFB, mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
+                    )
+                elif cutlass.const_expr(self.masked):
                     read_state = self._mainloop_block_scaled(
                         tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
                         mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
@@ -1107,6 +1175,12 @@ class HopperGemmKernel:
                     if zero_padding != 0:
                         self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
                     write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
+                elif cutlass.const_expr(self.block_scaled and self.double_accumulators):
+                    read_state = self._mainloop_double_accumulators(
+                        tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB, tCcC, sSFA,
+                        mSFB, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
+                        None, sSFB,
+                    )
                 elif cutlass.const_expr(self.block_scaled):
                     # Dense: tile_k_tiles is every K block; k-grouped: the group's blocks.
                     read_state = self._mainloop_block_scaled(
