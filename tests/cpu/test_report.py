@@ -95,6 +95,8 @@ def synthetic() -> dict:
         "m_grouped_fp8_gemm_nt_masked": [grouped_row(2, 512, 4096, 7168, 100.0, 400.0, 686)],
         "fp8_wgrad_gemm_nt": [{"shape": [7168, 2112, 4096], "ours_us": 150.0,
                                "ours_tflops": _gemm_tflops(7168, 2112, 4096, 150.0), "deepgemm_tflops": 952}],
+        "k_grouped_fp8_gemm_nt_contiguous": [{"shape": [4, 7168, 4096, 4096], "group_sizes": [4000, 4100, 3000, 5000],
+                                              "ours_us": 1300.0, "deepgemm_tflops": 967}],
         "quantize": {
             "rows": [
                 quant_row("per_token_quant_fp8", "copy (same bytes)", 100.0, nb, eager_us=400.0, copy_us=100.0),
@@ -217,6 +219,10 @@ def test_grouped_and_wgrad_tables(full):
     assert masked[0]["vs cuBLAS loop"] == f"{_gemm_tflops(1024, 4096, 7168, 100.0) / 400:.3f}"
     wgrad = table(text, "`fp8_wgrad_gemm_nt`)")
     assert wgrad[0]["vs DeepGEMM †"] == f"{_gemm_tflops(7168, 2112, 4096, 150.0) / 952:.3f}"
+    k_grouped = table(text, "`k_grouped_fp8_gemm_nt_contiguous`)")
+    # TFLOPS over the real tokens: 2 · M · N · Σ k_g.
+    assert k_grouped[0]["cutegen TFLOPS"] == f"{_gemm_tflops(7168, 4096, 16100, 1300.0):.0f}"
+    assert k_grouped[0]["vs DeepGEMM †"] == f"{_gemm_tflops(7168, 4096, 16100, 1300.0) / 967:.3f}"
 
 
 def test_quantize_table(full):
@@ -237,7 +243,7 @@ def test_summary_plots_and_latest(full):
     out, text = full
     summary = text.split(report.SUMMARY_BEGIN)[1].split(report.SUMMARY_END)[0]
     for op in ("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
-               "fp8_wgrad_gemm_nt", "quantize"):
+               "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "quantize"):
         assert f"`{op}`" in summary
     pngs = sorted(out.glob("*.png"))
     names = {p.name for p in pngs}

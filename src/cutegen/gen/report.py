@@ -58,6 +58,7 @@ GEMM_OPS = (
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "fp8_wgrad_gemm_nt",
+    "k_grouped_fp8_gemm_nt_contiguous",
 )
 KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize")
 # Folder files that are not reports.
@@ -333,6 +334,34 @@ def wgrad_points(entry: Any) -> list[GemmPoint]:
     return points
 
 
+def k_grouped_points(entry: Any) -> list[GemmPoint]:
+    """k-grouped weight-gradient rows: shape [G, M, N, mean k] and the drawn group sizes; FLOPs and
+    bytes over the real tokens (each group's D[g] read and written in fp32)."""
+    points = []
+    for r in _rows(entry):
+        shape = r.get("shape")
+        sizes = r.get("group_sizes")
+        ok = isinstance(shape, list) and len(shape) == 4 and all(isinstance(v, int) for v in shape)
+        tokens = sum(int(v) for v in sizes) if isinstance(sizes, list) and ok else None
+        g, m, n = (shape[0], shape[1], shape[2]) if ok else (None, None, None)
+        flops = positive(2 * m * n * tokens) if tokens else None
+        nbytes = (m + n) * tokens + 4 * (m + n) * _cdiv(tokens, 128) + 8 * g * m * n if tokens else None
+        us = positive(r.get("ours_us"))
+        points.append(
+            GemmPoint(
+                label=[", ".join(map(str, shape)) if ok else NA],
+                plot_label=("G{}x{}x{} k{}".format(*shape)) if ok else NA,
+                kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
+                ours_us=us,
+                ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
+                flops=flops,
+                nbytes=nbytes,
+                anchors=[_anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False)],
+            )
+        )
+    return points
+
+
 def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
     """Grouped rows; `approx_rows`: group sizes vary around rows_per_group (contiguous layout)."""
     points = []
@@ -569,6 +598,8 @@ TITLES = {
     "m_grouped_fp8_gemm_nt_contiguous": "M-grouped FP8 GEMM, contiguous layout (`m_grouped_fp8_gemm_nt_contiguous`)",
     "m_grouped_fp8_gemm_nt_masked": "M-grouped FP8 GEMM, masked layout (`m_grouped_fp8_gemm_nt_masked`)",
     "fp8_wgrad_gemm_nt": "FP8 weight-gradient GEMM, fp32 D += A·Bᵀ (`fp8_wgrad_gemm_nt`)",
+    "k_grouped_fp8_gemm_nt_contiguous": "k-grouped FP8 weight-gradient GEMM (MoE), fp32 D[g] += A_g·B_gᵀ, G, M, N, mean k "
+    "(`k_grouped_fp8_gemm_nt_contiguous`)",
     "quantize": "FP8 quantize (`quantize`)",
 }
 
@@ -620,8 +651,8 @@ def _method(sections: list[Section], bw: float, bw_source: str, s: Settings, has
         f"BF16 {s.bf16_peak:.0f} TFLOPS); bandwidth roof = AI x {bw:.0f} GB/s ({bw_source}).",
         "- AI (arithmetic intensity) = FLOPs / the bytes that must cross HBM at least once: A and B read "
         "once, D written once (bf16), and for FP8 the fp32 scale factors (1x128 for A, 128x128 for B)."
-        + (" `fp8_wgrad_gemm_nt`: 1x128 scales for both, and its fp32 D read and written."
-           if any(sec.op == "fp8_wgrad_gemm_nt" for sec in sections) else ""),
+        + (" Weight gradients: 1x128 scales for both, and the fp32 D read and written."
+           if any(sec.op in ("fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous") for sec in sections) else ""),
         f"- A row is **memory**-bound when its AI is below the ridge point peak / bandwidth "
         f"(FP8 {s.fp8_peak * 1e3 / bw:.0f}, BF16 {s.bf16_peak * 1e3 / bw:.0f} FLOP/B); its % of roofline "
         "is then its TFLOPS over AI x bandwidth. Otherwise it is **compute**-bound and the % is over the peak.",
@@ -673,6 +704,7 @@ def render(
         "m_grouped_fp8_gemm_nt_contiguous": (lambda e: grouped_points(e, True), settings.fp8_peak),
         "m_grouped_fp8_gemm_nt_masked": (lambda e: grouped_points(e, False), settings.fp8_peak),
         "fp8_wgrad_gemm_nt": (wgrad_points, settings.fp8_peak),
+        "k_grouped_fp8_gemm_nt_contiguous": (k_grouped_points, settings.fp8_peak),
     }
     for op, (build, peak) in builders.items():
         if op in results:
@@ -779,10 +811,11 @@ OP_COLOURS = {
     "m_grouped_fp8_gemm_nt_contiguous": "#2ca02c",
     "m_grouped_fp8_gemm_nt_masked": "#9467bd",
     "fp8_wgrad_gemm_nt": "#8c564b",
+    "k_grouped_fp8_gemm_nt_contiguous": "#e377c2",
 }
 OP_MARKERS = {
     "bf16_gemm_nt": "o", "fp8_gemm_nt": "s", "m_grouped_fp8_gemm_nt_contiguous": "^",
-    "m_grouped_fp8_gemm_nt_masked": "D", "fp8_wgrad_gemm_nt": "v",
+    "m_grouped_fp8_gemm_nt_masked": "D", "fp8_wgrad_gemm_nt": "v", "k_grouped_fp8_gemm_nt_contiguous": "P",
 }
 
 

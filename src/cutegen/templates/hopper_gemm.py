@@ -561,34 +561,35 @@ class HopperGemmKernel:
         boundary = (nb0 + 1) * SCALE_BLOCK - n0
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+        # Each block's SFB is loaded before the WGMMAs ahead of its promotion are issued, so
+        # the global-memory latency hides behind them.
         k_tile = cutlass.Int32(0)
+        cur0, cur1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+        mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
         # Pairs of blocks after the first: acc1 gets the odd ones, acc0 the even ones.
         for _ in range((k_tile_cnt - 1) // 2):
+            nxt0, nxt1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
             mma_state = self._issue_wave(tiled_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
             warpgroup.wait_group(1)
-            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
-            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0)
+            cur0, cur1 = self._block_sfb(mSFB, k_tile + 2, nb0, nb1, group)
             mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
             warpgroup.wait_group(1)
-            sfb0, sfb1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
-            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0)
             k_tile += 2
         if (k_tile_cnt - 1) % 2 == 1:
             # One block left to issue. A tiled MMA of this region sets its own ACCUMULATE field
             # (a field set inside a dynamic branch must not be read after it).
             tail_mma = self._make_tiled_mma()
+            nxt0, nxt1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
             mma_state = self._issue_wave(tail_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
             warpgroup.wait_group(1)
-            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
-            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0)
             warpgroup.wait_group(0)
-            sfb0, sfb1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
-            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0)
         else:
             warpgroup.wait_group(0)
-            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
-            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, 0)
+            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0)
         return read_state
 
     @cute.jit
