@@ -70,11 +70,13 @@ def _row(op: str, case: str, impl: str, us: float | None, nbytes: int, note: str
     }
 
 
-def bench_quant(reps: int = 20, compile_grouped: bool = False) -> dict[str, Any]:
+def bench_quant(reps: int = 20, compile_grouped: bool = True) -> dict[str, Any]:
     """Run every quantize case; returns ``{"rows": [...], "copy_gbs": ...}`` (see `render`).
 
-    ``compile_grouped`` also tries ``torch.compile`` on the grouped reference (a Python loop over
-    the groups; slow to compile, and it failed in the anchor measurement).
+    Each op is timed beside eager torch and ``torch.compile`` of its reference; a compile that
+    fails is reported with its error. ``compile_grouped=False`` skips compiling the grouped
+    reference (a Python loop over the groups: the slowest to compile, and it failed in the
+    anchor measurement).
     """
     import torch
 
@@ -142,6 +144,9 @@ def bench_quant(reps: int = 20, compile_grouped: bool = False) -> dict[str, Any]
     rows.append(_row("per_block_quant_fp8", case, "cutegen", us, nbytes, kernel=name))
     us, note = _try_time(lambda: ref.per_block_quant_fp8_ref(w), reps)
     rows.append(_row("per_block_quant_fp8", case, "eager torch (reference)", us, nbytes, note))
+    compiled = torch.compile(ref.per_block_quant_fp8_ref)
+    us, note = _try_time(lambda: compiled(w), reps)
+    rows.append(_row("per_block_quant_fp8", case, "torch.compile (reference)", us, nbytes, note))
     del w, q, s
     torch.cuda.empty_cache()
 
