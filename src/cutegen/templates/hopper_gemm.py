@@ -522,14 +522,7 @@ class HopperGemmKernel:
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
         promoted += acc · sfa[row] · sfb[column block] in fp32 registers, wave by wave (see the
         class docstring). Returns the advanced pipeline state (the caller must rebind it)."""
-        tn = self.tile_shape_mnk[1]
-        n0 = tile_n * tn
-        nb0 = n0 // SCALE_BLOCK
-        nb1 = nb0
-        if cutlass.const_expr(not self.sfb_per_row):
-            nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
-        # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
-        boundary = (nb0 + 1) * SCALE_BLOCK - n0
+        nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
         promoted.fill(0.0)
         mma_state = read_state.clone()
         for k_tile in range(k_tile_cnt):
@@ -544,6 +537,19 @@ class HopperGemmKernel:
         return read_state
 
     @cute.jit
+    def _tile_sfb_blocks(self, mSFB, tile_n):
+        """(nb0, nb1, boundary): the 128-column SFB blocks an N tile spans (a tile spans at most
+        two; nb1 = nb0 for per-row SFB) and the tile column where nb1 begins."""
+        n0 = tile_n * self.tile_shape_mnk[1]
+        nb0 = n0 // SCALE_BLOCK
+        nb1 = nb0
+        if cutlass.const_expr(not self.sfb_per_row):
+            nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
+        # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
+        boundary = (nb0 + 1) * SCALE_BLOCK - n0
+        return nb0, nb1, boundary
+
+    @cute.jit
     def _mainloop_double_accumulators(
         self, tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
         k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
@@ -552,13 +558,7 @@ class HopperGemmKernel:
         block): block kb+1 is issued into the other accumulator before block kb is waited for
         and promoted, so one block's WGMMAs are always in flight while the math threads promote.
         Returns the advanced pipeline state (the caller must rebind it)."""
-        tn = self.tile_shape_mnk[1]
-        n0 = tile_n * tn
-        nb0 = n0 // SCALE_BLOCK
-        nb1 = nb0
-        if cutlass.const_expr(not self.sfb_per_row):
-            nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
-        boundary = (nb0 + 1) * SCALE_BLOCK - n0
+        nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
         promoted.fill(0.0)
         mma_state = read_state.clone()
         # Each block's SFB is loaded before the WGMMAs ahead of its promotion are issued, so
