@@ -320,9 +320,8 @@ class Schedule:
         """WGMMA accumulators a block-scaled math warpgroup alternates between: two for tiles
         computed in one wave whose promoted sum and two accumulators fit in
         DOUBLE_ACCUMULATOR_REGISTERS (the next K block's WGMMAs then run while the previous block
-        is promoted), else one. The contiguous M-grouped op keeps one (its padding tiles have no
-        K block to start the alternation with)."""
-        if not self.block_scaled_gemm or self.waves != 1 or self.op == Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS:
+        is promoted), else one."""
+        if not self.block_scaled_gemm or self.waves != 1:
             return 1
         if 3 * self.accumulators_per_thread <= DOUBLE_ACCUMULATOR_REGISTERS:
             return 2

@@ -558,6 +558,9 @@ class HopperGemmKernel:
         block): block kb+1 is issued into the other accumulator before block kb is waited for
         and promoted, so one block's WGMMAs are always in flight while the math threads promote.
         Returns the advanced pipeline state (the caller must rebind it)."""
+        # A tiled MMA of this call sets its own ACCUMULATE field: the caller may run it inside a
+        # dynamic branch, and a field set there must not be read after it.
+        tiled_mma = self._make_tiled_mma()
         nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
         promoted.fill(0.0)
         mma_state = read_state.clone()
@@ -1166,11 +1169,22 @@ class HopperGemmKernel:
                 elif cutlass.const_expr(self.m_grouped):
                     group = self._tile_group(mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
-                    read_state = self._mainloop_block_scaled(
-                        tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
-                        cutlass.max(group, 0),
-                    )
+                    if cutlass.const_expr(self.double_accumulators):
+                        # Tiles of padding rows only have no K block to start the alternation.
+                        if tile_k_tiles > 0:
+                            read_state = self._mainloop_double_accumulators(
+                                tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB,
+                                tCcC, sSFA, mSFB, mainloop_pipeline, read_state, tile_k_tiles,
+                                num_k_blocks, tile_n, cutlass.max(group, 0),
+                            )
+                        else:
+                            promoted.fill(0.0)
+                    else:
+                        read_state = self._mainloop_block_scaled(
+                            tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
+                            mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
+                            cutlass.max(group, 0),
+                        )
                     # Padding rows of D are written as zeros unless the caller opted out; with
                     # the opt-out, tiles of padding rows only are not written at all.
                     if zero_padding != 0:
