@@ -68,6 +68,9 @@ class CostModel:
     # ~1.08x slower than a two-wave 256-row tile's (cutegen tune --timings-out, 12 dense + 4
     # k-grouped shapes; docs/perf/NOTES.md).
     single_wave_per_row_scale_slowdown: float = 1.08
+    # The same ops gain nothing from TMA multicast: with a 2-CTA cluster sharing A or B they
+    # measured 2-4% slower than 1x1 clusters on most shapes (same timings files).
+    per_row_scale_multicast_slowdown: float = 1.03
 
     @property
     def flops_per_sm(self) -> float:
@@ -124,13 +127,16 @@ def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
     return per_block_sfb and SCALE_BLOCK % tile_n != 0
 
 
-def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
-    """A kernel with one SFB per row of B (weight gradients: its sfb has no NB extent) whose
-    tile is computed in a single wave per math warpgroup."""
+def _per_row_scales(manifest: KernelManifest) -> bool:
+    """A block-scaled kernel with one SFB per row of B (weight gradients: its sfb has no NB extent)."""
     per_row_sfb = any(o.name == "sfb" and "NB" not in o.shape for o in manifest.operands)
-    schedule = manifest.schedule
-    rows_per_wave = 64 * int(schedule.get("math_warpgroups", 1) or 1)
-    return per_row_sfb and schedule.get("scale", "none") != "none" and manifest.grid.tile_m <= rows_per_wave
+    return per_row_sfb and manifest.schedule.get("scale", "none") != "none"
+
+
+def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
+    """A per-row-scaled kernel whose tile is computed in a single wave per math warpgroup."""
+    rows_per_wave = 64 * int(manifest.schedule.get("math_warpgroups", 1) or 1)
+    return _per_row_scales(manifest) and manifest.grid.tile_m <= rows_per_wave
 
 
 def score(
@@ -166,6 +172,8 @@ def score(
         compute *= model.split_scale_block_slowdown
     if _single_wave_per_row_scales(manifest):
         compute *= model.single_wave_per_row_scale_slowdown
+    if mc_a * mc_b > 1 and _per_row_scales(manifest):
+        compute *= model.per_row_scale_multicast_slowdown
     memory = tile_bytes / sm_bandwidth
     estimated = waves * max(compute, memory)
     return Score(
