@@ -1,0 +1,89 @@
+"""CPU tier: the k-grouped weight-gradient op's input validation and fake implementation, on fake
+CUDA tensors (no GPU): every refused input names its argument before anything is launched."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from cutegen.runtime import k_grouped_ops  # noqa: E402
+from cutegen.runtime.errors import InputError  # noqa: E402
+
+G, M, N, S = 3, 256, 128, 5
+
+
+def operands(**changes):
+    """A valid operand set (fake CUDA tensors), with named replacements."""
+    ops = {
+        "a": torch.empty(128 * M * S, dtype=torch.float8_e4m3fn, device="cuda"),
+        "sfa": torch.empty(S, M, device="cuda"),
+        "b": torch.empty(128 * N * S, dtype=torch.float8_e4m3fn, device="cuda"),
+        "sfb": torch.empty(S, N, device="cuda"),
+        "d": torch.empty(G, M, N, device="cuda"),
+        "group_sizes": torch.empty(G, dtype=torch.int32, device="cuda"),
+        "c": None,
+    }
+    ops.update(changes)
+    return ops
+
+
+def check(**changes):
+    o = operands(**changes)
+    return k_grouped_ops._check(o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"], o["c"])
+
+
+def test_valid_operands_give_the_extents():
+    with FakeTensorMode():
+        assert check() == (G, M, N, S)
+        assert check(c=torch.empty(G, M, N, device="cuda")) == (G, M, N, S)
+
+
+BAD = [
+    ("a", lambda: {"a": torch.empty(128 * M * S, dtype=torch.uint8, device="cuda")}, "float8_e4m3fn"),
+    ("a", lambda: {"a": torch.empty(M, 128 * S, dtype=torch.float8_e4m3fn, device="cuda")}, "1-D"),
+    ("a", lambda: {"a": torch.empty(128 * M * S - 128, dtype=torch.float8_e4m3fn, device="cuda")}, "elements"),
+    ("b", lambda: {"b": torch.empty(128 * N * S, dtype=torch.float8_e4m3fn, device="cpu")}, "CUDA tensor"),
+    ("sfa", lambda: {"sfa": torch.empty(S, M, device="cuda", dtype=torch.float64)}, "float32"),
+    ("sfa", lambda: {"sfa": torch.empty(M, S, device="cuda").t()}, "contiguous"),
+    ("sfa", lambda: {"sfa": torch.empty(S, M - 2, device="cuda"), "a": torch.empty(128 * (M - 2) * S, dtype=torch.float8_e4m3fn, device="cuda")}, "multiple of 4"),
+    ("sfb", lambda: {"sfb": torch.empty(S - 1, N, device="cuda")}, "block rows"),
+    ("group_sizes", lambda: {"group_sizes": torch.empty(G, dtype=torch.int64, device="cuda")}, "int32"),
+    ("group_sizes", lambda: {"group_sizes": torch.empty(G, 1, dtype=torch.int32, device="cuda")}, "1-D"),
+    ("d", lambda: {"d": torch.empty(G, M, N, device="cuda", dtype=torch.bfloat16)}, "float32"),
+    ("d", lambda: {"d": torch.empty(G + 1, M, N, device="cuda")}, "shape"),
+    ("d", lambda: {"d": torch.empty_strided((G, M, N), (M * (N + 2), N + 2, 1), device="cuda")}, "multiples of 4"),
+    ("c", lambda: {"c": torch.empty(G, M, N - 1, device="cuda")}, "'c'"),
+]
+
+
+@pytest.mark.parametrize("arg, change, words", BAD, ids=[f"{a}-{w}" for a, _, w in BAD])
+def test_bad_input_names_the_argument(arg, change, words):
+    with FakeTensorMode():
+        with pytest.raises(InputError, match=f"'{arg}'.*{words}" if not words.startswith("'") else words):
+            check(**change())
+
+
+def test_fake_implementation_checks_and_launches_nothing():
+    # Under a fake mode the custom op runs its fake implementation: shapes are checked, nothing
+    # reaches the GPU (there is none here).
+    with FakeTensorMode():
+        o = operands()
+        torch.ops.cutegen.k_grouped_fp8_gemm_nt_contiguous(o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"])
+        bad = operands(d=torch.empty(G, M, N, device="cuda", dtype=torch.bfloat16))
+        with pytest.raises(InputError, match="'d'"):
+            torch.ops.cutegen.k_grouped_fp8_gemm_nt_contiguous(
+                bad["a"], bad["sfa"], bad["b"], bad["sfb"], bad["d"], bad["group_sizes"]
+            )
+
+
+def test_python_entry_rejects_bad_hints():
+    with FakeTensorMode():
+        o = operands()
+        for hint in (-1, 2.5, True):
+            with pytest.raises(InputError, match="'expected_k'"):
+                k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(
+                    o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"], expected_k=hint
+                )
