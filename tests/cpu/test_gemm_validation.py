@@ -1,0 +1,102 @@
+"""CPU tier: the FP8 GEMM ops' input validation on fake CUDA tensors (no GPU): `fp8_gemm_nt`, the
+dense weight gradient and the two M-grouped layouts refuse bad inputs with an error that names the
+argument, before anything could be launched."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from cutegen.runtime import fp8_ops, grouped_ops  # noqa: E402
+from cutegen.runtime.errors import InputError  # noqa: E402
+
+M, N, K, G = 256, 384, 512, 3
+KB, NB = K // 128, -(-N // 128)
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8(*shape):
+    return torch.empty(*shape, dtype=E4M3, device="cuda")
+
+
+def mn_major(rows, cols):
+    """fp32 [rows, cols] with strides (1, align(rows, 4)): MN-major and TMA-aligned."""
+    return torch.empty_strided((rows, cols), (1, -(-rows // 4) * 4), device="cuda")
+
+
+def dense(**changes):
+    ops = {"a": fp8(M, K), "sfa": mn_major(M, KB), "b": fp8(N, K), "sfb": torch.empty(NB, KB, device="cuda"),
+           "out": None}
+    ops.update(changes)
+    return fp8_ops._check_meta(ops["a"], ops["sfa"], ops["b"], ops["sfb"], ops["out"])
+
+
+def wgrad(**changes):
+    ops = {"a": fp8(M, K), "sfa": mn_major(M, KB), "b": fp8(N, K), "sfb": mn_major(N, KB),
+           "d": torch.empty(M, N, device="cuda"), "c": None}
+    ops.update(changes)
+    return fp8_ops._check_wgrad(ops["a"], ops["sfa"], ops["b"], ops["sfb"], ops["d"], ops["c"])
+
+
+def contiguous(**changes):
+    ops = {"a": fp8(M, K), "sfa": mn_major(M, KB), "b": fp8(G, N, K), "sfb": torch.empty(G, NB, KB, device="cuda"),
+           "m_indices": torch.empty(M, dtype=torch.int32, device="cuda"), "out": None}
+    ops.update(changes)
+    return grouped_ops._check_meta(ops["a"], ops["sfa"], ops["b"], ops["sfb"], ops["m_indices"], ops["out"])
+
+
+def masked(**changes):
+    lds = -(-M // 4) * 4
+    ops = {"a": fp8(G, M, K), "sfa": torch.empty_strided((G, M, KB), (KB * lds, 1, lds), device="cuda"),
+           "b": fp8(G, N, K), "sfb": torch.empty(G, NB, KB, device="cuda"),
+           "masked_m": torch.empty(G, dtype=torch.int32, device="cuda"), "out": None}
+    ops.update(changes)
+    return grouped_ops._check_masked(ops["a"], ops["sfa"], ops["b"], ops["sfb"], ops["masked_m"], ops["out"])
+
+
+def test_valid_operands():
+    with FakeTensorMode():
+        assert dense() == (M, N, K)
+        assert dense(out=torch.empty(M, N, dtype=torch.bfloat16, device="cuda")) == (M, N, K)
+        assert wgrad() == (M, N, K)
+        assert contiguous() == (M, N, K, G)
+        assert masked() == (G, M, N, K)
+
+
+BAD = [
+    (dense, "a", lambda: {"a": torch.empty(M, K, dtype=torch.bfloat16, device="cuda")}),
+    (dense, "a", lambda: {"a": fp8(M, K + 64), "b": fp8(N, K + 64)}),  # K not a multiple of 128
+    (dense, "b", lambda: {"b": fp8(N, K - 128)}),
+    (dense, "b", lambda: {"b": torch.empty_strided((N, K), (K + 8, 1), dtype=E4M3, device="cuda")}),
+    (dense, "sfa", lambda: {"sfa": torch.empty(M, KB, device="cuda")}),  # row-major, not MN-major
+    (dense, "sfa", lambda: {"sfa": mn_major(M, KB + 1)}),
+    (dense, "sfb", lambda: {"sfb": torch.empty(NB + 1, KB, device="cuda")}),
+    (dense, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda", dtype=torch.bfloat16)}),
+    (dense, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
+    (dense, "out", lambda: {"out": torch.empty(M, N + 8, dtype=torch.bfloat16, device="cuda")}),
+    (wgrad, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),  # 128x128 blocks, not per row
+    (wgrad, "d", lambda: {"d": torch.empty(M, N, dtype=torch.bfloat16, device="cuda")}),
+    (wgrad, "d", lambda: {"d": torch.empty(N, M, device="cuda")}),
+    (wgrad, "c", lambda: {"c": torch.empty(M, N - 1, device="cuda")}),
+    (contiguous, "a", lambda: {"a": fp8(M - 8, K), "sfa": mn_major(M - 8, KB),
+                               "m_indices": torch.empty(M - 8, dtype=torch.int32, device="cuda")}),
+    (contiguous, "b", lambda: {"b": fp8(N, K)}),  # no group mode
+    (contiguous, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),
+    (contiguous, "m_indices", lambda: {"m_indices": torch.empty(M, dtype=torch.int64, device="cuda")}),
+    (contiguous, "m_indices", lambda: {"m_indices": torch.empty(M - 1, dtype=torch.int32, device="cuda")}),
+    (masked, "a", lambda: {"a": fp8(M, K)}),
+    (masked, "b", lambda: {"b": fp8(G + 1, N, K)}),
+    (masked, "sfa", lambda: {"sfa": torch.empty(G, M, KB, device="cuda")}),
+    (masked, "masked_m", lambda: {"masked_m": torch.empty(G + 1, dtype=torch.int32, device="cuda")}),
+    (masked, "out", lambda: {"out": torch.empty(G, M, N, device="cuda")}),
+]
+
+
+@pytest.mark.parametrize("check, arg, change", BAD, ids=[f"{c.__name__}-{a}-{i}" for i, (c, a, _) in enumerate(BAD)])
+def test_bad_input_names_the_argument(check, arg, change):
+    with FakeTensorMode():
+        with pytest.raises(InputError, match=f"'{arg}'"):
+            check(**change())
