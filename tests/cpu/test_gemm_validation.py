@@ -100,3 +100,24 @@ def test_bad_input_names_the_argument(check, arg, change):
     with FakeTensorMode():
         with pytest.raises(InputError, match=f"'{arg}'"):
             check(**change())
+
+
+def test_fake_implementations_give_the_output_shapes():
+    # What torch.compile sees while tracing: the custom ops' fake implementations check the
+    # inputs and describe the outputs, with no GPU involved.
+    lds = -(-M // 4) * 4
+    with FakeTensorMode():
+        out = torch.ops.cutegen.fp8_gemm_nt(fp8(M, K), mn_major(M, KB), fp8(N, K), torch.empty(NB, KB, device="cuda"))
+        assert tuple(out.shape) == (M, N) and out.dtype == torch.bfloat16 and out.stride(1) == 1
+        out = torch.ops.cutegen.m_grouped_fp8_gemm_nt_contiguous(
+            fp8(M, K), mn_major(M, KB), fp8(G, N, K), torch.empty(G, NB, KB, device="cuda"),
+            torch.empty(M, dtype=torch.int32, device="cuda"),
+        )
+        assert tuple(out.shape) == (M, N) and out.dtype == torch.bfloat16
+        out = torch.ops.cutegen.m_grouped_fp8_gemm_nt_masked(
+            fp8(G, M, K), torch.empty_strided((G, M, KB), (KB * lds, 1, lds), device="cuda"), fp8(G, N, K),
+            torch.empty(G, NB, KB, device="cuda"), torch.empty(G, dtype=torch.int32, device="cuda"), 64,
+        )
+        assert tuple(out.shape) == (G, M, N) and out.dtype == torch.bfloat16
+        with pytest.raises(InputError, match="'sfb'"):
+            torch.ops.cutegen.fp8_gemm_nt(fp8(M, K), mn_major(M, KB), fp8(N, K), torch.empty(NB + 1, KB, device="cuda"))
