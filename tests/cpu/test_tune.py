@@ -33,3 +33,8 @@ def test_cli_errors(capsys):
     assert "--shapes" in capsys.readouterr().err
     assert main(["tune", "--op", "fp8_gemm_nt", "--shapes", "64,2112,7168"]) == 2  # no GPU here
     assert "CUDA" in capsys.readouterr().err
+
+
+def test_cli_groups_must_be_positive(capsys):
+    assert main(["tune", "--op", "k_grouped_fp8_gemm_nt_contiguous", "--shapes", "7168,4096,4096", "--groups", "0"]) == 2
+    assert "--groups" in capsys.readouterr().err

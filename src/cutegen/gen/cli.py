@@ -620,6 +620,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise CliError("cutegen tune needs torch with CUDA", 2) from None
+    if args.groups < 1:
+        raise CliError(f"--groups: expected a positive number of groups, got {args.groups}", 2)
     if not torch.cuda.is_available():
         raise CliError("cutegen tune needs a CUDA GPU (torch.cuda.is_available() is False)", 2)
     from cutegen.runtime import ops
@@ -627,7 +629,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     ops.set_build_dir(args.build_dir)
     out = Path(args.out) if args.out else Path(args.build_dir) / "tuning.json"
     try:
-        tune(args.op, shapes, out, timings_out=Path(args.timings_out) if args.timings_out else None)
+        tune(args.op, shapes, out, timings_out=Path(args.timings_out) if args.timings_out else None,
+             groups=args.groups)
     except ValueError as exc:
         raise CliError(str(exc), 2) from exc
     print(f"tuning table written: {out}")
@@ -763,7 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous"))
     tn.add_argument("--shapes", required=True, metavar="M,N,K;...",
                     help="shapes to tune, e.g. '4096,7168,16384;64,2112,7168' (k-grouped: M,N and the tokens "
-                         "per group, timed as 4 groups)")
+                         "per group)")
+    tn.add_argument("--groups", type=int, default=4, metavar="G",
+                    help="k-grouped only: groups per problem; the table entry serves calls with G groups (default: 4)")
     tn.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=f"build folder (default: {DEFAULT_BUILD_DIR})")
     tn.add_argument("-o", "--out", metavar="PATH", help="tuning table to update (default: DIR/tuning.json, which the runtime reads)")
     tn.add_argument("--timings-out", metavar="PATH", help="also write every kernel's time per shape (JSON)")

@@ -17,8 +17,8 @@ from typing import Callable
 from cutegen.gen.bench import time_cuda
 
 TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous")
-# A k-grouped shape M,N,K is timed as this many groups of K tokens each (the runtime's kernel
-# choice sees one group's M x N x K).
+# A k-grouped shape M,N,K is timed as this many groups of K tokens each unless told otherwise
+# (the runtime's kernel choice sees the groups' rows stacked: G·M x N x K).
 K_GROUPED_TUNE_GROUPS = 4
 
 
@@ -39,7 +39,7 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def _runner(
-    op: str, m: int, n: int, k: int
+    op: str, m: int, n: int, k: int, groups: int = K_GROUPED_TUNE_GROUPS
 ) -> tuple[Callable[[str], object], Callable[[], object], Callable[[], object]]:
     """(run(kernel), output(), reset()) for one problem of `op` (inputs are created once); reset
     puts an accumulating output (weight gradients, D += ...) back to zero before the comparison run."""
@@ -70,7 +70,6 @@ def _runner(
         d = torch.zeros(m, n, device="cuda")
         return (lambda name: fp8_ops.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d, kernel=name)), (lambda: d), d.zero_
     if op == "k_grouped_fp8_gemm_nt_contiguous":
-        groups = K_GROUPED_TUNE_GROUPS
         blocks = groups * -(-k // 128)
         a = torch.randn(128 * m * blocks, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(128 * n * blocks, device="cuda").to(torch.float8_e4m3fn)
@@ -109,6 +108,7 @@ def tune(
     out: Path,
     progress: Callable[[str], None] = print,
     timings_out: Path | None = None,
+    groups: int = K_GROUPED_TUNE_GROUPS,
 ) -> dict:
     import torch
 
@@ -122,7 +122,7 @@ def tune(
     choices: dict[str, str] = {}
     every: dict[str, dict[str, float]] = {}
     for m, n, k in shapes:
-        run, output, reset = _runner(op, m, n, k)
+        run, output, reset = _runner(op, m, n, k, groups)
         reference = None
         timings = []
         for name in names:
@@ -138,7 +138,7 @@ def tune(
             timings.append((time_cuda(lambda: run(name), warmup=3, reps=10), name))
         best_us, best = min(timings)
         # The key the runtime looks the choice up by (k-grouped: the groups' rows stacked).
-        rows = m * K_GROUPED_TUNE_GROUPS if op == "k_grouped_fp8_gemm_nt_contiguous" else m
+        rows = m * groups if op == "k_grouped_fp8_gemm_nt_contiguous" else m
         choices[heuristics.shape_key(rows, n, k)] = best
         every[heuristics.shape_key(m, n, k)] = {name: round(us, 2) for us, name in timings}
         progress(f"{m},{n},{k}: {best} ({best_us:.1f} µs; {len(timings)} kernels timed)")
