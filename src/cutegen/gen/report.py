@@ -40,7 +40,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 FP8_PEAK_TFLOPS = 1979.0
 BF16_PEAK_TFLOPS = 989.0
@@ -255,6 +255,44 @@ def fp8_bytes(m: int, n: int, k: int) -> float:
     return m * k + n * k + 2 * m * n + 4 * m * _cdiv(k, 128) + 4 * _cdiv(n, 128) * _cdiv(k, 128)
 
 
+def _point(
+    r: dict, label: list[str], plot_label: str, flops: float | None, nbytes: float | None,
+    anchors: list[Anchor], extra: dict[str, Any] | None = None,
+) -> GemmPoint:
+    """A row's GemmPoint: its own time, kernel and TFLOPS (recomputed from the time when the FLOPs
+    are known) beside the given problem description and anchors."""
+    us = positive(r.get("ours_us"))
+    return GemmPoint(
+        label=label,
+        plot_label=plot_label,
+        kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
+        ours_us=us,
+        ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
+        flops=flops,
+        nbytes=nbytes,
+        anchors=anchors,
+        extra=extra or {},
+    )
+
+
+def _shape_point(
+    r: dict, bytes_of: Callable[[int, int, int], float], anchors_of: Callable[[float | None], list[Anchor]],
+    extra: dict[str, Any] | None = None,
+) -> GemmPoint:
+    """A row of an (M, N, K) problem: 2·M·N·K FLOPs and `bytes_of(M, N, K)` bytes."""
+    shape = _shape(r.get("shape"))
+    flops = positive(2 * shape[0] * shape[1] * shape[2]) if shape else None
+    return _point(
+        r,
+        [", ".join(map(str, shape)) if shape else NA],
+        "x".join(map(str, shape)) if shape else NA,
+        flops,
+        bytes_of(*shape) if shape else None,
+        anchors_of(flops),
+        extra,
+    )
+
+
 def bf16_bytes(m: int, n: int, k: int) -> float:
     return 2 * (m * k + n * k) + 2 * m * n
 
@@ -262,50 +300,28 @@ def bf16_bytes(m: int, n: int, k: int) -> float:
 def bf16_points(entry: Any) -> list[GemmPoint]:
     points = []
     for r in _rows(entry):
-        shape = _shape(r.get("shape"))
-        flops = positive(2 * shape[0] * shape[1] * shape[2]) if shape else None
-        us = positive(r.get("ours_us"))
-        anchor = _anchor(str(r.get("anchor") or "torch.matmul"), flops, r.get("anchor_us"), r.get("anchor_tflops"))
-        p = GemmPoint(
-            label=[", ".join(map(str, shape)) if shape else NA],
-            plot_label="x".join(map(str, shape)) if shape else NA,
-            kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
-            ours_us=us,
-            ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
-            flops=flops,
-            nbytes=bf16_bytes(*shape) if shape else None,
-            anchors=[anchor],
-        )
+        name = str(r.get("anchor") or "torch.matmul")
+        p = _shape_point(r, bf16_bytes, lambda flops: [_anchor(name, flops, r.get("anchor_us"), r.get("anchor_tflops"))])
         # The bench's own ratio, when the times needed to recompute it are missing.
-        if p.ratio(anchor) is None and positive(r.get("ratio")):
+        if p.ratio(p.anchors[0]) is None and positive(r.get("ratio")):
             p.extra["ratio"] = positive(r.get("ratio"))
         points.append(p)
     return points
 
 
 def fp8_points(entry: Any) -> list[GemmPoint]:
-    points = []
-    for r in _rows(entry):
-        shape = _shape(r.get("shape"))
-        flops = positive(2 * shape[0] * shape[1] * shape[2]) if shape else None
-        us = positive(r.get("ours_us"))
-        points.append(
-            GemmPoint(
-                label=[", ".join(map(str, shape)) if shape else NA],
-                plot_label="x".join(map(str, shape)) if shape else NA,
-                kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
-                ours_us=us,
-                ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
-                flops=flops,
-                nbytes=fp8_bytes(*shape) if shape else None,
-                anchors=[
-                    _anchor("cuBLAS blockwise", flops, r.get("cublas_us"), r.get("cublas_tflops")),
-                    _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
-                ],
-                extra={"b_gbs": num(r.get("b_gbs"))},
-            )
+    return [
+        _shape_point(
+            r,
+            fp8_bytes,
+            lambda flops: [
+                _anchor("cuBLAS blockwise", flops, r.get("cublas_us"), r.get("cublas_tflops")),
+                _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
+            ],
+            extra={"b_gbs": num(r.get("b_gbs"))},
         )
-    return points
+        for r in _rows(entry)
+    ]
 
 
 def wgrad_bytes(m: int, n: int, k: int) -> float:
@@ -313,25 +329,12 @@ def wgrad_bytes(m: int, n: int, k: int) -> float:
     return m * k + n * k + 4 * (m + n) * _cdiv(k, 128) + 8 * m * n
 
 
+def _deepgemm_only(r: dict) -> Callable[[float | None], list[Anchor]]:
+    return lambda flops: [_anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False)]
+
+
 def wgrad_points(entry: Any) -> list[GemmPoint]:
-    points = []
-    for r in _rows(entry):
-        shape = _shape(r.get("shape"))
-        flops = positive(2 * shape[0] * shape[1] * shape[2]) if shape else None
-        us = positive(r.get("ours_us"))
-        points.append(
-            GemmPoint(
-                label=[", ".join(map(str, shape)) if shape else NA],
-                plot_label="x".join(map(str, shape)) if shape else NA,
-                kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
-                ours_us=us,
-                ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
-                flops=flops,
-                nbytes=wgrad_bytes(*shape) if shape else None,
-                anchors=[_anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False)],
-            )
-        )
-    return points
+    return [_shape_point(r, wgrad_bytes, _deepgemm_only(r)) for r in _rows(entry)]
 
 
 def k_grouped_points(entry: Any) -> list[GemmPoint]:
@@ -346,19 +349,9 @@ def k_grouped_points(entry: Any) -> list[GemmPoint]:
         g, m, n = (shape[0], shape[1], shape[2]) if ok else (None, None, None)
         flops = positive(2 * m * n * tokens) if tokens else None
         nbytes = (m + n) * tokens + 4 * (m + n) * _cdiv(tokens, 128) + 8 * g * m * n if tokens else None
-        us = positive(r.get("ours_us"))
-        points.append(
-            GemmPoint(
-                label=[", ".join(map(str, shape)) if ok else NA],
-                plot_label=("G{}x{}x{} k{}".format(*shape)) if ok else NA,
-                kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
-                ours_us=us,
-                ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
-                flops=flops,
-                nbytes=nbytes,
-                anchors=[_anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False)],
-            )
-        )
+        label = [", ".join(map(str, shape)) if ok else NA]
+        plot_label = "G{}x{}x{} k{}".format(*shape) if ok else NA
+        points.append(_point(r, label, plot_label, flops, nbytes, _deepgemm_only(r)(flops)))
     return points
 
 
@@ -378,24 +371,22 @@ def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
             )
         else:
             flops = nbytes = None
-        us = positive(r.get("ours_us"))
 
         def text(v: Any) -> str:
             return str(int(v)) if v is not None else NA
 
+        anchors = [
+            _anchor("cuBLAS loop", flops, r.get("cublas_loop_us"), r.get("cublas_loop_tflops")),
+            _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
+        ]
         points.append(
-            GemmPoint(
-                label=[f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
-                plot_label=f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
-                kernel=r.get("kernel") if isinstance(r.get("kernel"), str) else None,
-                ours_us=us,
-                ours_tflops=_tflops(flops, us, r.get("ours_tflops")),
-                flops=flops,
-                nbytes=nbytes,
-                anchors=[
-                    _anchor("cuBLAS loop", flops, r.get("cublas_loop_us"), r.get("cublas_loop_tflops")),
-                    _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
-                ],
+            _point(
+                r,
+                [f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
+                f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
+                flops,
+                nbytes,
+                anchors,
             )
         )
     return points

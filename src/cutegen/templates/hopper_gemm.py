@@ -224,97 +224,70 @@ class HopperGemmKernel:
                 "oob_fill": "none",
             }
 
-        def shape(operand: str, values: list[str]) -> dict:
-            return {"kind": "shape", "operand": operand, "values": values, "width": 32}
+        def scale_vector_tma(operand: str, rows: int) -> dict:
+            # Scales [rows, KB] are contiguous along the rows (MN-major): TMA dimension 0.
+            return {
+                "kind": "tma",
+                "operand": operand,
+                "dtype": "f32",
+                "modes": [0, 1],
+                "box": [rows, 1],
+                "swizzle": "none",
+                "interleave": "none",
+                "l2_promotion": "128B",
+                "oob_fill": "none",
+            }
+
+        def with_group_mode(recipe: dict, grouped: bool) -> dict:
+            # A torch operand [G, X, Y] is the kernel's (X, Y, G): torch dims shift by one and the
+            # group is the last TMA dimension, one per box.
+            if not grouped:
+                return recipe
+            return dict(recipe, modes=[m + 1 for m in recipe["modes"]] + [0], box=recipe["box"] + [1])
+
+        def shape(operand: str, values: list[str], grouped: bool = False) -> dict:
+            return {"kind": "shape", "operand": operand, "values": values + ["G"] * grouped, "width": 32}
 
         # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
         a_rows = tm // cn if self.is_a_mcast else tm
         b_rows = tn // cm if self.is_b_mcast else tn
-        if self.m_grouped:
-            # B [G, N, K]: the kernel's modes (N, K, G) are torch dims (1, 2, 0); K is contiguous.
-            tma_b = dict(tma("b", s.b_dtype, b_rows, tk), modes=[2, 1, 0], box=[tk, b_rows, 1])
-            extents_b = shape("b", ["N", "K", "G"])
-        elif self.k_grouped:
-            tma_b = tma("b", s.b_dtype, b_rows, tk)
-            extents_b = shape("b", ["N", "KT"])
-        else:
-            tma_b = tma("b", s.b_dtype, b_rows, tk)
-            extents_b = shape("b", ["N", "K"])
-        if self.masked:
-            # A [G, max_m, K] and D [G, max_m, N]: kernel modes (M, K|N, G) are torch dims (1, 2, 0).
-            tma_a = dict(tma("a", s.a_dtype, a_rows, tk), modes=[2, 1, 0], box=[tk, a_rows, 1])
-            extents_a = shape("a", ["M", "K", "G"])
-        elif self.k_grouped:
-            # The flat A and B viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a template;
-            # the kernel rewrites address, extents and stride per group.
-            tma_a = tma("a", s.a_dtype, a_rows, tk)
-            extents_a = shape("a", ["M", "KT"])
-        else:
-            tma_a = tma("a", s.a_dtype, a_rows, tk)
-            extents_a = shape("a", ["M", "K"])
+        # A [G, max_m, K] (masked) and B [G, N, K] (M-grouped) carry a group mode. The k-grouped
+        # op's flat A and B are viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a
+        # template; the kernel rewrites address, extents and stride per group.
+        k_extent = "KT" if self.k_grouped else "K"
         params = [
-            {"name": "tma_a", **tma_a},
-            {"name": "extents_a", **extents_a},
-            {"name": "tma_b", **tma_b},
-            {"name": "extents_b", **extents_b},
+            {"name": "tma_a", **with_group_mode(tma("a", s.a_dtype, a_rows, tk), self.masked)},
+            {"name": "extents_a", **shape("a", ["M", k_extent], self.masked)},
+            {"name": "tma_b", **with_group_mode(tma("b", s.b_dtype, b_rows, tk), self.m_grouped)},
+            {"name": "extents_b", **shape("b", ["N", k_extent], self.m_grouped)},
         ]
         if self.block_scaled:
             params += [
-                {
-                    "name": "tma_sfa",
-                    "kind": "tma",
-                    "operand": "sfa",
-                    "dtype": "f32",
-                    # SFA [M, KB] ([G, M, KB] masked) is contiguous along M: TMA dimension 0 is M.
-                    "modes": [1, 2, 0] if self.masked else [0, 1],
-                    "box": [tm, 1, 1] if self.masked else [tm, 1],
-                    "swizzle": "none",
-                    "interleave": "none",
-                    "l2_promotion": "128B",
-                    "oob_fill": "none",
-                },
-                {"name": "extents_sfa", **shape("sfa", ["M", "KB", "G"] if self.masked else ["M", "KB"])},
+                {"name": "tma_sfa", **with_group_mode(scale_vector_tma("sfa", tm), self.masked)},
+                {"name": "extents_sfa", **shape("sfa", ["M", "KB"], self.masked)},
             ]
-            if self.sfb_per_row:
+            if self.sfb_per_row:  # SFB [N, KB] per 1x128 of B, staged like SFA
                 params += [
-                    {
-                        "name": "tma_sfb",
-                        "kind": "tma",
-                        "operand": "sfb",
-                        "dtype": "f32",
-                        # SFB [N, KB] per 1x128 of B, contiguous along N like SFA.
-                        "modes": [0, 1],
-                        "box": [tn, 1],
-                        "swizzle": "none",
-                        "interleave": "none",
-                        "l2_promotion": "128B",
-                        "oob_fill": "none",
-                    },
+                    {"name": "tma_sfb", **scale_vector_tma("sfb", tn)},
                     {"name": "extents_sfb", **shape("sfb", ["N", "KB"])},
                 ]
             else:
                 params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
-        if self.d_grouped:
-            params += [
-                {"name": "tma_d", **dict(tma("d", s.c_dtype, em, en), modes=[2, 1, 0], box=[en, em, 1])},
-                {"name": "extents_d", **shape("d", ["M", "N", "G"])},
-            ]
-            if self.masked:
-                params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
-            else:
-                params += [
-                    {"name": "group_sizes", "kind": "pointer", "operand": "group_sizes"},
-                    {"name": "workspace", "kind": "pointer", "operand": "workspace"},
-                    # A and B again as plain pointers: the per-group descriptors start from them.
-                    {"name": "a_base", "kind": "pointer", "operand": "a"},
-                    {"name": "b_base", "kind": "pointer", "operand": "b"},
-                ]
-            return params
         params += [
-            {"name": "tma_d", **tma("d", s.c_dtype, em, en)},
-            {"name": "extents_d", **shape("d", ["M", "N"])},
+            {"name": "tma_d", **with_group_mode(tma("d", s.c_dtype, em, en), self.d_grouped)},
+            {"name": "extents_d", **shape("d", ["M", "N"], self.d_grouped)},
         ]
-        if self.m_grouped:
+        if self.masked:
+            params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
+        elif self.k_grouped:
+            params += [
+                {"name": "group_sizes", "kind": "pointer", "operand": "group_sizes"},
+                {"name": "workspace", "kind": "pointer", "operand": "workspace"},
+                # A and B again as plain pointers: the per-group descriptors start from them.
+                {"name": "a_base", "kind": "pointer", "operand": "a"},
+                {"name": "b_base", "kind": "pointer", "operand": "b"},
+            ]
+        elif self.m_grouped:
             params += [
                 {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
                 {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},

@@ -719,32 +719,41 @@ def _sym64(divisibility: int = 1):
     return cute.sym_int64(divisibility=divisibility)
 
 
-class PerTokenQuantTemplate(_QuantTemplateBase):
-    kernel_class = PerTokenQuantKernel
+class _MatrixQuantTemplate(_QuantTemplateBase):
+    """The per-token and per-block templates: one matrix [ROWS, K] in, q e4m3 [ROWS, K] and a
+    scale matrix out (its strides are run-time values). Subclasses name the symbols."""
+
+    input_name: str  # the input operand
+    rows: str  # its row extent's symbol
+    scale_shape: tuple[str, str]  # the scale matrix's extent symbols
+    grid_rows: str  # rows the grid covers (an expression over the symbols)
+
+    def _scale_dtype(self) -> str:
+        return "f32"
 
     def fake_arguments(self) -> tuple:
         from cutlass.cute.runtime import make_fake_tensor
         from cutlass.runtime import make_fake_stream
 
         s = self.schedule
-        m = cute.sym_int32(symbol="M")
+        rows = cute.sym_int32(symbol=self.rows)
         k = cute.sym_int32(symbol="K")
-        sm = cute.sym_int32(symbol="SM")
-        sg = cute.sym_int32(symbol="SG")
+        s_rows, s_cols = (cute.sym_int32(symbol=name) for name in self.scale_shape)
         in_vec = VEC_BYTES // s.a_dtype.bytes
-        x = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (_sym64(in_vec), 1), assumed_align=16)
-        q = make_fake_tensor(cutlass.Float8E4M3FN, (m, k), (_sym64(16), 1), assumed_align=16)
-        sf_dtype = Int32 if s.scale == ScaleFormat.UE8M0 else Float32
-        sf = make_fake_tensor(sf_dtype, (sm, sg), (_sym64(), _sym64()), assumed_align=4)
+        x = make_fake_tensor(cute_dtype(s.a_dtype), (rows, k), (_sym64(in_vec), 1), assumed_align=16)
+        q = make_fake_tensor(cutlass.Float8E4M3FN, (rows, k), (_sym64(16), 1), assumed_align=16)
+        sf_dtype = Int32 if self._scale_dtype() == "i32" else Float32
+        sf = make_fake_tensor(sf_dtype, (s_rows, s_cols), (_sym64(), _sym64()), assumed_align=4)
         return (x, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
 
     def operands(self) -> list[dict]:
         s = self.schedule
-        sf_dtype = "i32" if s.scale == ScaleFormat.UE8M0 else "f32"
+        matrix = [self.rows, "K"]
         return [
-            {"name": "x", "dtype": s.a_dtype.value, "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "q", "dtype": "e4m3", "shape": ["M", "K"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "sf", "dtype": sf_dtype, "shape": ["SM", "SG"], "contiguous_mode": -1, "align_bytes": 4},
+            {"name": self.input_name, "dtype": s.a_dtype.value, "shape": matrix, "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "q", "dtype": "e4m3", "shape": matrix, "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "sf", "dtype": self._scale_dtype(), "shape": list(self.scale_shape), "contiguous_mode": -1,
+             "align_bytes": 4},
         ]
 
     def grid_rule(self) -> dict:
@@ -752,7 +761,7 @@ class PerTokenQuantTemplate(_QuantTemplateBase):
         return {
             "kind": "blocks",
             "blocks": [
-                f"min(ceil_div(max(M, SM), {s.tile_m}) * ceil_div(K, {s.tile_n}), max_active_clusters)",
+                f"min(ceil_div({self.grid_rows}, {s.tile_m}) * ceil_div(K, {s.tile_n}), max_active_clusters)",
                 "1",
                 "1",
             ],
@@ -760,57 +769,31 @@ class PerTokenQuantTemplate(_QuantTemplateBase):
 
     def param_bindings(self) -> list[dict]:
         return [
-            self._tensor("x", ["M", "K"], [0]),
-            self._tensor("q", ["M", "K"], [0]),
-            self._tensor("sf", ["SM", "SG"], [0, 1]),
+            self._tensor(self.input_name, [self.rows, "K"], [0]),
+            self._tensor("q", [self.rows, "K"], [0]),
+            self._tensor("sf", list(self.scale_shape), [0, 1]),
             self._eps(),
         ]
 
 
-class PerBlockQuantTemplate(_QuantTemplateBase):
+class PerTokenQuantTemplate(_MatrixQuantTemplate):
+    kernel_class = PerTokenQuantKernel
+    input_name = "x"
+    rows = "M"
+    scale_shape = ("SM", "SG")
+    # The TMA-aligned MN-major scale layout may have more rows than x (padding rows get written).
+    grid_rows = "max(M, SM)"
+
+    def _scale_dtype(self) -> str:
+        return "i32" if self.schedule.scale == ScaleFormat.UE8M0 else "f32"
+
+
+class PerBlockQuantTemplate(_MatrixQuantTemplate):
     kernel_class = PerBlockQuantKernel
-
-    def fake_arguments(self) -> tuple:
-        from cutlass.cute.runtime import make_fake_tensor
-        from cutlass.runtime import make_fake_stream
-
-        s = self.schedule
-        n = cute.sym_int32(symbol="N")
-        k = cute.sym_int32(symbol="K")
-        sn = cute.sym_int32(symbol="SN")
-        sk = cute.sym_int32(symbol="SK")
-        in_vec = VEC_BYTES // s.a_dtype.bytes
-        w = make_fake_tensor(cute_dtype(s.a_dtype), (n, k), (_sym64(in_vec), 1), assumed_align=16)
-        q = make_fake_tensor(cutlass.Float8E4M3FN, (n, k), (_sym64(16), 1), assumed_align=16)
-        sf = make_fake_tensor(Float32, (sn, sk), (_sym64(), _sym64()), assumed_align=4)
-        return (w, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
-
-    def operands(self) -> list[dict]:
-        s = self.schedule
-        return [
-            {"name": "w", "dtype": s.a_dtype.value, "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "q", "dtype": "e4m3", "shape": ["N", "K"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "sf", "dtype": "f32", "shape": ["SN", "SK"], "contiguous_mode": -1, "align_bytes": 4},
-        ]
-
-    def grid_rule(self) -> dict:
-        s = self.schedule
-        return {
-            "kind": "blocks",
-            "blocks": [
-                f"min(ceil_div(N, {s.tile_m}) * ceil_div(K, {s.tile_n}), max_active_clusters)",
-                "1",
-                "1",
-            ],
-        }
-
-    def param_bindings(self) -> list[dict]:
-        return [
-            self._tensor("w", ["N", "K"], [0]),
-            self._tensor("q", ["N", "K"], [0]),
-            self._tensor("sf", ["SN", "SK"], [0, 1]),
-            self._eps(),
-        ]
+    input_name = "w"
+    rows = "N"
+    scale_shape = ("SN", "SK")
+    grid_rows = "N"
 
 
 class GroupedTransposedQuantTemplate(_QuantTemplateBase):
