@@ -98,11 +98,6 @@ def _check_pointers(op: str = OP_FP8_GEMM_NT, sfb_align: int = 4, **tensors: tor
         ops.check_aligned(op, arg, t, sfb_align if arg == "sfb" else PTR_ALIGN_BYTES)
 
 
-def _new_out(a: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
-    stride = (n + OUT_ROW_ALIGN_ELEMS - 1) // OUT_ROW_ALIGN_ELEMS * OUT_ROW_ALIGN_ELEMS
-    return torch.empty_strided((m, n), (stride, 1), dtype=torch.bfloat16, device=a.device)
-
-
 def _run(a, sfa, b, sfb, out, kernel: str) -> None:
     m, k = a.shape
     n = b.shape[0]
@@ -111,7 +106,7 @@ def _run(a, sfa, b, sfb, out, kernel: str) -> None:
     if k == 0:
         out.zero_()
         return
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = ops.device_ordinal(a)
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel)
         names = [s.name for s in loaded.manifest.operands]
@@ -126,7 +121,7 @@ def _run(a, sfa, b, sfb, out, kernel: str) -> None:
 def _impl(a, sfa, b, sfb, kernel: str) -> torch.Tensor:
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb)
-    out = _new_out(a, m, n)
+    out = ops._new_out(a, m, n)
     _run(a, sfa, b, sfb, out, kernel)
     return out
 
@@ -147,7 +142,7 @@ def _fp8_gemm_nt_op(
 @_fp8_gemm_nt_op.register_fake
 def _fp8_gemm_nt_fake(a, sfa, b, sfb, kernel_name: str = ""):
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
-    return _new_out(a, m, n)
+    return ops._new_out(a, m, n)
 
 
 @torch.library.custom_op("cutegen::fp8_gemm_nt_out", mutates_args=("out",))
@@ -244,7 +239,7 @@ def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
     if m == 0 or n == 0 or k == 0:
         return
     _check_pointers(OP_FP8_WGRAD, PTR_ALIGN_BYTES, a=a, sfa=sfa, b=b, sfb=sfb, out=d)
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = ops.device_ordinal(a)
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel)
         stream = torch.cuda.current_stream(a.device).cuda_stream

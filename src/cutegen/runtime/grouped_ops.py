@@ -123,7 +123,7 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Non
         return
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
         ops.check_aligned(OP, arg, t)
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = ops.device_ordinal(a)
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP, m, n, k, device, kernel)
         names = sorted(s.name for s in loaded.manifest.operands)
@@ -138,17 +138,13 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Non
         )
 
 
-def _new_out(a, m, n):
-    return fp8_ops._new_out(a, m, n)
-
-
 @torch.library.custom_op(f"cutegen::{OP}", mutates_args=())
 def _op(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
     zero_padding: bool = True, kernel_name: str = "",
 ) -> torch.Tensor:
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, None)
-    out = _new_out(a, m, n)
+    out = ops._new_out(a, m, n)
     _run(a, sfa, b, sfb, m_indices, out, zero_padding, kernel_name)
     return out
 
@@ -156,7 +152,7 @@ def _op(
 @_op.register_fake
 def _op_fake(a, sfa, b, sfb, m_indices, zero_padding: bool = True, kernel_name: str = ""):
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, None)
-    return _new_out(a, m, n)
+    return ops._new_out(a, m, n)
 
 
 @torch.library.custom_op(f"cutegen::{OP}_out", mutates_args=("out",))
@@ -190,7 +186,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
     tensors: tuple[Any, ...] = (a, sfa, b, sfb, m_indices, out)
     if ops._plain_eager(*tensors):
         m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, out)
-        result = out if out is not None else _new_out(a, m, n)
+        result = out if out is not None else ops._new_out(a, m, n)
         _run(a, sfa, b, sfb, m_indices, result, bool(zero_padding), kernel or "")
         return result
     if out is None:
@@ -258,7 +254,7 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
         return
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
         ops.check_aligned(OP_MASKED, arg, t)
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = ops.device_ordinal(a)
     hint_m = max(1, min(int(expected_m), max_m)) * g
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_MASKED, hint_m, n, k, device, kernel)

@@ -35,12 +35,12 @@ import torch
 
 from . import ops
 from .errors import InputError
+from .fp8_ops import F32_ROW_ALIGN_ELEMS
+from .fp8_ops import SFA_COLUMN_ALIGN as SCALE_ROW_ALIGN  # 16 bytes of fp32: TMA's stride rule
 from .launch import launch
 from .params import SCALE_BLOCK
 
 OP = "k_grouped_fp8_gemm_nt_contiguous"
-SCALE_ROW_ALIGN = 4  # 16 bytes of fp32: TMA's stride rule for the scale rows
-F32_ROW_ALIGN_ELEMS = 4
 # Two 128-byte TMA descriptors per CTA (A and B), as int64 words.
 WORKSPACE_WORDS_PER_CTA = 2 * 128 // 8
 
@@ -118,7 +118,7 @@ def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str)
         return
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
         ops.check_aligned(OP, arg, t)
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = ops.device_ordinal(a)
     # The kernel choice sees the groups' tiles stacked along M (the persistent scheduler walks
     # them as one sequence) over the tokens of one group.
     k_hint = int(expected_k) if expected_k else max(1, s * SCALE_BLOCK // max(g, 1))

@@ -209,6 +209,11 @@ def _check_pointers(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
         check_aligned(OP_BF16_GEMM_NT, arg, t)
 
 
+def device_ordinal(t: torch.Tensor) -> int:
+    """The CUDA ordinal of a tensor's device (the current device for a bare "cuda")."""
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 def _out_strides(n: Any) -> tuple[Any, int]:
     return ((n + ROW_ALIGN_ELEMS - 1) // ROW_ALIGN_ELEMS * ROW_ALIGN_ELEMS, 1)
 
@@ -229,7 +234,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str) -> No
     if k == 0:
         out.zero_()
         return
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    device = device_ordinal(a)
     if torch.cuda.current_device() != device:
         with torch.cuda.device(device):
             _launch(a, b, out, kernel, device, m, n, k)

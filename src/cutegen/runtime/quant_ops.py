@@ -237,12 +237,8 @@ def _new_scales(x: torch.Tensor, m: int, cols: int, dtype: torch.dtype, layout: 
     return torch.empty((m, cols), dtype=dtype, device=x.device)
 
 
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
-
-
 def _launch(op: str, in_dtype: str, scale: str, forced: str, device_of: torch.Tensor, operands: dict, eps: float) -> None:
-    device = _device_index(device_of)
+    device = ops.device_ordinal(device_of)
 
     def go() -> None:
         loaded = _kernel(op, in_dtype, scale, device, forced)
