@@ -17,6 +17,8 @@ import statistics
 import time
 from typing import Callable
 
+from cutegen.gen.report import GEMM_OPS
+
 BF16_SHAPES = [
     (4096, 4096, 4096),
     (8192, 8192, 8192),
@@ -486,15 +488,8 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-OPS = (
-    "bf16_gemm_nt",
-    "fp8_gemm_nt",
-    "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_gemm_nt_masked",
-    "fp8_wgrad_gemm_nt",
-    "k_grouped_fp8_gemm_nt_contiguous",
-    "quantize",
-)
+# Every GEMM op the report has a section for, and the quantize ops together.
+OPS = (*GEMM_OPS, "quantize")
 
 
 def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: str | None = None,

@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+# The op lists only (both modules import torch lazily, inside their functions).
+from cutegen.gen.bench import OPS as BENCH_OPS
+from cutegen.gen.tune import TUNABLE_OPS
 from cutegen.runtime.manifest import KernelManifest, ManifestError
 from cutegen.schedules import (
     Arch,
@@ -763,7 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tn = sub.add_parser("tune", help="time every built kernel of an op for given shapes and write the tuning table (needs CUDA)")
     tn.add_argument("--op", required=True,
-                    choices=("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous"))
+                    choices=TUNABLE_OPS)
     tn.add_argument("--shapes", required=True, metavar="M,N,K;...",
                     help="shapes to tune, e.g. '4096,7168,16384;64,2112,7168' (k-grouped: M,N and the tokens "
                          "per group)")
@@ -779,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument(
         "--op",
         action="append",
-        choices=("bf16_gemm_nt", "fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "quantize"),
+        choices=BENCH_OPS,
         help="only this op (repeatable; default: every op with built kernels)",
     )
     bn.add_argument("--report", metavar="DIR",
