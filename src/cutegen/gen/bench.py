@@ -492,6 +492,14 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
 OPS = (*GEMM_OPS, "quantize")
 
 
+def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
+    """A Markdown table of rows whose only anchor is DeepGEMM's published TFLOPS."""
+    lines = [f"# {title}", "", f"| {shape_header} | TFLOPS | DeepGEMM | ratio |", "| --- | --- | --- | --- |"]
+    lines += [f"| {', '.join(map(str, r['shape']))} | {r['ours_tflops']:.0f} | {r['deepgemm_tflops']} | "
+              f"{r['ours_tflops'] / r['deepgemm_tflops']:.2f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: str | None = None,
          command: str | None = None) -> int:
     import torch
@@ -529,21 +537,14 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         rows = bench_grouped_masked()
         print(render_grouped(rows, env, "m_grouped_fp8_gemm_nt_masked"))
         results["m_grouped_fp8_gemm_nt_masked"] = rows
-    if "fp8_wgrad_gemm_nt" in ops and "fp8_wgrad_gemm_nt" in available:
-        rows = bench_wgrad()
-        lines = ["# fp8_wgrad_gemm_nt (fp32 D += A·Bᵀ)", "", "| M, N, K | TFLOPS | DeepGEMM | ratio |", "| --- | --- | --- | --- |"]
-        lines += [f"| {', '.join(map(str, r['shape']))} | {r['ours_tflops']:.0f} | {r['deepgemm_tflops']} | "
-                  f"{r['ours_tflops'] / r['deepgemm_tflops']:.2f} |" for r in rows]
-        print("\n".join(lines) + "\n")
-        results["fp8_wgrad_gemm_nt"] = rows
-    if "k_grouped_fp8_gemm_nt_contiguous" in ops and "k_grouped_fp8_gemm_nt_contiguous" in available:
-        rows = bench_k_grouped()
-        lines = ["# k_grouped_fp8_gemm_nt_contiguous (fp32 D[g] += A_g·B_gᵀ)", "",
-                 "| G, M, N, mean k | TFLOPS | DeepGEMM | ratio |", "| --- | --- | --- | --- |"]
-        lines += [f"| {', '.join(map(str, r['shape']))} | {r['ours_tflops']:.0f} | {r['deepgemm_tflops']} | "
-                  f"{r['ours_tflops'] / r['deepgemm_tflops']:.2f} |" for r in rows]
-        print("\n".join(lines) + "\n")
-        results["k_grouped_fp8_gemm_nt_contiguous"] = rows
+    for op, bench_op, title, shape_header in (
+        ("fp8_wgrad_gemm_nt", bench_wgrad, "fp32 D += A·Bᵀ", "M, N, K"),
+        ("k_grouped_fp8_gemm_nt_contiguous", bench_k_grouped, "fp32 D[g] += A_g·B_gᵀ", "G, M, N, mean k"),
+    ):
+        if op in ops and op in available:
+            rows = bench_op()
+            print(render_vs_deepgemm(rows, f"{op} ({title})", shape_header))
+            results[op] = rows
     if "quantize" in ops:
         try:
             from cutegen.gen import bench_quant
