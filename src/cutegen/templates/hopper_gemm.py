@@ -510,6 +510,35 @@ class HopperGemmKernel:
         return read_state
 
     @cute.jit
+    def _block_scaled_tile(
+        self, tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty: bool,
+    ):
+        """One tile's block-scaled main loop: double-accumulator when the schedule has two
+        accumulators, else wave by wave. `may_be_empty`: the tile can have no K block (the
+        double-accumulator loop needs one to start its alternation; such a tile is zero).
+        Returns the advanced pipeline state (the caller must rebind it)."""
+        if cutlass.const_expr(not self.double_accumulators):
+            read_state = self._mainloop_block_scaled(
+                tiled_mma, acc0, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+            )
+        elif cutlass.const_expr(may_be_empty):
+            if k_tile_cnt > 0:
+                read_state = self._mainloop_double_accumulators(
+                    tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                    k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+                )
+            else:
+                promoted.fill(0.0)
+        else:
+            read_state = self._mainloop_double_accumulators(
+                tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+            )
+        return read_state
+
+    @cute.jit
     def _tile_sfb_blocks(self, mSFB, tile_n):
         """(nb0, nb1, boundary): the 128-column SFB blocks an N tile spans (a tile spans at most
         two; nb1 = nb0 for per-row SFB) and the tile column where nb1 begins."""
@@ -1129,58 +1158,32 @@ class HopperGemmKernel:
                 # the DSL carry the states across iterations of this persistent loop (state
                 # merely passed to a call is not loop-carried, and the next tile would hang).
                 write_tile = cutlass.Int32(1)
-                if cutlass.const_expr(self.masked and self.double_accumulators):
-                    read_state = self._mainloop_double_accumulators(
-                        tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB, tCcC, sSFA,
-                        mSFB, mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
-                    )
-                elif cutlass.const_expr(self.masked):
-                    read_state = self._mainloop_block_scaled(
-                        tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, k_tile_cnt, num_k_blocks, tile_n, group,
-                    )
-                elif cutlass.const_expr(self.m_grouped):
+                contiguous = self.m_grouped and not self.masked
+                sfb_group = group
+                if cutlass.const_expr(contiguous):
+                    # The tile's group from its first row; tiles of padding rows only have none.
                     group = self._tile_group(mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
-                    if cutlass.const_expr(self.double_accumulators):
-                        # Tiles of padding rows only have no K block to start the alternation.
-                        if tile_k_tiles > 0:
-                            read_state = self._mainloop_double_accumulators(
-                                tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB,
-                                tCcC, sSFA, mSFB, mainloop_pipeline, read_state, tile_k_tiles,
-                                num_k_blocks, tile_n, cutlass.max(group, 0),
-                            )
-                        else:
-                            promoted.fill(0.0)
-                    else:
-                        read_state = self._mainloop_block_scaled(
-                            tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                            mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
-                            cutlass.max(group, 0),
-                        )
-                    # Padding rows of D are written as zeros unless the caller opted out; with
-                    # the opt-out, tiles of padding rows only are not written at all.
-                    if zero_padding != 0:
-                        self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
-                    write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
-                elif cutlass.const_expr(self.block_scaled and self.double_accumulators):
-                    read_state = self._mainloop_double_accumulators(
+                    sfb_group = cutlass.max(group, 0)
+                if cutlass.const_expr(self.block_scaled):
+                    # Dense: every K block; k-grouped: the group's blocks; contiguous: none for
+                    # padding tiles.
+                    read_state = self._block_scaled_tile(
                         tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB, tCcC, sSFA,
                         mSFB, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
-                        None, sSFB,
-                    )
-                elif cutlass.const_expr(self.block_scaled):
-                    # Dense: tile_k_tiles is every K block; k-grouped: the group's blocks.
-                    read_state = self._mainloop_block_scaled(
-                        tiled_mma, accumulators, promoted, tCrA, tCrB, tCcC, sSFA, mSFB,
-                        mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
-                        None, sSFB,
+                        sfb_group, sSFB, contiguous,
                     )
                 else:
                     read_state, release_state = self._mainloop(
                         tiled_mma, accumulators, tCrA, tCrB, mainloop_pipeline, read_state,
                         release_state, k_tile_cnt, num_k_blocks,
                     )
+                if cutlass.const_expr(contiguous):
+                    # Padding rows of D are written as zeros unless the caller opted out; with
+                    # the opt-out, tiles of padding rows only are not written at all.
+                    if zero_padding != 0:
+                        self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
+                    write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
 
                 # Epilogue.
                 tCgC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
