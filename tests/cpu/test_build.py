@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from cutegen.gen.ptx import parse_ptx_entry  # noqa: E402
 from cutegen.runtime.manifest import Catalogue, KernelManifest  # noqa: E402
 from cutegen.schedules.loader import default_schedules  # noqa: E402
 from cutegen.schedules.naming import procedural_name  # noqa: E402
+from toolchain import assert_kernel_header_compiles  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -116,43 +115,9 @@ def test_catalogue_indexes_the_build(built):
     assert again == cat
 
 
-def _cuda_include() -> Path | None:
-    try:
-        import nvidia
-
-        for base in nvidia.__path__:
-            for sub in ("cu13/include", "cu12/include", "cuda_runtime/include"):
-                if (Path(base) / sub / "cuda.h").is_file():
-                    return Path(base) / sub
-    except ImportError:
-        pass
-    for p in (Path("/usr/local/cuda/include"),):
-        if (p / "cuda.h").is_file():
-            return p
-    return None
-
-
 @pytest.mark.parametrize("name", REPRESENTATIVE)
 def test_header_compiles_with_a_c_compiler(built, name, tmp_path):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    inc = _cuda_include()
-    if cc is None or inc is None:
-        pytest.fail("a C compiler and cuda.h (pip package nvidia-cuda-runtime) are needed")
-    src = tmp_path / "use.c"
-    src.write_text(
-        f'#include "{built["out"] / name / "kernel.h"}"\n'
-        f"int main(void) {{ cutegen_{name}_params p; (void)p; return sizeof(p) >= "
-        f"CUTEGEN_{name.upper()}_PARAM_BYTES ? 0 : 1; }}\n"
-    )
-    exe = tmp_path / "use"
-    proc = subprocess.run(
-        [cc, "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    # The header's _Static_asserts pin every offset; the struct covers the parameter blob.
-    assert subprocess.run([str(exe)]).returncode == 0
+    assert_kernel_header_compiles(built["out"], name, tmp_path)
 
 
 def test_corrupt_cache_entry_is_rebuilt(built, tmp_path, monkeypatch):

@@ -45,6 +45,7 @@ from cutegen.runtime.params import (
     tma_args_from_binding,
 )
 from cutegen.schedules import Op
+from toolchain import cuda_include
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -66,21 +67,6 @@ REPRESENTATIVE = (
 
 # ---- toolchain ---------------------------------------------------------------------------------
 
-
-def cuda_include() -> Path | None:
-    try:
-        import nvidia
-
-        for base in nvidia.__path__:
-            for sub in ("cu13/include", "cu12/include", "cuda_runtime/include"):
-                if (Path(base) / sub / "cuda.h").is_file():
-                    return Path(base) / sub
-    except ImportError:
-        pass
-    for p in (Path("/usr/local/cuda/include"),):
-        if (p / "cuda.h").is_file():
-            return p
-    return None
 
 
 @pytest.fixture(scope="session")

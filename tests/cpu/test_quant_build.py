@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from cutegen.runtime.manifest import KernelManifest  # noqa: E402
 from cutegen.runtime.params import OperandInfo, bind_operands, pack_params  # noqa: E402
 from cutegen.schedules.loader import default_schedules  # noqa: E402
 from cutegen.schedules.naming import parse_name, procedural_name  # noqa: E402
+from toolchain import assert_kernel_header_compiles  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -105,36 +105,9 @@ def test_kernels_are_compiled_for_their_occupancy(built, name):
     assert entry.minnctapersm == MIN_CTAS[name.split("_")[2]]
 
 
-def _cuda_include() -> Path | None:
-    try:
-        import nvidia
-
-        for base in nvidia.__path__:
-            for sub in ("cu13/include", "cu12/include", "cuda_runtime/include"):
-                if (Path(base) / sub / "cuda.h").is_file():
-                    return Path(base) / sub
-    except ImportError:
-        pass
-    return Path("/usr/local/cuda/include") if Path("/usr/local/cuda/include/cuda.h").is_file() else None
-
-
 @pytest.mark.parametrize("name", [PER_TOKEN.format(dt="bf16", sf="sfue8m0"), PER_BLOCK.format(dt="f32"), GROUPED])
 def test_header_compiles(built, name, tmp_path):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    inc = _cuda_include()
-    if cc is None or inc is None:
-        pytest.fail("a C compiler and cuda.h (pip package nvidia-cuda-runtime) are needed")
-    src = tmp_path / "use.c"
-    src.write_text(
-        f'#include "{built["out"] / name / "kernel.h"}"\n'
-        f"int main(void) {{ cutegen_{name}_params p; (void)p; return sizeof(p) >= "
-        f"CUTEGEN_{name.upper()}_PARAM_BYTES ? 0 : 1; }}\n"
-    )
-    exe = tmp_path / "use"
-    proc = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert subprocess.run([str(exe)]).returncode == 0
+    assert_kernel_header_compiles(built["out"], name, tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------
