@@ -1,6 +1,7 @@
 # cutegen: build the default kernels on any CPU machine, test, and run the GPU tier on an H200.
 #
-#   make build      create .venv if needed, install cutegen[gen], build the default sm_90a catalogue into build/
+#   make build      create .venv if needed, install cutegen[gen], build the default catalogue into build/
+#                   (sm_90a and sm_100a; ARCH=sm_90a builds one architecture only)
 #   make test       the CPU test tier (what CI runs)
 #   make gpu-test   the GPU tier, on a machine with a Hopper GPU, from a build/ folder made elsewhere
 #   make bench      the benchmark (GPU), reporting beside torch in the same run
@@ -12,7 +13,8 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-ARCH ?= sm_90a
+# Empty: every architecture of the default schedules (sm_90a, sm_100a).
+ARCH ?=
 # The CPU machine needs torch only for the torch-facing layer's CPU tests; a CPU build is enough.
 TORCH ?= torch==2.13.0
 PATTERN ?=
@@ -31,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 build: $(VENV)/.installed
-	$(VENV)/bin/cutegen build $(PATTERN) --arch $(ARCH) -o $(BUILD_DIR) -j $(JOBS)
+	$(VENV)/bin/cutegen build $(PATTERN) $(if $(ARCH),--arch $(ARCH)) -o $(BUILD_DIR) -j $(JOBS)
 
 verify: $(VENV)/.installed
 	$(VENV)/bin/cutegen verify $(PATTERN) --build-dir $(BUILD_DIR)

@@ -116,6 +116,8 @@ def test_list_filters(capsys):
     rc, out, _ = run(capsys, "list", "--names", "--arch", "sm_90a", "--op", "bf16_gemm_nt")
     assert rc == 0 and out.split() == NAMES
     rc, out, err = run(capsys, "list", "--arch", "sm_100a")
+    assert rc == 0 and "cutegen_sm100a_fp8gemm_" in out and "compiled only" in out
+    rc, out, err = run(capsys, "list", "--arch", "sm_100a", "--op", "bf16_gemm_nt")
     assert rc == 1 and "sm_100a" in err
     rc, _, err = run(capsys, "list", "--arch", "sm_80")
     assert rc == 2 and "sm_80" in err

@@ -44,7 +44,7 @@ from cutegen.runtime.params import (
     pack_params,
     tma_args_from_binding,
 )
-from cutegen.schedules import Op
+from cutegen.schedules.predicates import OP_ARCHS
 from toolchain import cuda_include
 
 HERE = Path(__file__).resolve().parent
@@ -694,7 +694,9 @@ def test_c_launcher_abi_selfcheck_real_kernels(toolchain, real_export, name, mac
 
 # One kernel of every op the default schedules define, built for real: whatever ops and bindings
 # the templates grow, their exported C launcher must pack exactly what the Python runtime packs.
-ALL_OPS = [o.value for o in Op]
+# Every (arch, op) a template exists for; sm_100a launches run against a stub GPU of capability 10.0.
+ARCH_OPS = sorted((a.value, o.value) for o, archs in OP_ARCHS.items() for a in archs)
+STUB_CC = {"sm_90a": "90", "sm_100a": "100"}
 
 
 @pytest.fixture(scope="module")
@@ -703,10 +705,10 @@ def per_op_export(tmp_path_factory) -> dict[str, Any]:
     from cutegen.gen.build import build_schedules
     from cutegen.schedules import all_expanded, procedural_name
 
-    chosen: dict[str, Any] = {}
+    chosen: dict[tuple[str, str], Any] = {}
     for e in all_expanded():
-        if e.valid and e.schedule is not None and e.schedule.op.value not in chosen:
-            chosen[e.schedule.op.value] = e.schedule
+        if e.valid and e.schedule is not None:
+            chosen.setdefault((e.schedule.arch.value, e.schedule.op.value), e.schedule)
     root = tmp_path_factory.mktemp("per_op")
     mp = pytest.MonkeyPatch()
     mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
@@ -766,20 +768,22 @@ def generic_problems(manifest: KernelManifest) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("op", ALL_OPS)
-def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, op, tmp_path):
-    if op not in per_op_export["ops"]:
-        pytest.skip(f"no valid default schedule of op {op}")
-    if op not in per_op_export["names"]:
-        pytest.fail(f"the {op} kernel failed to build: {per_op_export['failed']}")
-    name = per_op_export["names"][op]
+@pytest.mark.parametrize("arch_op", ARCH_OPS, ids="/".join)
+def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, arch_op, tmp_path):
+    if arch_op not in per_op_export["ops"]:
+        pytest.skip(f"no valid default schedule of {arch_op}")
+    if arch_op not in per_op_export["names"]:
+        pytest.fail(f"the {arch_op} kernel failed to build: {per_op_export['failed']}")
+    name = per_op_export["names"][arch_op]
     out = per_op_export["export"]
     manifest = KernelManifest.from_json((out / name / "manifest.json").read_text())
     exe = build_driver(toolchain, out, name, tmp_path)
     view = kernel_view(manifest)
     problems = generic_problems(manifest)
     args = [str(out)] + [x for pr in problems for x in problem_args(view, pr)]
-    rc, records = run_records(exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest)})
+    rc, records = run_records(
+        exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC[arch_op[0]]}
+    )
     assert rc == 0, records
     segs = segments(records)
     assert len(segs) == len(problems)

@@ -82,6 +82,7 @@ def bad(**changes) -> Schedule:
 
 
 def test_base_is_valid():
+    assert violations(SM100_BASE) == []
     assert violations(BASE) == []
     assert is_valid(BASE)
     assert check(BASE) is BASE
@@ -105,7 +106,9 @@ def test_default_files_and_filters():
     assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 8
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
-    assert default_schedules(arch="sm_100a") == []
+    assert {s.op for s in default_schedules(arch="sm_100a")} == {
+        Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED
+    }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
     assert all(e.valid and e.family == "hopper_bf16_gemm" and e.stages_auto for e in entries)
 
@@ -147,6 +150,33 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     ],
     # epilogue_supported: only one Epilogue exists; see test_epilogue_supported.
 }
+
+# Blackwell (sm_100a) schedules: a one-CTA FP8 GEMM and a CTA pair.
+SM100_BASE = Schedule(
+    arch=Arch.SM100A, op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, c_dtype=DType.BF16,
+    acc_dtype=DType.F32, scale=ScaleFormat.F32, tile_m=128, tile_n=128, tile_k=128, cluster_m=1,
+    cluster_n=1, multicast=Multicast.NONE, stages=6, math_warpgroups=1, producer_regs=96,
+    consumer_regs=256, epilogue=Epilogue.TMA_STORE, raster=Raster.ALONG_M, group_size=8,
+)
+
+
+def bwbad(**changes) -> Schedule:
+    return dataclasses.replace(SM100_BASE, **changes)
+
+
+CRAFTED.update({
+    "accumulator_update_warpgroups": [(bwbad(math_warpgroups=2), "math_warpgroups")],
+    "tile_m_umma": [(bwbad(tile_m=64), "tile_m"), (bwbad(tile_m=256), "tile_m")],
+    "tile_n_umma": [(bwbad(tile_n=136), "tile_n"), (bwbad(tile_n=272), "tile_n")],
+    "tmem_columns_fit": [(bwbad(tile_n=528), "tile_n")],  # one 528-column accumulator stage
+    "promoted_sum_registers": [(bwbad(tile_n=256), "tile_n"), (bwbad(consumer_regs=160), "tile_n")],
+    "sfb_one_block_per_tile": [(bwbad(tile_n=96), "tile_n")],
+    "cta_pair_shape": [(bwbad(cluster_n=2, multicast=Multicast.A), "cluster_n"),
+                       (bwbad(cluster_m=2, multicast=Multicast.AB), "multicast")],
+    "contiguous_single_cta_mma": [
+        (bwbad(op=Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, cluster_m=2, multicast=Multicast.B), "cluster_m")
+    ],
+})
 
 # Quantize schedules (their own rules; the GEMM rules do not apply to them).
 QUANT_BASE = Schedule(

@@ -27,8 +27,8 @@ LAYOUTS = [(4, 8192), (8, 4096), (32, 256)]
 def grouped(ops):
     from cutegen.runtime import grouped_ops
 
-    if not ops.catalogue().names(OP):
-        pytest.skip(f"the catalogue holds no {OP} kernel")
+    if not ops.runnable_kernels(OP):
+        pytest.skip(f"no {OP} kernel of the catalogue runs on this GPU")
     return grouped_ops
 
 
@@ -117,7 +117,7 @@ def test_group_ends_form_and_cuda_graph(grouped):
 def test_every_kernel_runs(ops, grouped):
     sizes = [300, 1, 0, 700]
     a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 1000, 512, seed=3)
-    for name in ops.catalogue().names(OP):
+    for name in ops.runnable_kernels(OP):
         out = poisoned(qa.shape[0], 1000)
         grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out, kernel=name)
         row = 0
@@ -152,8 +152,8 @@ MASKED_LAYOUTS = [(1, 1024), (2, 512), (4, 256), (32, 192), (6, 1024), (32, 20)]
 def masked(ops):
     from cutegen.runtime import grouped_ops
 
-    if not ops.catalogue().names(MASKED_OP):
-        pytest.skip(f"the catalogue holds no {MASKED_OP} kernel")
+    if not ops.runnable_kernels(MASKED_OP):
+        pytest.skip(f"no {MASKED_OP} kernel of the catalogue runs on this GPU")
     return grouped_ops
 
 
@@ -217,7 +217,7 @@ def test_masked_every_kernel_runs(ops, masked):
     counts = [200, 0, 33]
     a, b, qa, sfa, qb, sb = make_masked(3, 256, 384, 512, seed=4)
     masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
-    for name in ops.catalogue().names(MASKED_OP):
+    for name in ops.runnable_kernels(MASKED_OP):
         out = torch.full((3, 256, 384), float("nan"), device="cuda", dtype=torch.bfloat16)
         masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 128, out=out, kernel=name)
         for gi, rows in enumerate(counts):

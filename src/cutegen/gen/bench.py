@@ -515,7 +515,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
     results: dict = {"environment": env}
     available = set()
     for op in OPS[:-1]:
-        if runtime_ops.catalogue().names(op):
+        if runtime_ops.runnable_kernels(op):
             available.add(op)
     if "bf16_gemm_nt" in ops and "bf16_gemm_nt" in available:
         rows, overhead = bench_bf16_gemm()

@@ -166,6 +166,7 @@ def _entry_json(e: Expanded) -> dict[str, Any]:
         "violations": [{"name": v.name, "reason": v.reason} for v in e.violations],
         "schedule": s.to_dict() if s is not None else None,
         "derived": _safe_derived(s) if s is not None else None,
+        "hardware": s.arch.hardware_evidence if s is not None else None,
     }
 
 
@@ -206,7 +207,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for e in chosen:
         s = e.schedule
         if s is None:
-            rows.append([f"({e.family})", "-", "-", "-", "-", "-", "-", _status(e)])
+            rows.append([f"({e.family})", "-", "-", "-", "-", "-", "-", "-", _status(e)])
             continue
         d = _safe_derived(s)
         smem = f"{d['smem_bytes'] / 1024:.1f}" if d else "?"
@@ -219,10 +220,11 @@ def cmd_list(args: argparse.Namespace) -> int:
                 str(s.stages),
                 str(s.math_warpgroups),
                 smem,
+                s.arch.hardware_evidence,
                 _status(e),
             ]
         )
-    print(_table(rows, ["NAME", "TILE", "CLUSTER", "MC", "STAGES", "WG", "SMEM_KIB", "STATUS"]))
+    print(_table(rows, ["NAME", "TILE", "CLUSTER", "MC", "STAGES", "WG", "SMEM_KIB", "HARDWARE", "STATUS"]))
     n_valid = sum(e.valid for e in chosen)
     summary = f"{len(chosen)} schedule(s), {n_valid} valid"
     if not args.all:

@@ -116,9 +116,9 @@ def tune(
 
     if op not in TUNABLE_OPS:
         raise ValueError(f"op {op!r} cannot be tuned; tunable ops: {', '.join(TUNABLE_OPS)}")
-    names = ops.catalogue().names(op)
+    names = ops.runnable_kernels(op)
     if not names:
-        raise ValueError(f"the catalogue at {ops.catalogue().build_dir} holds no {op} kernel")
+        raise ValueError(f"no {op} kernel of the catalogue at {ops.catalogue().build_dir} runs on this GPU")
     choices: dict[str, str] = {}
     every: dict[str, dict[str, float]] = {}
     for m, n, k in shapes:

@@ -41,6 +41,8 @@ EXPECTED_MMA: dict[tuple[str, str], str] = {
     ("sm_90a", "k_grouped_fp8_gemm_nt_contiguous"): "QGMMA",
     ("sm_100a", "bf16_gemm_nt"): "UTCHMMA",
     ("sm_100a", "fp8_gemm_nt"): "UTCQMMA",
+    ("sm_100a", "m_grouped_fp8_gemm_nt_contiguous"): "UTCQMMA",
+    ("sm_100a", "m_grouped_fp8_gemm_nt_masked"): "UTCQMMA",
     **{
         (arch, op): ""
         for arch in ("sm_90a", "sm_100a")

@@ -89,6 +89,16 @@ def _candidates(op: str, ordinal: int) -> list[Any]:
     return candidates
 
 
+def runnable_kernels(op: str, device: int = 0) -> list[str]:
+    """Names of the catalogue's ``op`` kernels that run on GPU ``device`` (its architecture and
+    shared memory); kernels built for other architectures, e.g. sm_100a on a Hopper GPU, are left
+    out. Empty when none run there."""
+    try:
+        return [m.name for m in _candidates(op, device)]
+    except ArtifactError:
+        return []
+
+
 def choose_kernel(op: str, m: int, n: int, k: int, device: int = 0) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU."""
     key = (op, int(device), int(m), int(n), int(k))
@@ -339,6 +349,7 @@ def bf16_gemm_nt(
 
 
 __all__ = [
+    "runnable_kernels",
     "bf16_gemm_nt",
     "catalogue",
     "choose_kernel",

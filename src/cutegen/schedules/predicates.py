@@ -19,6 +19,7 @@ from .spec import (
     QUANT_GROUP,
     SCALE_BLOCK,
     SM90_REGISTERS_PER_SM,
+    SM100_TMEM_COLUMNS,
     THREADS_PER_WARPGROUP,
     Arch,
     DType,
@@ -35,9 +36,9 @@ from .spec import (
 # Architectures each op has a template for.
 OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.BF16_GEMM_NT: frozenset({Arch.SM90A}),
-    Op.FP8_GEMM_NT: frozenset({Arch.SM90A}),
-    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
-    Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({Arch.SM90A}),
+    Op.FP8_GEMM_NT: frozenset({Arch.SM90A, Arch.SM100A}),
+    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A, Arch.SM100A}),
+    Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({Arch.SM90A}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A}),
@@ -107,7 +108,17 @@ REGISTER_HEADROOM = 40
 # Smallest box a multicast slice may have along its split mode.
 MIN_MULTICAST_SLICE = 8
 
+# tcgen05 (sm_100a): the templates give each CTA 128 accumulator rows (one per TMEM lane and
+# accumulator-update thread); a CTA pair's MMA is 256 rows. N: a multiple of 16 in [16, 256].
+UMMA_TILE_M = 128
+UMMA_N_STEP = 16
+UMMA_N_MIN = 16
+UMMA_N_MAX = 256
+SM100_MATH_WARPGROUPS = (1,)
+
 _SM90 = frozenset({Arch.SM90A})
+_SM100 = frozenset({Arch.SM100A})
+_SM100_OPS = frozenset(op for op, archs in OP_ARCHS.items() if Arch.SM100A in archs)
 # Quantize ops (no MMA): the GEMM rules below do not apply to them; the quant_* rules do.
 _QUANT_OPS = frozenset(op for op in Op if op.is_quantize)
 _GEMM_OPS = frozenset(Op) - _QUANT_OPS
@@ -352,7 +363,7 @@ def tile_n_wgmma(s: Schedule) -> str | None:
     )
 
 
-@_rule(archs=_SM90, ops=_GEMM_OPS)
+@_rule(ops=_GEMM_OPS)
 def register_budget(s: Schedule) -> str | None:
     """setmaxnreg values are multiples of 8 in [24, 256] and the CTA's registers fit the SM."""
     for field in ("producer_regs", "consumer_regs"):
@@ -389,6 +400,119 @@ def accumulator_registers(s: Schedule) -> str | None:
         f"tile_m={s.tile_m}, tile_n={s.tile_n}: {acc} accumulator registers per math thread "
         f"(tile_m x tile_n / (128 x math_warpgroups={s.math_warpgroups}){sets}) exceed "
         f"consumer_regs={s.consumer_regs} - {REGISTER_HEADROOM} headroom = {room}"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def accumulator_update_warpgroups(s: Schedule) -> str | None:
+    """One accumulator-update warpgroup: its 128 threads own the 128 TMEM lanes (rows) of the
+    CTA's accumulator."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if s.math_warpgroups in SM100_MATH_WARPGROUPS:
+        return None
+    return (
+        f"math_warpgroups={s.math_warpgroups}: the sm_100a templates run one accumulator-update "
+        f"warpgroup (expected one of {list(SM100_MATH_WARPGROUPS)})"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def tile_m_umma(s: Schedule) -> str | None:
+    """tile_m is 128: one tcgen05 accumulator row per TMEM lane (a CTA pair's MMA is 256 rows)."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if s.tile_m == UMMA_TILE_M:
+        return None
+    return (
+        f"tile_m={s.tile_m}: the sm_100a templates compute {UMMA_TILE_M} rows per CTA (the MMA "
+        f"is M={UMMA_TILE_M}, or M={2 * UMMA_TILE_M} for a CTA pair)"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def tile_n_umma(s: Schedule) -> str | None:
+    """tile_n is a multiple of 16 in [16, 256] (the tcgen05 MMA N range for M = 128 and 256)."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if s.tile_n % UMMA_N_STEP == 0 and UMMA_N_MIN <= s.tile_n <= UMMA_N_MAX:
+        return None
+    return (
+        f"tile_n={s.tile_n}: tcgen05 MMA needs N to be a multiple of {UMMA_N_STEP} "
+        f"in [{UMMA_N_MIN}, {UMMA_N_MAX}]"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def tmem_columns_fit(s: Schedule) -> str | None:
+    """The accumulator stages and scale columns fit the 512 tensor-memory columns of an SM."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if s.tmem_columns <= SM100_TMEM_COLUMNS:
+        return None
+    return (
+        f"tile_n={s.tile_n}: {s.tmem_accumulator_stages} accumulator stages x {s.tile_n} columns "
+        f"+ {s.tmem_scale_columns} scale columns = {s.tmem_columns} exceed the "
+        f"{SM100_TMEM_COLUMNS} tensor-memory columns"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def promoted_sum_registers(s: Schedule) -> str | None:
+    """An accumulator-update thread holds its row's promoted sum and one tensor-memory chunk in
+    registers, REGISTER_HEADROOM under consumer_regs."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    acc = s.accumulator_registers
+    room = s.consumer_regs - REGISTER_HEADROOM
+    if acc <= room:
+        return None
+    return (
+        f"tile_n={s.tile_n}: {acc} accumulator registers per thread (the row's tile_n promoted "
+        f"values + one tensor-memory chunk) exceed consumer_regs={s.consumer_regs} - "
+        f"{REGISTER_HEADROOM} headroom = {room}"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def sfb_one_block_per_tile(s: Schedule) -> str | None:
+    """tile_n divides 128, so a tile lies in one 128-column block of SFB (one weight scale per
+    K block and tile)."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if s.tile_n > 0 and SCALE_BLOCK % s.tile_n == 0:
+        return None
+    return (
+        f"tile_n={s.tile_n}: the sm_100a templates apply one SFB value per tile and K block, so "
+        f"tile_n must divide {SCALE_BLOCK}"
+    )
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def cta_pair_shape(s: Schedule) -> str | None:
+    """A cluster is one CTA or a CTA pair along M (cluster 2x1, multicast b: the 2-CTA tcgen05
+    MMA shares B between the pair)."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if (s.cluster_m, s.cluster_n, s.multicast) in ((1, 1, Multicast.NONE), (2, 1, Multicast.B)):
+        return None
+    return (
+        f"cluster_m={s.cluster_m}, cluster_n={s.cluster_n}, multicast={s.multicast.value}: the "
+        f"sm_100a templates take cluster 1x1 (multicast none) or a CTA pair 2x1 (multicast b)"
+    )
+
+
+@_rule(archs=_SM100, ops=frozenset({Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS}))
+def contiguous_single_cta_mma(s: Schedule) -> str | None:
+    """The contiguous layout aligns experts to 128 rows, so a CTA pair's 256 rows could span two
+    experts (two B matrices): one CTA per MMA."""
+    if s.arch != Arch.SM100A:
+        return None  # the rule is registered for sm_100a only
+    if s.mma_ctas == 1:
+        return None
+    return (
+        f"cluster_m={s.cluster_m}: a CTA pair's 256-row MMA may cover two experts of the "
+        f"contiguous layout (segments are aligned to 128 rows); use cluster 1x1"
     )
 
 

@@ -26,6 +26,13 @@ class Arch(str, enum.Enum):
         return {"sm_90a": (9, 0), "sm_100a": (10, 0)}[self.value]
 
     @property
+    def hardware_evidence(self) -> str:
+        """What has been done with this architecture's kernels: "ran on H200" (sm_90a: the GPU
+        test tier and the benchmark run them on an H200) or "compiled only" (sm_100a: compiled,
+        SASS-checked and ABI-checked on the CPU; no sm_100 GPU has executed them)."""
+        return {"sm_90a": "ran on H200", "sm_100a": "compiled only"}[self.value]
+
+    @property
     def smem_opt_in_bytes(self) -> int:
         """Largest dynamic shared memory one CTA may opt in to on this architecture."""
         return {"sm_90a": SM90_SMEM_OPT_IN_BYTES, "sm_100a": SM100_SMEM_OPT_IN_BYTES}[self.value]
@@ -158,7 +165,7 @@ class Raster(str, enum.Enum):
         return {"along_m": "rm", "along_n": "rn"}[self.value]
 
 
-# Hardware facts used by the validity rules (Hopper).
+# Hardware facts used by the validity rules.
 SM90_SMEM_OPT_IN_BYTES = 232448
 SM100_SMEM_OPT_IN_BYTES = 232448
 SM90_REGISTERS_PER_SM = 65536
@@ -174,6 +181,14 @@ EPILOGUE_STAGES = 4
 DOUBLE_ACCUMULATOR_REGISTERS = 192
 # Three 8 KiB fp32 sub-tiles: what lets a 256x128 weight-gradient tile keep 4 operand stages.
 F32_EPILOGUE_STAGES = 3
+# Blackwell (sm_100a): tensor memory is 128 lanes x 512 fp32 columns per SM; an accumulator
+# stage of a tcgen05 tile takes tile_n columns. Up to four stages let the MMA warp run that many
+# K blocks ahead of the warps that promote them.
+SM100_TMEM_COLUMNS = 512
+SM100_MAX_ACCUMULATOR_STAGES = 4
+# Blackwell epilogue: 128-row x 32-column sub-tiles (one per TMEM lane and thread), two in flight.
+SM100_EPILOGUE_STAGES = 2
+SM100_EPILOGUE_COLUMNS = 32
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
@@ -228,6 +243,37 @@ class Schedule:
         return self.cluster_m * self.cluster_n
 
     @property
+    def mma_ctas(self) -> int:
+        """CTAs one MMA instruction spans: 2 for a Blackwell CTA pair (sm_100a with cluster_m=2:
+        the tcgen05 MMA of M = 2 x tile_m reads each CTA's own A rows and half of B from each CTA,
+        which is how the pair shares B — the schedule's ``multicast = "b"``), else 1."""
+        if self.arch == Arch.SM100A and self.cluster_m == 2:
+            return 2
+        return 1
+
+    @property
+    def tmem_accumulator_stages(self) -> int:
+        """Blackwell: tensor-memory accumulator stages (one per K block in flight), as many as
+        fit in SM100_TMEM_COLUMNS, at most SM100_MAX_ACCUMULATOR_STAGES; 0 on Hopper."""
+        if self.arch != Arch.SM100A or self.tile_n <= 0:
+            return 0
+        return max(1, min(SM100_MAX_ACCUMULATOR_STAGES, SM100_TMEM_COLUMNS // self.tile_n))
+
+    @property
+    def tmem_columns(self) -> int:
+        """Blackwell: tensor-memory columns the kernel uses: its accumulator stages (tile_n fp32
+        columns each) plus the columns of scale factors held in tensor memory (none: the fp32
+        scales are applied outside the MMA, in registers); 0 on Hopper."""
+        return self.tmem_accumulator_stages * self.tile_n + self.tmem_scale_columns
+
+    @property
+    def tmem_scale_columns(self) -> int:
+        """Blackwell: tensor-memory columns of MMA scale factors. The templates promote with fp32
+        scales in registers, so none; a block-scaled (kind::mxf8f6f4) MMA would hold its scale
+        factors here."""
+        return 0
+
+    @property
     def threads_per_cta(self) -> int:
         if self.op.is_quantize:  # no producer warpgroup: math_warpgroups counts every thread
             return self.math_warpgroups * THREADS_PER_WARPGROUP
@@ -247,6 +293,10 @@ class Schedule:
                 return self.tile_m * self.tile_n * self.a_dtype.bytes
             return 0
         ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
+        if self.arch == Arch.SM100A:
+            # A CTA pair loads half of B each. The accumulator-update warps read the scales
+            # from global memory, so stages hold A and B only.
+            return self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes // self.mma_ctas)
         scales = 4 * scale_stage_elems(self.tile_m) if self.block_scaled else 0
         if self.op.scales_b_per_row:
             scales += 4 * scale_stage_elems(self.tile_n)
@@ -258,6 +308,9 @@ class Schedule:
         # 32 columns per step when they divide the tile, else 16 (tiles such as 112 or 144 wide);
         # fp32 outputs always take 16, the bytes of a 32-column bf16 sub-tile.
         en = 32 if self.tile_n % 32 == 0 and self.c_dtype.bytes <= 2 else 16
+        if self.arch == Arch.SM100A:
+            # One thread per TMEM lane: the sub-tile spans all the CTA's rows.
+            return (self.tile_m, min(self.tile_n, SM100_EPILOGUE_COLUMNS if en == 32 else 16))
         return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, en))
 
     @property
@@ -270,13 +323,16 @@ class Schedule:
     @property
     def epilogue_stages(self) -> int:
         """Sub-tiles in the epilogue's shared-memory ring: EPILOGUE_STAGES, or F32_EPILOGUE_STAGES
-        for fp32 outputs (weight gradients), whose tiles need the room for operand stages."""
+        for fp32 outputs (weight gradients), whose tiles need the room for operand stages;
+        SM100_EPILOGUE_STAGES for Blackwell's 128-row sub-tiles."""
+        if self.arch == Arch.SM100A:
+            return SM100_EPILOGUE_STAGES
         return F32_EPILOGUE_STAGES if self.c_dtype == DType.F32 else EPILOGUE_STAGES
 
     @property
     def barrier_bytes(self) -> int:
-        # Full and empty mbarrier per stage, 8 bytes each.
-        return 2 * 8 * self.stages
+        # Full and empty mbarrier per stage, 8 bytes each (and per accumulator stage on sm_100a).
+        return 2 * 8 * (self.stages + self.tmem_accumulator_stages)
 
     @property
     def smem_bytes(self) -> int:
@@ -309,7 +365,11 @@ class Schedule:
     @property
     def accumulator_registers(self) -> int:
         """fp32 registers per math thread that hold accumulators: the block-scaled path keeps
-        the promoted sum of the whole tile and `wgmma_accumulators` WGMMA accumulators of one wave."""
+        the promoted sum of the whole tile and `wgmma_accumulators` WGMMA accumulators of one wave.
+        Blackwell: one thread per row holds the row's promoted sum (tile_n / math_warpgroups) and
+        one SM100_EPILOGUE_COLUMNS chunk loaded from tensor memory."""
+        if self.arch == Arch.SM100A:
+            return self.tile_n // max(1, self.math_warpgroups) + SM100_EPILOGUE_COLUMNS
         if self.block_scaled_gemm:
             per_wave = self.accumulators_per_thread // self.waves
             return self.accumulators_per_thread + per_wave * self.wgmma_accumulators
@@ -321,7 +381,7 @@ class Schedule:
         computed in one wave whose promoted sum and two accumulators fit in
         DOUBLE_ACCUMULATOR_REGISTERS (the next K block's WGMMAs then run while the previous block
         is promoted), else one."""
-        if not self.block_scaled_gemm or self.waves != 1:
+        if not self.block_scaled_gemm or self.waves != 1 or self.arch == Arch.SM100A:
             return 1
         if 3 * self.accumulators_per_thread <= DOUBLE_ACCUMULATOR_REGISTERS:
             return 2
@@ -336,7 +396,7 @@ class Schedule:
     def waves(self) -> int:
         """Row blocks of 64 per math warpgroup that a block-scaled tile is computed in, one
         after the other through a single WGMMA accumulator (tile_m=256 with two warpgroups: 2)."""
-        if not self.block_scaled_gemm:
+        if not self.block_scaled_gemm or self.arch == Arch.SM100A:
             return 1
         return max(1, self.tile_m // (64 * self.math_warpgroups))
 

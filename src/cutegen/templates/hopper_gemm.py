@@ -13,7 +13,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.memory import SmemAllocator
@@ -22,6 +21,8 @@ from cutlass.tensor_utils.tensormap import TensorMapManager, TensorMapUpdateMode
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.templates.dtypes import cute_dtype
+from cutegen.templates.gemm_contract import TENSORMAP_BYTES, TENSORMAP_WORDS, GemmContract
+from cutegen.templates.tile_order import TileOrder
 from cutegen.schedules.spec import (
     SCALE_BLOCK,
     THREADS_PER_WARPGROUP,
@@ -34,10 +35,6 @@ from cutegen.schedules.spec import (
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
-# A TMA descriptor (CUtensorMap) is 128 bytes; the k-grouped kernels keep two per CTA (A and B)
-# in a global workspace, as 16 Int64 words each.
-TENSORMAP_BYTES = 128
-TENSORMAP_WORDS = TENSORMAP_BYTES // 8
 
 
 def swizzle_bytes(swizzle: str) -> str:
@@ -48,7 +45,7 @@ def swizzle_bytes(swizzle: str) -> str:
     return table[swizzle]
 
 
-class HopperGemmKernel:
+class HopperGemmKernel(TileOrder):
     """Persistent warp-specialised WGMMA GEMM with TMA loads, TMA multicast and a TMA-store epilogue.
 
     Operands (all K-major, "NT"): A [M, K], B [N, K], D [M, N] row-major. M, N, K and the leading
@@ -158,6 +155,8 @@ class HopperGemmKernel:
         # issued before block kb is promoted, so the tensor cores never wait for a promotion.
         self.double_accumulators = s.wgmma_accumulators == 2
         self.group_size = s.group_size
+        # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
+        self.masked_tile_rows = s.tile_m
         self.buffer_align_bytes = 1024
         self.load_warp_id = 0
         self.epi_store_warp_id = 4  # first warp of the first math warpgroup
@@ -437,25 +436,6 @@ class HopperGemmKernel:
         )
 
     # ---- device side ------------------------------------------------------------------------
-    @cute.jit
-    def _cluster_tile_coord(self, t, ct_m, ct_n):
-        """Linear cluster-tile index → (cluster-tile m, cluster-tile n), banded by group_size."""
-        g = self.group_size
-        if cutlass.const_expr(self.raster_along_m):
-            per_band = ct_n * g
-            band = t // per_band
-            first = band * g
-            rows = cutlass.min(ct_m - first, g)
-            local = t - band * per_band
-            return first + local % rows, local // rows
-        else:
-            per_band = ct_m * g
-            band = t // per_band
-            first = band * g
-            cols = cutlass.min(ct_n - first, g)
-            local = t - band * per_band
-            return local // cols, first + local % cols
-
     @cute.jit
     def _mainloop(
         self, tiled_mma, acc, tCrA, tCrB, pipe, read_state, release_state, k_tile_cnt, num_k_blocks
@@ -772,42 +752,6 @@ class HopperGemmKernel:
         cpasync.fence_tma_desc_release()
         cpasync.fence_tma_desc_acquire(desc_a)
         cpasync.fence_tma_desc_acquire(desc_b)
-
-    @cute.jit
-    def _masked_total(self, mMasked, ct_n):
-        """Cluster tiles of the masked layout: Σ_g ⌈masked_m[g] / tile_m⌉ · ct_n (read on the GPU)."""
-        tm = self.tile_shape_mnk[0]
-        total = cutlass.Int32(0)
-        for g in range(cute.size(mMasked)):
-            total += (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
-        return total
-
-    @cute.jit
-    def _masked_locate(self, t, mMasked, ct_n):
-        """Cluster tile t of the masked layout → (group, cluster-tile m, cluster-tile n)."""
-        tm = self.tile_shape_mnk[0]
-        group = cutlass.Int32(0)
-        local = t
-        before = cutlass.Int32(0)
-        found = cutlass.Int32(0)
-        for g in range(cute.size(mMasked)):
-            count = (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
-            if found == 0:
-                if t < before + count:
-                    group = cutlass.Int32(g)
-                    local = t - before
-                    found = cutlass.Int32(1)
-            before += count
-        return group, local // ct_n, local % ct_n
-
-    @cute.jit
-    def _tile_group(self, mIdx, tile_m):
-        """The group of an M tile: m_indices of its first row (-1: padding, or past the rows)."""
-        row = tile_m * self.tile_shape_mnk[0]
-        g = cutlass.Int32(-1)
-        if row < cute.size(mIdx):
-            g = mIdx[row]
-        return g
 
     @cute.jit
     def _zero_padding_rows(self, promoted, tCcC, mIdx, tile_m):
@@ -1317,17 +1261,11 @@ class HopperKGroupedFp8GemmKernel(HopperGemmKernel):
         )
 
 
-class HopperGemmTemplate:
-    """The generator's view of this template: fake arguments, launch facts and the ABI."""
-
+class HopperGemmTemplate(GemmContract):
+    """The generator's view of the Hopper GEMM template: the kernel class of the schedule's op."""
 
     def __init__(self, schedule: Schedule):
-        self.schedule = schedule
-        self.block_scaled = schedule.scale != ScaleFormat.NONE
-        self.m_grouped = schedule.op.is_m_grouped
-        self.masked = schedule.op.is_masked
-        self.sfb_per_row = schedule.op.scales_b_per_row
-        self.k_grouped = schedule.op.is_k_grouped
+        super().__init__(schedule)
         if self.k_grouped:
             self.kernel = HopperKGroupedFp8GemmKernel(schedule)
         elif self.sfb_per_row:
@@ -1340,163 +1278,3 @@ class HopperGemmTemplate:
             self.kernel = HopperFp8GemmKernel(schedule)
         else:
             self.kernel = HopperGemmKernel(schedule)
-
-    def fake_arguments(self) -> tuple:
-        """Arguments for `cute.compile`: dynamic M, N, K and leading strides (16-byte aligned)."""
-        from cutlass.cute.runtime import make_fake_tensor
-        from cutlass.runtime import make_fake_stream
-
-        s = self.schedule
-        m = cute.sym_int32(symbol="M")
-        n = cute.sym_int32(symbol="N")
-        k = cute.sym_int32(symbol="K")
-
-        def ld(dtype: DType):
-            return cute.sym_int64(divisibility=16 // dtype.bytes)
-
-        g = cute.sym_int32(symbol="G")
-        if self.k_grouped:
-            return self._k_grouped_fake_arguments(m, n, g, ld)
-        if self.masked:
-            a = make_fake_tensor(
-                cute_dtype(s.a_dtype), (m, k, g), (ld(s.a_dtype), 1, ld(s.a_dtype)), assumed_align=16
-            )
-        else:
-            a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
-        if self.m_grouped:
-            b = make_fake_tensor(
-                cute_dtype(s.b_dtype), (n, k, g), (ld(s.b_dtype), 1, ld(s.b_dtype)), assumed_align=16
-            )
-        else:
-            b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
-        if self.masked:
-            d = make_fake_tensor(
-                cute_dtype(s.c_dtype), (m, n, g), (ld(s.c_dtype), 1, ld(s.c_dtype)), assumed_align=16
-            )
-        else:
-            d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
-        if not self.block_scaled:
-            return (a, b, d, cutlass.Int32(1), make_fake_stream())
-        from cutlass.cute.runtime import make_ptr
-
-        # SFA [M, ⌈K/128⌉], MN-major with a 16-byte aligned column stride (align(M, 4)).
-        kb = cute.sym_int32(symbol="KB")
-        if self.masked:
-            sfa = make_fake_tensor(
-                cutlass.Float32, (m, kb, g), (1, cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4)),
-                assumed_align=16,
-            )
-        else:
-            sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-        if self.sfb_per_row:
-            sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-            return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
-        sfb = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
-        if self.masked:
-            masked_m = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-            return (a, sfa, b, sfb, d, masked_m, cutlass.Int32(1), make_fake_stream())
-        if self.m_grouped:
-            m_indices = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-            return (a, sfa, b, sfb, d, m_indices, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
-        return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
-
-    def _k_grouped_fake_arguments(self, m, n, g, ld) -> tuple:
-        from cutlass.cute.runtime import make_fake_tensor, make_ptr
-        from cutlass.runtime import make_fake_stream
-
-        s = self.schedule
-        kt = cute.sym_int32(symbol="KT")
-        kb = cute.sym_int32(symbol="KB")
-        # The flat A and B as [M, KT] and [N, KT] row-major (templates for the per-group maps).
-        a = make_fake_tensor(cute_dtype(s.a_dtype), (m, kt), (kt, 1), assumed_align=16)
-        b = make_fake_tensor(cute_dtype(s.b_dtype), (n, kt), (kt, 1), assumed_align=16)
-        # Scales [Σ blocks, M] and [Σ blocks, N] row-major = (M, KB) and (N, KB) MN-major.
-        sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-        sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-        d = make_fake_tensor(
-            cute_dtype(s.c_dtype), (m, n, g), (ld(s.c_dtype), 1, ld(s.c_dtype)), assumed_align=16
-        )
-        group_sizes = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-        workspace = make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=TENSORMAP_BYTES)
-        return (a, sfa, b, sfb, d, group_sizes, workspace, cutlass.Int32(1), make_fake_stream())
-
-    def operands(self) -> list[dict]:
-        s = self.schedule
-        if self.k_grouped:
-            return [
-                {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "KT"], "contiguous_mode": 1, "align_bytes": 16},
-                {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "KT"], "contiguous_mode": 1, "align_bytes": 16},
-                {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
-                {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16},
-                {"name": "d", "dtype": s.c_dtype.value, "shape": ["G", "M", "N"], "contiguous_mode": 2, "align_bytes": 16},
-                {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
-                # Two 128-byte TMA descriptors per CTA of the grid (see workspace_words()).
-                {"name": "workspace", "dtype": "i64", "shape": ["W"], "contiguous_mode": 0, "align_bytes": TENSORMAP_BYTES},
-            ]
-        b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", "KB"]) if self.m_grouped else (["N", "K"], ["NB", "KB"])
-        a_shape, sfa_shape, d_shape = (
-            (["G", "M", "K"], ["G", "M", "KB"], ["G", "M", "N"]) if self.masked else (["M", "K"], ["M", "KB"], ["M", "N"])
-        )
-        ops = [
-            {"name": "a", "dtype": s.a_dtype.value, "shape": a_shape, "contiguous_mode": len(a_shape) - 1, "align_bytes": 16},
-            {"name": "b", "dtype": s.b_dtype.value, "shape": b_shape, "contiguous_mode": len(b_shape) - 1, "align_bytes": 16},
-        ]
-        if self.block_scaled:
-            ops += [
-                {"name": "sfa", "dtype": "f32", "shape": sfa_shape, "contiguous_mode": len(sfa_shape) - 2, "align_bytes": 16},
-                # Row-major and contiguous; the kernel derives its strides from N and K. The
-                # weight-gradient recipe's SFB [N, KB] is MN-major and TMA-aligned like SFA.
-                {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16}
-                if self.sfb_per_row
-                else {"name": "sfb", "dtype": "f32", "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
-            ]
-        ops.append(
-            {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16}
-        )
-        if self.masked:
-            ops.append({"name": "masked_m", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4})
-        elif self.m_grouped:
-            ops.append({"name": "m_indices", "dtype": "i32", "shape": ["M"], "contiguous_mode": 0, "align_bytes": 4})
-        return ops
-
-    def grid_rule(self) -> dict:
-        s = self.schedule
-        if self.masked or self.k_grouped:
-            # Every group counted full (the host never reads masked_m or the group sizes); idle
-            # clusters exit at once. The tile fields feed the heuristic.
-            cluster_tiles = (
-                f"G * ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m})"
-                f" * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
-            )
-            return {
-                "kind": "blocks",
-                "tile_m": s.tile_m,
-                "tile_n": s.tile_n,
-                "cluster_m": s.cluster_m,
-                "cluster_n": s.cluster_n,
-                "blocks": [str(s.cluster_m), str(s.cluster_n), f"max(min({cluster_tiles}, max_active_clusters), 1)"],
-            }
-        return {
-            "kind": "persistent_clusters",
-            "tile_m": s.tile_m,
-            "tile_n": s.tile_n,
-            "cluster_m": s.cluster_m,
-            "cluster_n": s.cluster_n,
-            "extent_m": "M",
-            "extent_n": "N",
-        }
-
-    def launch_facts(self) -> dict:
-        s = self.schedule
-        if self.kernel.smem_bytes is None:
-            raise RuntimeError("launch_facts() is only known after the kernel has been traced")
-        return {
-            "block": [s.threads_per_cta, 1, 1],
-            "cluster": [s.cluster_m, s.cluster_n, 1],
-            "smem_bytes": int(self.kernel.smem_bytes),
-            "pdl": False,
-            "cooperative": False,
-        }
-
-    def param_bindings(self) -> list[dict]:
-        return self.kernel.param_bindings()

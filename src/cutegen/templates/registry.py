@@ -16,6 +16,9 @@ _TEMPLATES: dict[tuple[Arch, Op], str] = {
     (Arch.SM90A, Op.M_GROUPED_FP8_GEMM_NT_MASKED): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
     (Arch.SM90A, Op.FP8_WGRAD_GEMM_NT): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
     (Arch.SM90A, Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
+    (Arch.SM100A, Op.FP8_GEMM_NT): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
+    (Arch.SM100A, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
+    (Arch.SM100A, Op.M_GROUPED_FP8_GEMM_NT_MASKED): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
     (Arch.SM90A, Op.PER_TOKEN_QUANT_FP8): "cutegen.templates.hopper_quant:PerTokenQuantTemplate",
     (Arch.SM90A, Op.PER_BLOCK_QUANT_FP8): "cutegen.templates.hopper_quant:PerBlockQuantTemplate",
     (Arch.SM90A, Op.GROUPED_TRANSPOSED_QUANT_FP8): "cutegen.templates.hopper_quant:GroupedTransposedQuantTemplate",
@@ -43,13 +46,21 @@ def load_template(schedule: Schedule):
     return getattr(module, class_name)(schedule)
 
 
+# Modules the GEMM templates share; a change to one rebuilds every kernel whose template imports it.
+_SHARED_SOURCES: dict[str, tuple[str, ...]] = {
+    "hopper_gemm": ("gemm_contract.py", "tile_order.py"),
+    "blackwell_gemm": ("gemm_contract.py", "tile_order.py"),
+}
+
+
 def template_fingerprint(schedule: Schedule) -> str:
-    """sha256 over the sources a kernel depends on: its template module, the dtype table and the
-    schedule vocabulary."""
+    """sha256 over the sources a kernel depends on: its template module and the modules it shares
+    with other templates, the dtype table and the schedule vocabulary."""
     module_name, _ = template_path(schedule).split(":")
+    module = module_name.rsplit(".", 1)[1]
     here = Path(__file__).parent
-    sources = [here / (module_name.rsplit(".", 1)[1] + ".py"), here / "registry.py",
-               here / "dtypes.py", here.parent / "schedules" / "spec.py"]
+    sources = [here / (module + ".py"), *(here / f for f in _SHARED_SOURCES.get(module, ())),
+               here / "registry.py", here / "dtypes.py", here.parent / "schedules" / "spec.py"]
     h = hashlib.sha256()
     for path in sources:
         h.update(path.name.encode())

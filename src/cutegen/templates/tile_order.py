@@ -1,0 +1,74 @@
+"""The order in which persistent GEMM kernels walk their output tiles, shared by the Hopper and
+Blackwell templates: banded rasterisation, the masked layout's walk over groups on the GPU and the
+contiguous layout's tile-to-group lookup.
+
+A kernel class that mixes `TileOrder` in provides ``group_size``, ``raster_along_m``,
+``tile_shape_mnk`` (the CTA tile) and ``masked_tile_rows`` (rows of A one scheduled tile of the
+masked layout covers: the CTA tile on Hopper, the MMA tile of a CTA pair on Blackwell).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+
+class TileOrder:
+    """Tile-sequence helpers; every role of a kernel calls them with the same arguments, so the
+    producer, the MMA issuer and the epilogue walk the same tiles without talking to each other."""
+
+    @cute.jit
+    def _cluster_tile_coord(self, t, ct_m, ct_n):
+        """Linear cluster-tile index → (cluster-tile m, cluster-tile n), banded by group_size."""
+        g = self.group_size
+        if cutlass.const_expr(self.raster_along_m):
+            per_band = ct_n * g
+            band = t // per_band
+            first = band * g
+            rows = cutlass.min(ct_m - first, g)
+            local = t - band * per_band
+            return first + local % rows, local // rows
+        else:
+            per_band = ct_m * g
+            band = t // per_band
+            first = band * g
+            cols = cutlass.min(ct_n - first, g)
+            local = t - band * per_band
+            return local // cols, first + local % cols
+
+    @cute.jit
+    def _masked_total(self, mMasked, ct_n):
+        """Cluster tiles of the masked layout: Σ_g ⌈masked_m[g] / rows⌉ · ct_n (read on the GPU),
+        rows = `masked_tile_rows`."""
+        tm = self.masked_tile_rows
+        total = cutlass.Int32(0)
+        for g in range(cute.size(mMasked)):
+            total += (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
+        return total
+
+    @cute.jit
+    def _masked_locate(self, t, mMasked, ct_n):
+        """Cluster tile t of the masked layout → (group, cluster-tile m, cluster-tile n)."""
+        tm = self.masked_tile_rows
+        group = cutlass.Int32(0)
+        local = t
+        before = cutlass.Int32(0)
+        found = cutlass.Int32(0)
+        for g in range(cute.size(mMasked)):
+            count = (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
+            if found == 0:
+                if t < before + count:
+                    group = cutlass.Int32(g)
+                    local = t - before
+                    found = cutlass.Int32(1)
+            before += count
+        return group, local // ct_n, local % ct_n
+
+    @cute.jit
+    def _tile_group(self, mIdx, tile_m):
+        """The group of an M tile: m_indices of its first row (-1: padding, or past the rows)."""
+        row = tile_m * self.tile_shape_mnk[0]
+        g = cutlass.Int32(-1)
+        if row < cute.size(mIdx):
+            g = mIdx[row]
+        return g

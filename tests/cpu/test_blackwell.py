@@ -1,0 +1,109 @@
+"""CPU tier: the Blackwell (sm_100a) catalogue, verified without Blackwell hardware. Every default
+sm_100a schedule is valid and compiles; its SASS has tcgen05 FP8 MMAs (UTCQMMA) and tensor-memory
+loads, and no local memory; the runtime keeps sm_100a kernels away from other GPUs with a message that says why, and chooses among
+them on a Blackwell GPU. (The Blackwell validity rules are exercised in test_schedules.py, the
+launch ABI of these kernels in test_abi_selfcheck.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cutegen.runtime import heuristics
+from cutegen.runtime.catalogue import ArchMismatchError, check_arch, load_catalogue
+from cutegen.schedules.loader import default_schedules
+from cutegen.schedules.naming import procedural_name
+from cutegen.schedules.predicates import violations
+from cutegen.schedules.spec import Arch, Op
+
+SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED}
+
+
+def sm100_schedules():
+    return [s for s in default_schedules() if s.arch == Arch.SM100A]
+
+
+def test_default_catalogue_has_every_sm100_op_on_one_cta_and_a_pair():
+    schedules = sm100_schedules()
+    assert {s.op for s in schedules} == SM100_OPS
+    for op in (Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_MASKED):
+        assert {s.mma_ctas for s in schedules if s.op == op} == {1, 2}
+    for s in schedules:
+        assert violations(s) == [], procedural_name(s)
+        assert s.arch.hardware_evidence == "compiled only"
+
+
+def test_tensor_memory_budget_counts_accumulator_stages():
+    s = next(s for s in sm100_schedules() if s.tile_n == 128)
+    assert s.tmem_accumulator_stages == 4 and s.tmem_columns == 512
+    small = next(s for s in sm100_schedules() if s.tile_n == 64)
+    assert small.tmem_columns == 256
+
+
+# ---- compiled kernels ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+    from cutegen.gen.build import build_schedules
+
+    root = tmp_path_factory.mktemp("sm100")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
+    report = build_schedules(sm100_schedules(), root / "out", jobs=2, progress=False)
+    mp.undo()
+    assert report.ok, report.summary()
+    return root / "out"
+
+
+@pytest.mark.slow
+def test_every_sm100_kernel_has_tcgen05_mma_and_no_local_memory(built):
+    from cutegen.gen.sass import disassemble
+    from cutegen.gen.verify import verify_kernel
+
+    for s in sm100_schedules():
+        name = procedural_name(s)
+        summary = json.loads((built / name / "sass_summary.json").read_text())
+        assert summary["mma"].get("UTCQMMA", 0) > 0, (name, summary)
+        assert summary["local_loads"] == 0 and summary["local_stores"] == 0, (name, summary)
+        assert summary["stack_bytes"] == 0, name
+        sass, _ = disassemble((built / name / "kernel.cubin").read_bytes())
+        assert "LDTM" in sass, name  # accumulators read from tensor memory
+        result = verify_kernel(built / name)
+        assert result.ok, (name, result.failures())
+
+
+@pytest.mark.slow
+def test_manifests_carry_a_blackwell_launch(built):
+    cat = load_catalogue(built)
+    for m in cat.manifests():
+        s = m.schedule
+        assert m.arch == "sm_100a"
+        assert m.block == (256, 1, 1)
+        assert m.cluster == (s["cluster_m"], s["cluster_n"], 1)
+        assert 0 < m.smem_bytes <= 232448
+        kinds = {p.name: p.binding["kind"] for p in m.params}
+        assert kinds["tma_a"] == kinds["tma_b"] == kinds["tma_d"] == "tma"
+        assert kinds["sfa"] == "tensor" and kinds["sfb"] == "pointer"
+        # A CTA pair loads half of B per CTA.
+        tma_b = next(p for p in m.params if p.name == "tma_b").binding
+        assert tma_b["box"][:2] == [s["tile_k"], s["tile_n"] // s["cluster_m"]]
+
+
+@pytest.mark.slow
+def test_runtime_refuses_sm100_kernels_on_hopper_and_chooses_them_on_blackwell(built):
+    cat = load_catalogue(built)
+    for op in SM100_OPS:
+        assert cat.compatible(op.value, (9, 0)) == []
+        candidates = cat.compatible(op.value, (10, 0))
+        assert candidates
+        for m, n, k in ((1, 2112, 7168), (128, 7168, 2048), (4096, 7168, 16384)):
+            chosen = heuristics.choose(op.value, candidates, m, n, k, 148)
+            assert chosen.arch == "sm_100a"
+    manifest = cat.manifests()[0]
+    with pytest.raises(ArchMismatchError) as info:
+        check_arch(manifest, (9, 0), "NVIDIA H200")
+    text = str(info.value)
+    assert "sm_100a" in text and "NVIDIA H200" in text and "cutegen build --arch sm_90a" in text
