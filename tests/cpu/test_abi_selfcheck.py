@@ -31,7 +31,8 @@ SCHEDULES = (
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x64x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
-    "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
+    "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rn_g1",
+    "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfue8m0_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
 )
 GROUPS = 3
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
@@ -120,12 +121,15 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     if schedule.block_scaled:
         kb, nb = -(-k // 128), -(-n // 128)
         lds = -(-m // 4) * 4
+        ue8m0 = schedule.scale.value == "ue8m0"
+        sf = "i32" if ue8m0 else "f32"
+        kc = -(-kb // 4) if ue8m0 else kb  # UE8M0: four exponent bytes per int32 word
         operands["sfa"] = (
-            OperandInfo(0x7F3000000000, (GROUPS, m, kb), (kb * lds, 1, lds), "f32")
+            OperandInfo(0x7F3000000000, (GROUPS, m, kc), (kc * lds, 1, lds), sf)
             if masked
-            else OperandInfo(0x7F3000000000, (m, kb), (1, lds), "f32")
+            else OperandInfo(0x7F3000000000, (m, kc), (1, lds), sf)
         )
-        operands["sfb"] = OperandInfo(0x7F4000000000, (nb, kb), (kb, 1), "f32")
+        operands["sfb"] = OperandInfo(0x7F4000000000, (nb, kc), (kc, 1), sf)
         a_fake, sfa_fake, b_fake, sfb_fake, d_fake = fakes[:5]
         sfb_arg = ap.CPointer(operands["sfb"].ptr)
         if schedule.op.scales_b_per_row:  # SFB [N, KB] per row of B, MN-major and TMA-aligned
@@ -139,9 +143,9 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             sfb_arg,
             tensor(d_fake, "d"),
         ]
-        extents = {"M": m, "N": n, "K": k, "KB": kb, "NB": nb}
+        extents = {"M": m, "N": n, "K": k, "KW" if ue8m0 else "KB": kc, "NB": nb}
         if grouped:
-            operands["sfb"] = OperandInfo(0x7F4000000000, (GROUPS, nb, kb), (nb * kb, kb, 1), "f32")
+            operands["sfb"] = OperandInfo(0x7F4000000000, (GROUPS, nb, kc), (nb * kc, kc, 1), sf)
             args[3] = ap.CPointer(operands["sfb"].ptr)
         if masked:
             operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")

@@ -107,3 +107,41 @@ def test_runtime_refuses_sm100_kernels_on_hopper_and_chooses_them_on_blackwell(b
         check_arch(manifest, (9, 0), "NVIDIA H200")
     text = str(info.value)
     assert "sm_100a" in text and "NVIDIA H200" in text and "cutegen build --arch sm_90a" in text
+
+
+B200 = {"name": "NVIDIA B200", "capability": (10, 0), "sm_count": 148, "smem_optin": 232448}
+H200 = {"name": "NVIDIA H200", "capability": (9, 0), "sm_count": 132, "smem_optin": 232448}
+
+
+@pytest.fixture
+def on_gpu(built, monkeypatch):
+    """Point the runtime at the sm_100a build and pretend GPU 0 is the given one (no driver)."""
+    from cutegen.runtime import driver, ops
+
+    def use(facts):
+        info = driver.DeviceInfo(ordinal=0, **facts)
+        monkeypatch.setattr(driver, "device_info", lambda ordinal=0: info)
+        ops.set_build_dir(built)
+        return ops
+
+    yield use
+    from cutegen.runtime import ops
+
+    ops.set_build_dir(None)
+
+
+@pytest.mark.slow
+def test_fp8_gemm_picks_the_kernel_of_the_scale_format(on_gpu):
+    from cutegen.runtime.errors import ArtifactError
+
+    ops = on_gpu(B200)
+    for m, n, k in ((1, 2112, 7168), (4096, 7168, 16384)):
+        ue8m0 = ops.catalogue().manifest(ops.choose_kernel("fp8_gemm_nt", m, n, k, scale="ue8m0"))
+        assert ue8m0.schedule["scale"] == "ue8m0" and ue8m0.arch == "sm_100a"
+        fp32 = ops.catalogue().manifest(ops.choose_kernel("fp8_gemm_nt", m, n, k, scale="f32"))
+        assert fp32.schedule["scale"] == "f32"
+    assert all("sfue8m0" in n for n in ops.runnable_kernels("fp8_gemm_nt", scale="ue8m0"))
+    ops = on_gpu(H200)
+    assert ops.runnable_kernels("fp8_gemm_nt") == []
+    with pytest.raises(ArtifactError, match="runs on sm_90 \\(NVIDIA H200\\).*built for: sm_100a"):
+        ops.choose_kernel("fp8_gemm_nt", 128, 128, 128, scale="ue8m0")

@@ -22,9 +22,14 @@ def fp8(*shape):
     return torch.empty(*shape, dtype=E4M3, device="cuda")
 
 
-def mn_major(rows, cols):
-    """fp32 [rows, cols] with strides (1, align(rows, 4)): MN-major and TMA-aligned."""
-    return torch.empty_strided((rows, cols), (1, -(-rows // 4) * 4), device="cuda")
+def mn_major(rows, cols, dtype=torch.float32):
+    """[rows, cols] with strides (1, align(rows, 4)): MN-major and TMA-aligned (fp32 scales, or
+    int32 words of packed UE8M0 scales)."""
+    return torch.empty_strided((rows, cols), (1, -(-rows // 4) * 4), device="cuda", dtype=dtype)
+
+
+KW = -(-KB // 4)  # UE8M0: four K blocks per int32 word
+I32 = torch.int32
 
 
 def dense(**changes):
@@ -61,6 +66,8 @@ def test_valid_operands():
     with FakeTensorMode():
         assert dense() == (M, N, K)
         assert dense(out=torch.empty(M, N, dtype=torch.bfloat16, device="cuda")) == (M, N, K)
+        # UE8M0 scales packed four per int32 (taken by the sm_100a kernels)
+        assert dense(sfa=mn_major(M, KW, I32), sfb=torch.empty(NB, KW, dtype=I32, device="cuda")) == (M, N, K)
         assert wgrad() == (M, N, K)
         assert contiguous() == (M, N, K, G)
         assert masked() == (G, M, N, K)
@@ -75,6 +82,11 @@ BAD = [
     (dense, "sfa", lambda: {"sfa": mn_major(M, KB + 1)}),
     (dense, "sfb", lambda: {"sfb": torch.empty(NB + 1, KB, device="cuda")}),
     (dense, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda", dtype=torch.bfloat16)}),
+    (dense, "sfb", lambda: {"sfa": mn_major(M, KW, I32)}),  # one scale format for both
+    (dense, "sfa", lambda: {"sfa": mn_major(M, KB, I32), "sfb": torch.empty(NB, KB, dtype=I32, device="cuda")}),
+    (dense, "sfb", lambda: {"sfa": mn_major(M, KW, I32), "sfb": torch.empty(NB, KB, dtype=I32, device="cuda")}),
+    (dense, "sfa", lambda: {"sfa": torch.empty_strided((M, KW), (2, 1), dtype=I32, device="cuda"),
+                            "sfb": torch.empty(NB, KW, dtype=I32, device="cuda")}),  # not MN-major
     (dense, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
     (dense, "out", lambda: {"out": torch.empty(M, N + 8, dtype=torch.bfloat16, device="cuda")}),
     (wgrad, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),  # 128x128 blocks, not per row

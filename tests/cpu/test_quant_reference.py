@@ -379,6 +379,24 @@ def test_per_block_partial_blocks():
     assert s[1, 1].item() == f32(np.float32(want) / np.float32(448.0))
 
 
+def test_per_block_ue8m0_packs_the_power_of_two_scales_it_quantised_with():
+    w = random_with_outliers(300, 640, seed=10)
+    q32, s32 = per_block_quant_fp8_ref(w)
+    q, words = per_block_quant_fp8_ref(w, scale_format="ue8m0")
+    # [ceil(N/128), ceil(ceil(K/128)/4)] int32, row-major: the SFB of the sm_100a UE8M0 GEMMs
+    assert words.dtype == torch.int32 and words.shape == (3, 2) and words.is_contiguous()
+    s = qr.unpack_ue8m0(words, 5)
+    assert torch.equal(s, qr.round_up_pow2(s32))
+    assert torch.all(s >= s32)
+    # q is the quantisation with those scales: dequantised error within half an e4m3 step
+    back = qr.dequant_per_block(q, s)
+    err = (back - w.float()).abs()
+    step = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:300, :640]
+    assert torch.all(err <= step * 16 + 1e-30)  # e4m3 has 3 mantissa bits: |err| <= 2^-4 * |x|max
+    with pytest.raises(ValueError, match="scale_format"):
+        per_block_quant_fp8_ref(w, scale_format="e8m0")
+
+
 # ------------------------------------------------------------------------------------------------
 # Grouped transposed
 

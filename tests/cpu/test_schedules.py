@@ -173,6 +173,9 @@ CRAFTED.update({
     "sfb_one_block_per_tile": [(bwbad(tile_n=96), "tile_n")],
     "cta_pair_shape": [(bwbad(cluster_n=2, multicast=Multicast.A), "cluster_n"),
                        (bwbad(cluster_m=2, multicast=Multicast.AB), "multicast")],
+    "ue8m0_gemm_on_blackwell": [
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.UE8M0, tile_k=128), "scale")
+    ],
     "contiguous_single_cta_mma": [
         (bwbad(op=Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, cluster_m=2, multicast=Multicast.B), "cluster_m")
     ],

@@ -112,7 +112,7 @@ def test_matches_references(ops, fp8, m, n, k):
 def test_every_kernel_runs(ops, fp8, m, n, k):
     a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=3)
     sfa = fp8.to_mn_major_tma_aligned(sa)
-    for name in ops.runnable_kernels(OP):
+    for name in ops.runnable_kernels(OP, scale="f32"):
         out = poisoned(m, n)
         fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name)
         check(out, a, b, qa, sa, qb, sb, name)
@@ -160,3 +160,32 @@ def test_torch_compile_and_cuda_graph(fp8):
     graph.replay()
     torch.cuda.synchronize()
     assert calc_diff(static_out.float(), dequantized_reference(qa, sa, qb, sb)) < 2e-5
+
+
+def ue8m0_problem(m: int, n: int, k: int, seed: int):
+    """bf16 inputs quantised with power-of-two scales, packed as the UE8M0 kernels take them."""
+    from cutegen.runtime import quant_ops, quant_reference
+
+    a, b, *_ = make_problem(m, n, k, seed)
+    qa, sfa_words = quant_ops.per_token_quant_fp8(a, scale_format="ue8m0", scale_layout="mn-major-tma-aligned")
+    qb, sfb_words = quant_reference.per_block_quant_fp8_ref(b, scale_format="ue8m0")
+    sa = quant_reference.unpack_ue8m0(sfa_words, k // 128)
+    sb = quant_reference.unpack_ue8m0(sfb_words, k // 128)
+    return a, b, qa, sa, sfa_words, qb, sb, sfb_words
+
+
+def test_ue8m0_scales(ops, fp8):
+    """UE8M0-packed scales: computed by the kernels that take them (sm_100a); refused with a
+    message naming the format on a GPU that has none (Hopper)."""
+    m, n, k = 1000, 776, 1024
+    a, b, qa, sa, sfa_words, qb, sb, sfb_words = ue8m0_problem(m, n, k, seed=11)
+    names = ops.runnable_kernels(OP, scale="ue8m0")
+    if not names:
+        with pytest.raises(Exception, match="no kernel taking ue8m0 scales runs on"):
+            fp8.fp8_gemm_nt(qa, sfa_words, qb, sfb_words)
+        return
+    for name in names:
+        out = poisoned(m, n)
+        fp8.fp8_gemm_nt(qa, sfa_words, qb, sfb_words, out=out, kernel=name)
+        check(out, a, b, qa, sa, qb, sb, name)
+

@@ -10,6 +10,13 @@ after every 128-wide K block:
   (1, align(M, 4)) — the layout DeepGEMM users produce. `to_mn_major_tma_aligned` converts a
   row-major SFA into it (and returns it unchanged when it already is).
 * ``sfb``: fp32 [⌈N/128⌉, ⌈K/128⌉] per 128x128 block of B, row-major contiguous.
+* UE8M0 scales instead (sm_100a kernels only): ``sfa`` int32 [M, ⌈K/512⌉] and ``sfb`` int32
+  [⌈N/128⌉, ⌈K/512⌉], power-of-two scales packed as four exponent bytes per word along K (byte j
+  of word w is K block 4w + j), in the same layouts: ``sfa`` MN-major and TMA-aligned (what
+  ``per_token_quant_fp8(x, scale_format="ue8m0", scale_layout="mn-major-tma-aligned")`` writes),
+  ``sfb`` row-major (``pack_ue8m0(scales, "k-major")`` of power-of-two per-block scales, e.g. from
+  ``per_block_quant_fp8_ref(w, scale_format="ue8m0")``). On a GPU without such kernels (Hopper)
+  int32 scales are refused with a message saying so.
 * ``out`` (optional): bf16 [M, N], ``stride(1) == 1``, row stride a multiple of 8, 16-byte aligned.
 * M == 0 or N == 0: nothing is launched; K == 0: the result is zero-filled.
 
@@ -35,6 +42,14 @@ FP8_ROW_ALIGN_ELEMS = 16  # 16 bytes of e4m3
 OUT_ROW_ALIGN_ELEMS = 8  # 16 bytes of bf16
 SFA_COLUMN_ALIGN = 4  # 16 bytes of fp32: TMA's stride rule
 PTR_ALIGN_BYTES = 16
+# Scale dtypes: fp32 scales, or UE8M0 exponents packed four per int32 word along K.
+SCALE_DTYPES = (torch.float32, torch.int32)
+UE8M0_PER_WORD = 4
+
+
+def scale_format(sfa: torch.Tensor) -> str:
+    """The schedule scale format of a scale tensor: "ue8m0" for packed int32 words, else "f32"."""
+    return "ue8m0" if sfa.dtype == torch.int32 else "f32"
 
 
 def _fail(arg: str, what: str) -> InputError:
@@ -70,10 +85,18 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
             raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
         if t.device != a.device:
             raise _fail(arg, f"must be on {a.device} (the device of 'a'), got {t.device}")
-        if t.dtype != torch.float32:
-            raise _fail(arg, f"must be torch.float32 (fp32 scales on Hopper), got {t.dtype}")
+        if t.dtype not in SCALE_DTYPES:
+            raise _fail(
+                arg, f"must be torch.float32 (fp32 scales) or torch.int32 (packed UE8M0 scales), got {t.dtype}"
+            )
+    if sfb.dtype != sfa.dtype:
+        raise _fail("sfb", f"must have the dtype of 'sfa' ({sfa.dtype}: one scale format for both), got {sfb.dtype}")
+    if sfa.dtype == torch.int32:  # UE8M0: four K blocks per int32 word
+        k_blocks, what = ceil_div(k_blocks, UE8M0_PER_WORD), "ceil(K/512)"
+    else:
+        what = "ceil(K/128)"
     if tuple(sfa.shape) != (m, k_blocks):
-        raise _fail("sfa", f"must have shape [M, ceil(K/128)] = [{m}, {k_blocks}], got {list(sfa.shape)}")
+        raise _fail("sfa", f"must have shape [M, {what}] = [{m}, {k_blocks}], got {list(sfa.shape)}")
     if not is_mn_major_tma_aligned(sfa):
         raise _fail(
             "sfa",
@@ -81,7 +104,7 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
             f"{list(sfa.stride())}; convert with cutegen.runtime.to_mn_major_tma_aligned(sfa)",
         )
     if tuple(sfb.shape) != (n_blocks, k_blocks):
-        raise _fail("sfb", f"must have shape [ceil(N/128), ceil(K/128)] = [{n_blocks}, {k_blocks}], got {list(sfb.shape)}")
+        raise _fail("sfb", f"must have shape [ceil(N/128), {what}] = [{n_blocks}, {k_blocks}], got {list(sfb.shape)}")
     if not sfb.is_contiguous():
         raise _fail("sfb", f"must be row-major contiguous, got strides {list(sfb.stride())}")
     if out is not None:
@@ -108,7 +131,7 @@ def _run(a, sfa, b, sfb, out, kernel: str) -> None:
         return
     device = ops.device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel)
+        loaded = ops._kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, scale_format(sfa))
         names = [s.name for s in loaded.manifest.operands]
         if sorted(names) != ["a", "b", "d", "sfa", "sfb"]:
             raise KernelLoadError(

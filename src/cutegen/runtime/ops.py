@@ -76,7 +76,9 @@ def catalogue() -> KernelCatalogue:
     return cat
 
 
-def _candidates(op: str, ordinal: int) -> list[Any]:
+def _candidates(op: str, ordinal: int, scale: str | None = None) -> list[Any]:
+    """The catalogue's ``op`` kernels that run on GPU ``ordinal``; with ``scale`` ("f32",
+    "ue8m0"), only those taking block scales in that format."""
     cat = catalogue()
     info = driver.device_info(ordinal)
     candidates = [m for m in cat.compatible(op, info.capability) if m.smem_bytes <= info.smem_optin]
@@ -86,27 +88,36 @@ def _candidates(op: str, ordinal: int) -> list[Any]:
             f"{op}: no kernel in the catalogue at {cat.build_dir} runs on {info.arch} "
             f"({info.name}); kernels of this op are built for: {', '.join(built)}"
         )
+    if scale is not None:
+        formats = sorted({m.schedule.get("scale", "none") for m in candidates})
+        candidates = [m for m in candidates if m.schedule.get("scale") == scale]
+        if not candidates:
+            raise ArtifactError(
+                f"{op}: no kernel taking {scale} scales runs on {info.arch} ({info.name}); the "
+                f"catalogue's kernels for this GPU take: {', '.join(formats)}"
+            )
     return candidates
 
 
-def runnable_kernels(op: str, device: int = 0) -> list[str]:
+def runnable_kernels(op: str, device: int = 0, scale: str | None = None) -> list[str]:
     """Names of the catalogue's ``op`` kernels that run on GPU ``device`` (its architecture and
-    shared memory); kernels built for other architectures, e.g. sm_100a on a Hopper GPU, are left
-    out. Empty when none run there."""
+    shared memory), optionally only those taking ``scale`` block scales; kernels built for other
+    architectures, e.g. sm_100a on a Hopper GPU, are left out. Empty when none run there."""
     try:
-        return [m.name for m in _candidates(op, device)]
+        return [m.name for m in _candidates(op, device, scale)]
     except ArtifactError:
         return []
 
 
-def choose_kernel(op: str, m: int, n: int, k: int, device: int = 0) -> str:
-    """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU."""
-    key = (op, int(device), int(m), int(n), int(k))
+def choose_kernel(op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None) -> str:
+    """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
+    (among those taking ``scale`` block scales, when given)."""
+    key = (op, int(device), int(m), int(n), int(k), scale)
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
         manifest = heuristics.choose(
-            op, _candidates(op, device), m, n, k, info.sm_count, build_dir=catalogue().build_dir
+            op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir
         )
         name = manifest.name
         if len(_choices) >= _CHOICE_CACHE_SIZE:
@@ -123,8 +134,9 @@ def explain(op: str, m: int, n: int, k: int, device: int = 0) -> list[heuristics
     )
 
 
-def forced_manifest(op: str, forced: str) -> Any:
-    """The manifest of the kernel a caller forced by name; InputError unless it is an `op` kernel."""
+def forced_manifest(op: str, forced: str, scale: str | None = None) -> Any:
+    """The manifest of the kernel a caller forced by name; InputError unless it is an `op` kernel
+    (taking ``scale`` block scales, when given)."""
     cat = catalogue()
     if forced not in cat:
         known = ", ".join(cat.names(op)) or "none"
@@ -135,11 +147,16 @@ def forced_manifest(op: str, forced: str) -> Any:
     manifest = cat.manifest(forced)
     if manifest.op != op:
         raise InputError(f"{op}: argument 'kernel' names {forced!r}, a {manifest.op} kernel")
+    if scale is not None and manifest.schedule.get("scale") != scale:
+        raise InputError(
+            f"{op}: argument 'kernel' names {forced!r}, which takes {manifest.schedule.get('scale')} "
+            f"scales, but the scales passed are {scale}"
+        )
     return manifest
 
 
-def _kernel_for(op: str, m: int, n: int, k: int, device: int, forced: str) -> Any:
-    name = forced_manifest(op, forced).name if forced else choose_kernel(op, m, n, k, device)
+def _kernel_for(op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None) -> Any:
+    name = forced_manifest(op, forced, scale).name if forced else choose_kernel(op, m, n, k, device, scale)
     return catalogue().load(name, device)
 
 

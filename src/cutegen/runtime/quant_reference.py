@@ -288,16 +288,21 @@ def dequant_per_token(q: torch.Tensor, scales: torch.Tensor, group: int = GROUP,
 
 
 def per_block_quant_fp8_ref(
-    w: torch.Tensor, eps: float = DEFAULT_EPS, block: int = GROUP
+    w: torch.Tensor, eps: float = DEFAULT_EPS, block: int = GROUP, scale_format: str = "fp32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a weight w [N, K] per ``block`` x ``block`` block.
 
     Returns ``(q, scales)``: q e4m3 [N, K] contiguous, scales fp32 [ceil(N/block), ceil(K/block)]
-    row-major. N and K need not be multiples of the block (partial blocks count zeros).
+    row-major, or with ``scale_format="ue8m0"`` power-of-two scales (rounded up, used to quantise)
+    packed four per int32 along K, row-major [ceil(N/block), ceil(ceil(K/block)/4)]: the SFB the
+    sm_100a UE8M0 GEMMs take. N and K need not be multiples of the block (partial blocks count
+    zeros).
     """
     _check_input(w, "w")
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive int, got {block!r}")
+    if scale_format not in SCALE_FORMATS:
+        raise ValueError(f"scale_format must be one of {SCALE_FORMATS}, got {scale_format!r}")
     eps = check_eps(eps)
     n, k = w.shape
     bn, bk = ceil_div(n, block), ceil_div(k, block)
@@ -305,10 +310,13 @@ def per_block_quant_fp8_ref(
     wf[:n, :k] = w.float()
     blocks = wf.view(bn, block, bk, block).permute(0, 2, 1, 3).reshape(bn, bk, block * block)
     amax, bad = _amax_and_bad(blocks)
-    s = group_scales(amax, bad, eps, False)
+    s = group_scales(amax, bad, eps, scale_format == "ue8m0")
     q = quantize_groups(blocks, s, bad)
     q = q.view(torch.uint8).view(bn, bk, block, block).permute(0, 2, 1, 3).reshape(bn * block, bk * block)
-    return q[:n, :k].contiguous().view(torch.float8_e4m3fn), s.contiguous()
+    q = q[:n, :k].contiguous().view(torch.float8_e4m3fn)
+    if scale_format == "ue8m0":
+        return q, pack_ue8m0(s.contiguous(), "k-major")
+    return q, s.contiguous()
 
 
 def dequant_per_block(q: torch.Tensor, scales: torch.Tensor, block: int = GROUP) -> torch.Tensor:

@@ -65,8 +65,8 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
 # Scale formats each op accepts (NONE for unscaled ops).
 OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.BF16_GEMM_NT: frozenset({ScaleFormat.NONE}),
-    # Hopper takes fp32 scales (UE8M0 is the Blackwell format).
-    Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32}),
+    # fp32 scales; UE8M0 (packed four per int32) is also taken by the sm_100a kernels.
+    Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({ScaleFormat.F32}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32}),
@@ -283,6 +283,14 @@ def scale_format_for_op(s: Schedule) -> str | None:
         f"scale={s.scale.value}: op {s.op.value} takes scale "
         + " or ".join(sorted(w.value for w in want))
     )
+
+
+@_rule(ops=_GEMM_OPS)
+def ue8m0_gemm_on_blackwell(s: Schedule) -> str | None:
+    """GEMMs take UE8M0-packed scales on sm_100a only (the Hopper templates promote with fp32)."""
+    if s.scale != ScaleFormat.UE8M0 or s.arch == Arch.SM100A:
+        return None
+    return f"scale={s.scale.value}: the {s.arch.value} GEMM templates take fp32 scales (scale=f32)"
 
 
 @_rule(ops=_GEMM_OPS)

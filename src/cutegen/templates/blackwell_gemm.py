@@ -17,7 +17,7 @@ from cutlass.memory import SmemAllocator, TmemAllocator
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
-from cutegen.schedules.spec import SCALE_BLOCK, Raster, Schedule
+from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.gemm_contract import GemmContract
 from cutegen.templates.hopper_gemm import swizzle_bytes
@@ -115,6 +115,9 @@ class BlackwellFp8GemmKernel(TileOrder):
         self.m_grouped = s.op.is_m_grouped
         self.masked = s.op.is_masked
         self.contiguous = self.m_grouped and not self.masked
+        # UE8M0 scales: SFA [M, ⌈K/512⌉] and SFB [⌈N/128⌉, ⌈K/512⌉] int32, four exponent bytes per
+        # word (byte j of word w: K block 4w + j), decoded to 2^(e-127) in the update warps.
+        self.ue8m0 = s.scale == ScaleFormat.UE8M0
         self.group_size = s.group_size
         self.raster_along_m = s.raster == Raster.ALONG_M
         # A scheduled tile of the masked layout is one MMA tile (a pair's 256 rows).
@@ -172,12 +175,13 @@ class BlackwellFp8GemmKernel(TileOrder):
             {"name": "extents_a", **shape("a", ["M", "K"], self.masked)},
             {"name": "tma_b", **tma("b", s.b_dtype.value, tn // self.mma_ctas, tk, self.m_grouped)},
             {"name": "extents_b", **shape("b", ["N", "K"], self.m_grouped)},
-            # SFA (M, KB[, G]) with strides (1, dynamic[, dynamic]): torch modes KB (and G).
+            # SFA (M, KB[, G]) (UE8M0: KW words) with strides (1, dynamic[, dynamic]): torch modes
+            # KB (and G).
             {
                 "name": "sfa",
                 "kind": "tensor",
                 "operand": "sfa",
-                "shape": ["M", "KB"] + ["G"] * self.masked,
+                "shape": ["M", "KW" if self.ue8m0 else "KB"] + ["G"] * self.masked,
                 "shape_widths": [32] * (2 + self.masked),
                 "strides": [2, 0] if self.masked else [1],
                 "stride_widths": [64] * (1 + self.masked),
@@ -317,6 +321,19 @@ class BlackwellFp8GemmKernel(TileOrder):
         elif cutlass.const_expr(self.contiguous):
             mIdx = cute.make_tensor(m_indices_ptr, cute.make_layout(mC.shape[0]))
         return mSFB, mIdx, mMasked
+
+    @cute.jit
+    def _block_scale(self, mSFA, mSFB, row, n_block, k, group, sfb_group):
+        """sfa[row, k] · sfb[n block, k] of K block k (of group `group` / `sfb_group`), fp32."""
+        if cutlass.const_expr(self.ue8m0):
+            word = k // 4
+            shift = (k % 4) * 8
+            return _ue8m0_value(mSFA[(row, word)], shift) * _ue8m0_value(mSFB[(n_block, word)], shift)
+        if cutlass.const_expr(self.masked):
+            return mSFA[(row, k, group)] * mSFB[(n_block, k, group)]
+        if cutlass.const_expr(self.m_grouped):
+            return mSFA[(row, k)] * mSFB[(n_block, k, sfb_group)]
+        return mSFA[(row, k)] * mSFB[(n_block, k)]
 
     @cute.jit
     def _tile_walk(self, gA, gC, mMasked):
@@ -573,12 +590,7 @@ class BlackwellFp8GemmKernel(TileOrder):
                 sfb_group = cutlass.max(group, 0)
                 promoted.fill(0.0)
                 for k in range(k_tiles):
-                    if cutlass.const_expr(self.masked):
-                        scale = mSFA[(row, k, group)] * mSFB[(n_block, k, group)]
-                    elif cutlass.const_expr(self.m_grouped):
-                        scale = mSFA[(row, k)] * mSFB[(n_block, k, sfb_group)]
-                    else:
-                        scale = mSFA[(row, k)] * mSFB[(n_block, k)]
+                    scale = self._block_scale(mSFA, mSFB, row, n_block, k, group, sfb_group)
                     accumulator_pipeline.consumer_wait(acc_state)
                     acc_k = tTR_tAcc[(None, None, None, None, None, acc_state.index)]
                     acc_k = cute.group_modes(acc_k, 3, cute.rank(acc_k))
@@ -699,6 +711,15 @@ class BlackwellGemmTemplate(GemmContract):
             self.kernel = BlackwellMGroupedFp8GemmKernel(schedule)
         else:
             self.kernel = BlackwellFp8GemmNtKernel(schedule)
+
+
+@cute.jit
+def _ue8m0_value(word: cutlass.Int32, shift: cutlass.Int32) -> cutlass.Float32:
+    """The scale 2^(e-127) of the exponent byte e at bit `shift` of a packed UE8M0 word; byte
+    0xFF (the quantizers' NaN scale) decodes to NaN, as `unpack_ue8m0` does."""
+    e = (word >> shift) & 0xFF
+    is_nan = (e + 1) >> 8  # 1 for e = 0xFF only
+    return ((e << 23) | (is_nan << 22)).bitcast(cutlass.Float32)
 
 
 def _tmem_allocation(columns: int) -> int:

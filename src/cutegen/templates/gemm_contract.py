@@ -32,6 +32,11 @@ class GemmContract:
         self.masked = schedule.op.is_masked
         self.sfb_per_row = schedule.op.scales_b_per_row
         self.k_grouped = schedule.op.is_k_grouped
+        # UE8M0 scales: four exponent bytes per int32 along K, so the scale tensors have
+        # KW = ⌈KB/4⌉ int32 columns where fp32 scales have KB fp32 columns.
+        self.ue8m0 = schedule.scale == ScaleFormat.UE8M0
+        self.scale_dtype = "i32" if self.ue8m0 else "f32"
+        self.scale_columns = "KW" if self.ue8m0 else "KB"
         self.kernel = None
 
     def fake_arguments(self) -> tuple:
@@ -72,19 +77,21 @@ class GemmContract:
             return (a, b, d, cutlass.Int32(1), make_fake_stream())
         from cutlass.cute.runtime import make_ptr
 
-        # SFA [M, ⌈K/128⌉], MN-major with a 16-byte aligned column stride (align(M, 4)).
-        kb = cute.sym_int32(symbol="KB")
+        # SFA [M, ⌈K/128⌉] (UE8M0: [M, ⌈K/512⌉] int32 words), MN-major with a 16-byte aligned
+        # column stride (align(M, 4)).
+        kb = cute.sym_int32(symbol=self.scale_columns)
+        scale_type = cutlass.Int32 if self.ue8m0 else cutlass.Float32
         if self.masked:
             sfa = make_fake_tensor(
-                cutlass.Float32, (m, kb, g), (1, cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4)),
+                scale_type, (m, kb, g), (1, cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4)),
                 assumed_align=16,
             )
         else:
-            sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+            sfa = make_fake_tensor(scale_type, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
         if self.sfb_per_row:
             sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
             return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
-        sfb = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        sfb = make_ptr(scale_type, 0, cute.AddressSpace.gmem, assumed_align=4)
         if self.masked:
             masked_m = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
             return (a, sfa, b, sfb, d, masked_m, cutlass.Int32(1), make_fake_stream())
@@ -126,9 +133,10 @@ class GemmContract:
                 # Two 128-byte TMA descriptors per CTA of the grid (see workspace_words()).
                 {"name": "workspace", "dtype": "i64", "shape": ["W"], "contiguous_mode": 0, "align_bytes": TENSORMAP_BYTES},
             ]
-        b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", "KB"]) if self.m_grouped else (["N", "K"], ["NB", "KB"])
+        kc = self.scale_columns
+        b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", kc]) if self.m_grouped else (["N", "K"], ["NB", kc])
         a_shape, sfa_shape, d_shape = (
-            (["G", "M", "K"], ["G", "M", "KB"], ["G", "M", "N"]) if self.masked else (["M", "K"], ["M", "KB"], ["M", "N"])
+            (["G", "M", "K"], ["G", "M", kc], ["G", "M", "N"]) if self.masked else (["M", "K"], ["M", kc], ["M", "N"])
         )
         ops = [
             {"name": "a", "dtype": s.a_dtype.value, "shape": a_shape, "contiguous_mode": len(a_shape) - 1, "align_bytes": 16},
@@ -136,12 +144,12 @@ class GemmContract:
         ]
         if self.block_scaled:
             ops += [
-                {"name": "sfa", "dtype": "f32", "shape": sfa_shape, "contiguous_mode": len(sfa_shape) - 2, "align_bytes": 16},
+                {"name": "sfa", "dtype": self.scale_dtype, "shape": sfa_shape, "contiguous_mode": len(sfa_shape) - 2, "align_bytes": 16},
                 # Row-major and contiguous; the kernel derives its strides from N and K. The
                 # weight-gradient recipe's SFB [N, KB] is MN-major and TMA-aligned like SFA.
                 {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16}
                 if self.sfb_per_row
-                else {"name": "sfb", "dtype": "f32", "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
+                else {"name": "sfb", "dtype": self.scale_dtype, "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
             ]
         ops.append(
             {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16}
