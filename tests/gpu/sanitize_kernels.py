@@ -1,7 +1,12 @@
 """Run every built kernel of the chosen ops once on a small multi-tile problem, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python3 tests/gpu/sanitize_kernels.py [--op OP ...] [--pattern S]
+    compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu/sanitize_kernels.py [--op OP ...] [--pattern S]
     compute-sanitizer --tool synccheck python3 tests/gpu/sanitize_kernels.py --op fp8_gemm_nt --pattern c2x1
+
+(`--report-api-errors no`: the loader counts a kernel's parameters by calling cuFuncGetParamInfo
+until it answers CUDA_ERROR_INVALID_VALUE, and cuda-bindings probes optional driver entry points
+at import; the sanitizer would otherwise report those expected API errors beside kernel errors.)
+Only kernels that run on the GPU present are run (sm_100a kernels are skipped on Hopper).
 
 Each kernel is forced by name and synchronised, so the sanitizer attributes any error to it; the
 problems are small (the sanitizer slows kernels by orders of magnitude) but span several tiles,
