@@ -263,7 +263,10 @@ class PerBlockQuantKernel:
     of the block; a row is 128 elements = ``128/V`` lanes of one 128-bit chunk (V = 8 for 16-bit
     inputs, 4 for fp32), so a warp covers ``32*V/128`` rows per load instruction and each thread
     issues all of its ``128*128/threads/V`` 128-bit loads (8 for bf16 with 256 threads) before
-    reducing: the whole block is held in registers and read from memory once.
+    reducing: the whole block is held in registers and read from memory once. Two register
+    buffers (16-bit inputs; fp32 inputs have one) alternate between the CTA's consecutive blocks:
+    the loads of block i+1 are issued before block i is reduced, quantised and stored, so every
+    CTA keeps a block of loads in flight while it computes.
 
     Reduction: per-thread |x| bit-maximum, a full-warp xor-shuffle reduction, then one word per
     warp in shared memory and one ``bar.sync``; every thread then reads the ``warps`` partial
@@ -291,6 +294,9 @@ class PerBlockQuantKernel:
         self.rows_per_step = WARP // self.lanes_per_row
         self.rows_per_warp = self.block_m // self.warps
         self.steps = self.rows_per_warp // self.rows_per_step
+        # 16-bit inputs double-buffer the block in registers; fp32 inputs (twice the registers
+        # per block) keep one buffer, which compiles without spills.
+        self.double_buffer = s.a_dtype.bytes == 2
         self.smem_bytes = None
 
     @cute.jit
@@ -337,56 +343,95 @@ class PerBlockQuantKernel:
         k_cols = mW.shape[1]
         bk = (k_cols + self.block_k - 1) // self.block_k
         blocks = ((n_rows + self.block_m - 1) // self.block_m) * bk
-        chunks_per_block_row = self.block_k // V
 
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         partial = storage.partial.get_tensor(cute.make_layout((self.warps, 2)))
 
-        frags = [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
+        frags_a = [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
         blk = bidx
         parity = Int32(0)
+        if cutlass.const_expr(not self.double_buffer):
+            while blk < blocks:
+                self._load_block(mW, frags_a, blk, bk, row0, col_chunk, n_rows, k_cols)
+                self._quantize_block(mQ, mS, frags_a, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps)
+                parity = parity ^ 1
+                blk += nblk
+            return
+        # Two register buffers: the next block's loads are in flight while this block is reduced,
+        # quantised and stored (the loop body handles two blocks, one per buffer).
+        frags_b = [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
+        if blk < blocks:
+            self._load_block(mW, frags_a, blk, bk, row0, col_chunk, n_rows, k_cols)
         while blk < blocks:
-            br = blk // bk
-            bc = blk % bk
-            chunk = bc * chunks_per_block_row + col_chunk
-            col_ok = chunk * V < k_cols
-            for i in cutlass.range_constexpr(self.steps):
-                r = br * self.block_m + row0 + i * self.rows_per_step
-                if col_ok & (r < n_rows):
-                    src = cute.local_tile(mW, (1, V), (r, chunk))
-                    cute.autovec_copy(src[0, None], frags[i])
-                else:
-                    frags[i].fill(0)
-            amax = Int32(0)
-            for i in cutlass.range_constexpr(self.steps):
-                xf = frags[i].load().to(Float32)
-                for e in cutlass.range_constexpr(V):
-                    amax = _abs_bits_max(amax, xf[e])
-            amax = cute.arch.warp_reduction(amax, lambda a, b: cutlass.max(a, b))
-            if lane == 0:
-                partial[warp, parity] = amax
-            cute.arch.sync_threads()
-            amax = partial[0, parity]
-            for wi in cutlass.range_constexpr(1, self.warps):
-                amax = cutlass.max(amax, partial[wi, parity])
-            s = _scale_from_amax(amax, eps, False)
-            inv = Float32(1.0) / s
-            for i in cutlass.range_constexpr(self.steps):
-                r = br * self.block_m + row0 + i * self.rows_per_step
-                qf = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
-                _quantize_vec(frags[i].load().to(Float32), inv, qf)
-                words = cute.recast_tensor(qf, Int32)
-                if amax >= INF_BITS:
-                    for wd in cutlass.range_constexpr(V // 4):
-                        words[wd] = Int32(E4M3_NAN_WORD)
-                if col_ok & (r < n_rows):
-                    dst = cute.local_tile(mQ, (1, V), (r, chunk))
-                    cute.autovec_copy(qf, dst[0, None])
-            if tidx == 0:
-                mS[br, bc] = s
+            nxt = blk + nblk
+            if nxt < blocks:
+                self._load_block(mW, frags_b, nxt, bk, row0, col_chunk, n_rows, k_cols)
+            self._quantize_block(mQ, mS, frags_a, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps)
             parity = parity ^ 1
-            blk += nblk
+            blk = nxt
+            if blk < blocks:
+                nxt = blk + nblk
+                if nxt < blocks:
+                    self._load_block(mW, frags_a, nxt, bk, row0, col_chunk, n_rows, k_cols)
+                self._quantize_block(mQ, mS, frags_b, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps)
+                parity = parity ^ 1
+                blk = nxt
+
+    @cute.jit
+    def _load_block(self, mW, frags, blk, bk, row0, col_chunk, n_rows, k_cols):
+        """Issue this thread's 128-bit loads of block `blk` (zeros past N and K)."""
+        V = self.vec
+        br = blk // bk
+        bc = blk % bk
+        chunk = bc * (self.block_k // V) + col_chunk
+        col_ok = chunk * V < k_cols
+        for i in cutlass.range_constexpr(self.steps):
+            r = br * self.block_m + row0 + i * self.rows_per_step
+            if col_ok & (r < n_rows):
+                src = cute.local_tile(mW, (1, V), (r, chunk))
+                cute.autovec_copy(src[0, None], frags[i])
+            else:
+                frags[i].fill(0)
+
+    @cute.jit
+    def _quantize_block(self, mQ, mS, frags, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps):
+        """Reduce block `blk`'s |x| maximum over the CTA, then quantise and store it and its scale."""
+        V = self.vec
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // WARP
+        lane = tidx % WARP
+        br = blk // bk
+        bc = blk % bk
+        chunk = bc * (self.block_k // V) + col_chunk
+        col_ok = chunk * V < k_cols
+        amax = Int32(0)
+        for i in cutlass.range_constexpr(self.steps):
+            xf = frags[i].load().to(Float32)
+            for e in cutlass.range_constexpr(V):
+                amax = _abs_bits_max(amax, xf[e])
+        amax = cute.arch.warp_reduction(amax, lambda a, b: cutlass.max(a, b))
+        if lane == 0:
+            partial[warp, parity] = amax
+        cute.arch.sync_threads()
+        amax = partial[0, parity]
+        for wi in cutlass.range_constexpr(1, self.warps):
+            amax = cutlass.max(amax, partial[wi, parity])
+        s = _scale_from_amax(amax, eps, False)
+        inv = Float32(1.0) / s
+        for i in cutlass.range_constexpr(self.steps):
+            r = br * self.block_m + row0 + i * self.rows_per_step
+            qf = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
+            _quantize_vec(frags[i].load().to(Float32), inv, qf)
+            words = cute.recast_tensor(qf, Int32)
+            if amax >= INF_BITS:
+                for wd in cutlass.range_constexpr(V // 4):
+                    words[wd] = Int32(E4M3_NAN_WORD)
+            if col_ok & (r < n_rows):
+                dst = cute.local_tile(mQ, (1, V), (r, chunk))
+                cute.autovec_copy(qf, dst[0, None])
+        if tidx == 0:
+            mS[br, bc] = s
 
 
 # ------------------------------------------------------------------------------------------------
