@@ -27,7 +27,9 @@ pytestmark = pytest.mark.slow
 
 QUANT = [s for s in default_schedules() if s.op.is_quantize]
 NAMES = sorted(procedural_name(s) for s in QUANT)
-PER_TOKEN = "cutegen_sm90a_ptquant_{dt}_{dt}_e4m3_f32_{sf}_8x512x128_c1x1_mc0_s2_wg2_r0x0_epitma_rm_g1"
+# 16-bit inputs: one tile per batch, double-buffered in registers; fp32 inputs: two tiles.
+PER_TOKEN = "cutegen_sm90a_ptquant_{dt}_{dt}_e4m3_f32_{sf}_8x512x128_c1x1_mc0_s{st}_wg2_r0x0_epitma_rm_g1"
+PER_TOKEN_STAGES = {"bf16": 1, "f16": 1, "f32": 2}
 PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_{dt}_e4m3_f32_sff32_128x128x128_c1x1_mc0_s1_wg2_r0x0_epitma_rm_g1"
 GROUPED = "cutegen_sm90a_gtquant_bf16_bf16_e4m3_f32_sff32_128x64x128_c1x1_mc0_s2_wg2_r0x0_epitma_rm_g1"
 # Registers the occupancy design assumes: per-token 4 CTAs of 256 threads per SM, grouped 3
@@ -40,7 +42,7 @@ def test_default_quant_schedules():
     assert len(NAMES) == 10
     for dt in ("bf16", "f16", "f32"):
         for sf in ("sff32", "sfue8m0"):
-            assert PER_TOKEN.format(dt=dt, sf=sf) in NAMES
+            assert PER_TOKEN.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]) in NAMES
         assert PER_BLOCK.format(dt=dt) in NAMES
     assert GROUPED in NAMES
 
@@ -105,7 +107,7 @@ def test_kernels_are_compiled_for_their_occupancy(built, name):
     assert entry.minnctapersm == MIN_CTAS[name.split("_")[2]]
 
 
-@pytest.mark.parametrize("name", [PER_TOKEN.format(dt="bf16", sf="sfue8m0"), PER_BLOCK.format(dt="f32"), GROUPED])
+@pytest.mark.parametrize("name", [PER_TOKEN.format(dt="bf16", sf="sfue8m0", st=1), PER_BLOCK.format(dt="f32"), GROUPED])
 def test_header_compiles(built, name, tmp_path):
     assert_kernel_header_compiles(built["out"], name, tmp_path)
 
@@ -162,7 +164,7 @@ def test_abi_per_token(case, compile_dir):
         "q": OperandInfo(0x7F1000000000, (m, k), (k + 16, 1), "e4m3"),
         "sf": OperandInfo(0x7F2000000000, sf_shape, sf_strides, "i32" if sf == "sfue8m0" else "f32"),
     }
-    _probe(PER_TOKEN.format(dt=dt, sf=sf), operands, {"eps": 1e-4}, mac, compile_dir)
+    _probe(PER_TOKEN.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]), operands, {"eps": 1e-4}, mac, compile_dir)
 
 
 def test_abi_per_block(compile_dir):

@@ -34,7 +34,6 @@ from cutegen.schedules.spec import (
     QUANT_GROUP,
     QUANT_MAX_GROUPS,
     THREADS_PER_WARPGROUP,
-    DType,
     ScaleFormat,
     Schedule,
 )
@@ -48,9 +47,10 @@ MANT_MASK = 0x007FFFFF
 E4M3_NAN_WORD = 0x7F7F7F7F  # four e4m3 NaN bytes
 WARP = 32
 # Co-resident CTAs per SM each kernel is compiled for (.minnctapersm caps the registers at
-# 65536 / (CTAs x 256 threads)): per-token 4 (64 registers), grouped 3 (85; 4 would spill),
-# per-block 2 (128: a whole 128x128 block lives in registers).
-MIN_CTAS_PER_SM = {"per_token": 4, "grouped": 3, "per_block": 2}
+# 65536 / (CTAs x 256 threads)): per-token 4 (64 registers), or 3 (85) when 16-bit inputs
+# double-buffer their batch (64 would spill), grouped 3 (85; 4 would spill), per-block 2 (128: a
+# whole 128x128 block lives in registers, twice for 16-bit inputs).
+MIN_CTAS_PER_SM = {"per_token": 4, "per_token_double_buffer": 3, "grouped": 3, "per_block": 2}
 # `preferred_smem_carveout` keeps the DSL from querying a GPU for its shared memory per SM when
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
@@ -124,7 +124,8 @@ class PerTokenQuantKernel:
     xor-shuffles, the scale is computed, the 16 values are converted with
     ``cvt.rn.satfinite.e4m3x2.f32`` and written with one 128-bit store. ``stages`` tiles are
     loaded before the first is computed, so each thread has ``2*stages`` (16-bit input) or
-    ``4*stages`` (fp32) loads in flight.
+    ``4*stages`` (fp32) loads in flight; for 16-bit inputs two register buffers alternate, so the
+    next batch's loads are in flight while a batch is quantised and stored.
 
     Scales are written through the scale tensor's run-time strides, so one kernel serves the
     K-major layout ``[M, G]`` (strides ``(G, 1)``) and DeepGEMM's MN-major TMA-aligned layout
@@ -150,6 +151,9 @@ class PerTokenQuantKernel:
         self.elems = 16  # per thread and tile
         self.lanes_per_group = QUANT_GROUP // self.elems  # 8
         self.groups_per_tile = self.cols // QUANT_GROUP  # 4
+        # 16-bit inputs double-buffer the batch in registers (fp32 inputs, twice the registers,
+        # keep one buffer).
+        self.double_buffer = s.a_dtype.bytes == 2
         self.smem_bytes = 0
 
     @cute.jit
@@ -169,7 +173,7 @@ class PerTokenQuantKernel:
         self.kernel(x, q, sf, eps).launch(
             grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
-            min_blocks_per_mp=MIN_CTAS_PER_SM["per_token"],
+            min_blocks_per_mp=MIN_CTAS_PER_SM["per_token_double_buffer" if self.double_buffer and self.stages > 1 else "per_token"],
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT,
             stream=stream,
         )
@@ -185,70 +189,106 @@ class PerTokenQuantKernel:
         lane = tidx % WARP
         j = lane // self.lanes_per_group  # group of the tile
         sub = lane % self.lanes_per_group  # 16-element chunk of the group
+        rows = cutlass.max(mX.shape[0], mS.shape[0])
+        col_tiles = (mX.shape[1] + self.cols - 1) // self.cols
+        tiles = ((rows + self.rows - 1) // self.rows) * col_tiles
+
+        frags_a = [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
+        tile = bidx
+        step = U * nblk
+        if cutlass.const_expr(not self.double_buffer):
+            while tile < tiles:
+                self._load_batch(mX, frags_a, tile, nblk, tiles, col_tiles, warp, j, sub)
+                self._quantize_batch(mQ, mS, frags_a, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps)
+                tile += step
+            return
+        # Two register buffers: the next batch's loads are in flight while this batch is
+        # quantised and stored (the loop body handles two batches, one per buffer).
+        frags_b = [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
+        if tile < tiles:
+            self._load_batch(mX, frags_a, tile, nblk, tiles, col_tiles, warp, j, sub)
+        while tile < tiles:
+            nxt = tile + step
+            if nxt < tiles:
+                self._load_batch(mX, frags_b, nxt, nblk, tiles, col_tiles, warp, j, sub)
+            self._quantize_batch(mQ, mS, frags_a, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps)
+            tile = nxt
+            if tile < tiles:
+                nxt = tile + step
+                if nxt < tiles:
+                    self._load_batch(mX, frags_a, nxt, nblk, tiles, col_tiles, warp, j, sub)
+                self._quantize_batch(mQ, mS, frags_b, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps)
+                tile = nxt
+
+    @cute.jit
+    def _load_batch(self, mX, frags, tile, nblk, tiles, col_tiles, warp, j, sub):
+        """Issue this thread's loads of the batch's `stages` tiles tile, tile + P, ... (zeros
+        past the rows, the columns or the last tile)."""
+        E = self.elems
         m_rows = mX.shape[0]
         k_cols = mX.shape[1]
+        chunks_per_tile = self.cols // E
+        for u in cutlass.range_constexpr(self.stages):
+            t = tile + u * nblk
+            r = (t // col_tiles) * self.rows + warp
+            chunk = (t % col_tiles) * chunks_per_tile + j * self.lanes_per_group + sub
+            if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
+                src = cute.local_tile(mX, (1, E), (r, chunk))
+                cute.autovec_copy(src[0, None], frags[u])
+            else:
+                frags[u].fill(0)
+
+    @cute.jit
+    def _quantize_batch(self, mQ, mS, frags, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps):
+        """Quantise and store the batch's tiles and their scales."""
+        E = self.elems
+        U = self.stages
+        m_rows = mQ.shape[0]
+        k_cols = mQ.shape[1]
         s_rows = mS.shape[0]
         s_cols = mS.shape[1]
-        rows = cutlass.max(m_rows, s_rows)
-        col_tiles = (k_cols + self.cols - 1) // self.cols
-        tiles = ((rows + self.rows - 1) // self.rows) * col_tiles
         chunks_per_tile = self.cols // E
-
-        frags = [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
-        tile = bidx
-        while tile < tiles:
-            # Issue every load of this batch before the first use.
-            for u in cutlass.range_constexpr(U):
-                t = tile + u * nblk
-                r = (t // col_tiles) * self.rows + warp
-                chunk = (t % col_tiles) * chunks_per_tile + j * self.lanes_per_group + sub
-                if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
-                    src = cute.local_tile(mX, (1, E), (r, chunk))
-                    cute.autovec_copy(src[0, None], frags[u])
-                else:
-                    frags[u].fill(0)
-            for u in cutlass.range_constexpr(U):
-                t = tile + u * nblk
-                ct = t % col_tiles
-                r = (t // col_tiles) * self.rows + warp
-                chunk = ct * chunks_per_tile + j * self.lanes_per_group + sub
-                xf = frags[u].load().to(Float32)
-                amax = Int32(0)
-                for i in cutlass.range_constexpr(E):
-                    amax = _abs_bits_max(amax, xf[i])
-                amax = cute.arch.warp_reduction(
-                    amax, lambda a, b: cutlass.max(a, b), threads_in_group=self.lanes_per_group
-                )
-                s = _scale_from_amax(amax, eps, self.ue8m0)
-                inv = Float32(1.0) / s
-                qf = cute.make_rmem_tensor((E,), cutlass.Float8E4M3FN)
-                _quantize_vec(xf, inv, qf)
-                words = cute.recast_tensor(qf, Int32)
-                if amax >= INF_BITS:
-                    for w in cutlass.range_constexpr(E // 4):
-                        words[w] = Int32(E4M3_NAN_WORD)
-                if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
-                    dst = cute.local_tile(mQ, (1, E), (r, chunk))
-                    cute.autovec_copy(qf, dst[0, None])
-                g = ct * self.groups_per_tile + j
-                real = (r < m_rows) & (g * QUANT_GROUP < k_cols)
-                if cutlass.const_expr(self.ue8m0):
-                    byte = Int32(0)
-                    if real:
-                        byte = _ue8m0_byte(s)
-                    b1 = cute.arch.shuffle_sync(byte, offset=1 * self.lanes_per_group)
-                    b2 = cute.arch.shuffle_sync(byte, offset=2 * self.lanes_per_group)
-                    b3 = cute.arch.shuffle_sync(byte, offset=3 * self.lanes_per_group)
-                    word = byte | (b1 << 8) | (b2 << 16) | (b3 << 24)
-                    if (t < tiles) & (lane == 0) & (r < s_rows) & (ct < s_cols):
-                        mS[r, ct] = word
-                else:
-                    value = Float32(0.0)
-                    if real:
-                        value = s
-                    if (t < tiles) & (sub == 0) & (r < s_rows) & (g < s_cols):
-                        mS[r, g] = value
-            tile += U * nblk
+        for u in cutlass.range_constexpr(U):
+            t = tile + u * nblk
+            ct = t % col_tiles
+            r = (t // col_tiles) * self.rows + warp
+            chunk = ct * chunks_per_tile + j * self.lanes_per_group + sub
+            xf = frags[u].load().to(Float32)
+            amax = Int32(0)
+            for i in cutlass.range_constexpr(E):
+                amax = _abs_bits_max(amax, xf[i])
+            amax = cute.arch.warp_reduction(
+                amax, lambda a, b: cutlass.max(a, b), threads_in_group=self.lanes_per_group
+            )
+            s = _scale_from_amax(amax, eps, self.ue8m0)
+            inv = Float32(1.0) / s
+            qf = cute.make_rmem_tensor((E,), cutlass.Float8E4M3FN)
+            _quantize_vec(xf, inv, qf)
+            words = cute.recast_tensor(qf, Int32)
+            if amax >= INF_BITS:
+                for w in cutlass.range_constexpr(E // 4):
+                    words[w] = Int32(E4M3_NAN_WORD)
+            if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
+                dst = cute.local_tile(mQ, (1, E), (r, chunk))
+                cute.autovec_copy(qf, dst[0, None])
+            g = ct * self.groups_per_tile + j
+            real = (r < m_rows) & (g * QUANT_GROUP < k_cols)
+            if cutlass.const_expr(self.ue8m0):
+                byte = Int32(0)
+                if real:
+                    byte = _ue8m0_byte(s)
+                b1 = cute.arch.shuffle_sync(byte, offset=1 * self.lanes_per_group)
+                b2 = cute.arch.shuffle_sync(byte, offset=2 * self.lanes_per_group)
+                b3 = cute.arch.shuffle_sync(byte, offset=3 * self.lanes_per_group)
+                word = byte | (b1 << 8) | (b2 << 16) | (b3 << 24)
+                if (t < tiles) & (lane == 0) & (r < s_rows) & (ct < s_cols):
+                    mS[r, ct] = word
+            else:
+                value = Float32(0.0)
+                if real:
+                    value = s
+                if (t < tiles) & (sub == 0) & (r < s_rows) & (g < s_cols):
+                    mS[r, g] = value
 
 
 # ------------------------------------------------------------------------------------------------
