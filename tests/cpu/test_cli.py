@@ -151,7 +151,17 @@ def test_show(capsys, tmp_path):
     assert out.splitlines()[0] == NAME
     for word in ("hopper_bf16_gemm", "smem_bytes", "232448", "stage_bytes", "49152", "epi_tile",
                  "128x32", "accumulators_per_thread", "threads_per_cta", "384", "(auto)",
-                 "smem_fits", "multicast_box_divisible", "not built"):
+                 "smem_fits", "multicast_box_divisible", "not built", "ran on H200"):
+        assert word in out, word
+    assert "mma_ctas" not in out
+
+
+def test_show_blackwell(capsys, tmp_path):
+    name = "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8"
+    rc, out, err = run(capsys, "show", name, "--build-dir", str(tmp_path))
+    assert rc == 0, err
+    for word in ("blackwell_fp8_gemm", "compiled only", "mma_ctas                2",
+                 "tmem_columns            512 (4 accumulator stages x 128", "cta_pair_shape"):
         assert word in out, word
 
 

@@ -145,6 +145,9 @@ def derived_facts(s: Schedule) -> dict[str, Any]:
         "threads_per_cta": s.threads_per_cta,
         "cluster_size": s.cluster_size,
         "smem_limit_bytes": s.arch.smem_opt_in_bytes,
+        "mma_ctas": s.mma_ctas,
+        "tmem_accumulator_stages": s.tmem_accumulator_stages,
+        "tmem_columns": s.tmem_columns,
     }
 
 
@@ -344,6 +347,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"  family       {e.family}  ({e.source})" if not note else f"  family       - ({note})")
         n_fail = sum(r.status == "fail" for r in results)
         lines.append(f"  status       {'valid' if not n_fail else f'INVALID ({n_fail} rule(s) broken)'}")
+        lines.append(f"  hardware     {s.arch.hardware_evidence}")
         lines.append("schedule")
         for k, v in s.to_dict().items():
             extra = "  (auto)" if k == "stages" and e.stages_auto else ""
@@ -365,6 +369,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                 f"  {'threads_per_cta':<24}{d['threads_per_cta']}",
                 f"  {'cluster_size':<24}{d['cluster_size']}",
             ]
+            if s.arch.value == "sm_100a":  # tcgen05: the MMA's CTAs and the tensor memory it uses
+                lines += [
+                    f"  {'mma_ctas':<24}{d['mma_ctas']}",
+                    f"  {'tmem_columns':<24}{d['tmem_columns']} ({d['tmem_accumulator_stages']} "
+                    f"accumulator stages x {s.tile_n}; 512 per SM)",
+                ]
         lines.append("rules")
         width = max(len(r.name) for r in results)
         for r in results:
