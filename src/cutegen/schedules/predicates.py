@@ -12,6 +12,7 @@ the predicate's ``doc``. To support a new arch/op, extend the tables at the top.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Iterable
 
@@ -218,18 +219,22 @@ _REGISTRY: list[Predicate] = []
 def _rule(
     archs: Iterable[Arch] | None = None, ops: Iterable[Op] | None = None
 ) -> Callable[[Callable[[Schedule], "str | None"]], Callable[[Schedule], "str | None"]]:
+    arch_set = frozenset(archs) if archs is not None else None
+    op_set = frozenset(ops) if ops is not None else None
+
     def register(fn: Callable[[Schedule], "str | None"]) -> Callable[[Schedule], "str | None"]:
         doc = " ".join((fn.__doc__ or "").split())
-        _REGISTRY.append(
-            Predicate(
-                name=fn.__name__,
-                check=fn,
-                doc=doc,
-                archs=frozenset(archs) if archs is not None else None,
-                ops=frozenset(ops) if ops is not None else None,
-            )
-        )
-        return fn
+
+        # The rule holds (None) for schedules of other architectures or ops, also when it is
+        # called directly rather than through `Predicate.evaluate`.
+        @functools.wraps(fn)
+        def check(s: Schedule) -> "str | None":
+            if (arch_set is not None and s.arch not in arch_set) or (op_set is not None and s.op not in op_set):
+                return None
+            return fn(s)
+
+        _REGISTRY.append(Predicate(name=fn.__name__, check=check, doc=doc, archs=arch_set, ops=op_set))
+        return check
 
     return register
 
@@ -415,8 +420,6 @@ def accumulator_registers(s: Schedule) -> str | None:
 def accumulator_update_warpgroups(s: Schedule) -> str | None:
     """One accumulator-update warpgroup: its 128 threads own the 128 TMEM lanes (rows) of the
     CTA's accumulator."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if s.math_warpgroups in SM100_MATH_WARPGROUPS:
         return None
     return (
@@ -428,8 +431,6 @@ def accumulator_update_warpgroups(s: Schedule) -> str | None:
 @_rule(archs=_SM100, ops=_SM100_OPS)
 def tile_m_umma(s: Schedule) -> str | None:
     """tile_m is 128: one tcgen05 accumulator row per TMEM lane (a CTA pair's MMA is 256 rows)."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if s.tile_m == UMMA_TILE_M:
         return None
     return (
@@ -441,8 +442,6 @@ def tile_m_umma(s: Schedule) -> str | None:
 @_rule(archs=_SM100, ops=_SM100_OPS)
 def tile_n_umma(s: Schedule) -> str | None:
     """tile_n is a multiple of 16 in [16, 256] (the tcgen05 MMA N range for M = 128 and 256)."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if s.tile_n % UMMA_N_STEP == 0 and UMMA_N_MIN <= s.tile_n <= UMMA_N_MAX:
         return None
     return (
@@ -454,8 +453,6 @@ def tile_n_umma(s: Schedule) -> str | None:
 @_rule(archs=_SM100, ops=_SM100_OPS)
 def tmem_columns_fit(s: Schedule) -> str | None:
     """The accumulator stages and scale columns fit the 512 tensor-memory columns of an SM."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if s.tmem_columns <= SM100_TMEM_COLUMNS:
         return None
     return (
@@ -469,8 +466,6 @@ def tmem_columns_fit(s: Schedule) -> str | None:
 def promoted_sum_registers(s: Schedule) -> str | None:
     """An accumulator-update thread holds its row's promoted sum and one tensor-memory chunk in
     registers, REGISTER_HEADROOM under consumer_regs."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     acc = s.accumulator_registers
     room = s.consumer_regs - REGISTER_HEADROOM
     if acc <= room:
@@ -486,8 +481,6 @@ def promoted_sum_registers(s: Schedule) -> str | None:
 def sfb_one_block_per_tile(s: Schedule) -> str | None:
     """tile_n divides 128, so a tile lies in one 128-column block of SFB (one weight scale per
     K block and tile)."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if s.tile_n > 0 and SCALE_BLOCK % s.tile_n == 0:
         return None
     return (
@@ -500,8 +493,6 @@ def sfb_one_block_per_tile(s: Schedule) -> str | None:
 def cta_pair_shape(s: Schedule) -> str | None:
     """A cluster is one CTA or a CTA pair along M (cluster 2x1, multicast b: the 2-CTA tcgen05
     MMA shares B between the pair)."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if (s.cluster_m, s.cluster_n, s.multicast) in ((1, 1, Multicast.NONE), (2, 1, Multicast.B)):
         return None
     return (
@@ -514,8 +505,6 @@ def cta_pair_shape(s: Schedule) -> str | None:
 def contiguous_single_cta_mma(s: Schedule) -> str | None:
     """The contiguous layout aligns experts to 128 rows, so a CTA pair's 256 rows could span two
     experts (two B matrices): one CTA per MMA."""
-    if s.arch != Arch.SM100A:
-        return None  # the rule is registered for sm_100a only
     if s.mma_ctas == 1:
         return None
     return (
@@ -660,8 +649,6 @@ def epilogue_supported(s: Schedule) -> str | None:
 def quant_unused_fields_neutral(s: Schedule) -> str | None:
     """Fields a quantize kernel does not use hold their neutral values: b_dtype = a_dtype,
     cluster 1x1, multicast none, producer_regs = consumer_regs = 0, raster along_m, group_size 1."""
-    if not s.op.is_quantize:
-        return None  # the rule is registered for quantize ops only
     checks = (
         ("b_dtype", s.b_dtype, s.a_dtype, "the input dtype (a_dtype)"),
         ("cluster_m", s.cluster_m, 1, "1"),
@@ -682,8 +669,6 @@ def quant_unused_fields_neutral(s: Schedule) -> str | None:
 @_rule(ops=_QUANT_OPS)
 def quant_group_128(s: Schedule) -> str | None:
     """tile_k is the quantisation group, 128 elements (1x128 per token, 128x128 per block)."""
-    if not s.op.is_quantize:
-        return None  # the rule is registered for quantize ops only
     if s.tile_k == QUANT_GROUP:
         return None
     return f"tile_k={s.tile_k}: the quantisation group is {QUANT_GROUP} elements, so tile_k must be {QUANT_GROUP}"
@@ -692,8 +677,6 @@ def quant_group_128(s: Schedule) -> str | None:
 @_rule(ops=_QUANT_OPS)
 def quant_warpgroups(s: Schedule) -> str | None:
     """math_warpgroups (every thread of a quantize CTA, 128 each) is one the template supports."""
-    if not s.op.is_quantize:
-        return None  # the rule is registered for quantize ops only
     ok = QUANT_WARPGROUPS.get(s.op, ())
     if s.math_warpgroups in ok:
         return None
@@ -704,8 +687,6 @@ def quant_warpgroups(s: Schedule) -> str | None:
 def quant_tile(s: Schedule) -> str | None:
     """The CTA tile is the template's: per-token one row per warp x 512 columns (4 groups),
     per-block 128x128, grouped transposed 128 tokens x 64 hidden columns."""
-    if not s.op.is_quantize:
-        return None  # the rule is registered for quantize ops only
     want_m, want_n = QUANT_TILES.get(s.op, (s.tile_m, s.tile_n))
     if want_m is None:
         want_m = 4 * s.math_warpgroups
@@ -723,8 +704,6 @@ def quant_tile(s: Schedule) -> str | None:
 def quant_stages(s: Schedule) -> str | None:
     """stages is one the template supports: per-token 1-4 tiles in flight per thread,
     per-block 1 (the block is held in registers), grouped transposed 2 (double-buffered tile)."""
-    if not s.op.is_quantize:
-        return None  # the rule is registered for quantize ops only
     ok = QUANT_STAGES.get(s.op, ())
     if s.stages in ok:
         return None

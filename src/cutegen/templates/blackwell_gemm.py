@@ -7,7 +7,6 @@ Importing this module imports the CuTe DSL; only the generator does that.
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -20,6 +19,7 @@ from cutlass.tensor_utils import LayoutEnum
 from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.gemm_contract import GemmContract
+from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
 from cutegen.templates.hopper_gemm import swizzle_bytes
 from cutegen.templates.tile_order import TileOrder
 
@@ -643,60 +643,16 @@ class BlackwellFp8GemmKernel(TileOrder):
             store_pipeline.producer_tail()
 
 
-class BlackwellFp8GemmNtKernel(BlackwellFp8GemmKernel):
-    """`fp8_gemm_nt` on sm_100a: D = (A · sfa) · (B · sfb)ᵀ with 1x128 / 128x128 fp32 block scales."""
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        sfa: cute.Tensor,
-        b: cute.Tensor,
-        sfb: cute.Pointer,
-        d: cute.Tensor,
-        max_active_clusters: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
+class BlackwellFp8GemmNtKernel(Fp8GemmNtEntry, BlackwellFp8GemmKernel):
+    """`fp8_gemm_nt` on sm_100a (fp32 or UE8M0 scales)."""
 
 
-class BlackwellMGroupedFp8GemmKernel(BlackwellFp8GemmKernel):
-    """`m_grouped_fp8_gemm_nt_contiguous` on sm_100a: per row r of A,
-    D[r] = (A[r] · sfa) · (B[g] · sfb[g])ᵀ with g = m_indices[r]; rows with g = -1 are padding."""
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        sfa: cute.Tensor,
-        b: cute.Tensor,
-        sfb: cute.Pointer,
-        d: cute.Tensor,
-        m_indices: cute.Pointer,
-        zero_padding: cutlass.Int32,
-        max_active_clusters: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, m_indices, zero_padding)
+class BlackwellMGroupedFp8GemmKernel(MGroupedContiguousEntry, BlackwellFp8GemmKernel):
+    """`m_grouped_fp8_gemm_nt_contiguous` on sm_100a."""
 
 
-class BlackwellMaskedFp8GemmKernel(BlackwellFp8GemmKernel):
-    """`m_grouped_fp8_gemm_nt_masked` on sm_100a: for every group g and row r < masked_m[g],
-    D[g, r] = (A[g, r] · sfa[g, r]) · (B[g] · sfb[g])ᵀ."""
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        sfa: cute.Tensor,
-        b: cute.Tensor,
-        sfb: cute.Pointer,
-        d: cute.Tensor,
-        masked_m: cute.Pointer,
-        max_active_clusters: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m)
+class BlackwellMaskedFp8GemmKernel(MGroupedMaskedEntry, BlackwellFp8GemmKernel):
+    """`m_grouped_fp8_gemm_nt_masked` on sm_100a."""
 
 
 class BlackwellGemmTemplate(GemmContract):

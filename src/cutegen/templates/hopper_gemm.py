@@ -22,6 +22,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.gemm_contract import TENSORMAP_BYTES, TENSORMAP_WORDS, GemmContract
+from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
 from cutegen.templates.tile_order import TileOrder
 from cutegen.schedules.spec import (
     SCALE_BLOCK,
@@ -1165,60 +1166,16 @@ class HopperGemmKernel(TileOrder):
             store_pipeline.producer_tail()
 
 
-class HopperFp8GemmKernel(HopperGemmKernel):
-    """`fp8_gemm_nt`: D = (A · sfa) · (B · sfb)ᵀ with 1x128 / 128x128 fp32 block scales."""
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        sfa: cute.Tensor,
-        b: cute.Tensor,
-        sfb: cute.Pointer,
-        d: cute.Tensor,
-        max_active_clusters: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
+class HopperFp8GemmKernel(Fp8GemmNtEntry, HopperGemmKernel):
+    """`fp8_gemm_nt` on sm_90a."""
 
 
-class HopperMGroupedFp8GemmKernel(HopperGemmKernel):
-    """`m_grouped_fp8_gemm_nt_contiguous`: per row r of A, D[r] = (A[r] · sfa) · (B[g] · sfb[g])ᵀ
-    with g = m_indices[r]; rows with g = -1 are padding."""
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        sfa: cute.Tensor,
-        b: cute.Tensor,
-        sfb: cute.Pointer,
-        d: cute.Tensor,
-        m_indices: cute.Pointer,
-        zero_padding: cutlass.Int32,
-        max_active_clusters: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, m_indices, zero_padding)
+class HopperMGroupedFp8GemmKernel(MGroupedContiguousEntry, HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_contiguous` on sm_90a."""
 
 
-class HopperMaskedFp8GemmKernel(HopperGemmKernel):
-    """`m_grouped_fp8_gemm_nt_masked`: for every group g and row r < masked_m[g],
-    D[g, r] = (A[g, r] · sfa[g, r]) · (B[g] · sfb[g])ᵀ."""
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        sfa: cute.Tensor,
-        b: cute.Tensor,
-        sfb: cute.Pointer,
-        d: cute.Tensor,
-        masked_m: cute.Pointer,
-        max_active_clusters: cutlass.Int32,
-        stream: cuda.CUstream,
-    ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m)
+class HopperMaskedFp8GemmKernel(MGroupedMaskedEntry, HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_masked` on sm_90a."""
 
 
 class HopperFp8WgradKernel(HopperGemmKernel):

@@ -48,8 +48,8 @@ def load_template(schedule: Schedule):
 
 # Modules the GEMM templates share; a change to one rebuilds every kernel whose template imports it.
 _SHARED_SOURCES: dict[str, tuple[str, ...]] = {
-    "hopper_gemm": ("gemm_contract.py", "tile_order.py"),
-    "blackwell_gemm": ("gemm_contract.py", "tile_order.py"),
+    "hopper_gemm": ("gemm_contract.py", "gemm_entries.py", "tile_order.py"),
+    "blackwell_gemm": ("gemm_contract.py", "gemm_entries.py", "tile_order.py"),
 }
 
 
