@@ -65,7 +65,8 @@ class BlackwellFp8GemmKernel(TileOrder):
         zero (ACCUMULATE off for the first: the tensor cores never accumulate across 128-wide K
         blocks, the promotion does, as DeepSeek-V3's recipe asks), then commits: the commit
         releases the smem stage and signals the accumulator stage full (to both CTAs of a pair).
-      - warps 6-7 idle.
+      - warps 6-7 idle (they lower their register budget with warps 4 and 5: setmaxnreg is
+        executed by whole warpgroups).
 
     Pipelines:
       - **operands** (PipelineTmaUmma, `stages` slots of A+B): producer = the TMA warp(s) of the
@@ -448,9 +449,13 @@ class BlackwellFp8GemmKernel(TileOrder):
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
+        # setmaxnreg is executed by every warp of a warpgroup: warps 4-7 (TMA, MMA, two idle)
+        # give registers back together, warps 0-3 take them.
+        if warp_idx >= UPDATE_WARPS:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+
         # ---- TMA producer -------------------------------------------------------------------
         if warp_idx == TMA_WARP:
-            cute.arch.setmaxregister_decrease(self.producer_regs)
             mSFB, mIdx, mMasked = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
             k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked)
             a_mask = None
@@ -489,7 +494,6 @@ class BlackwellFp8GemmKernel(TileOrder):
 
         # ---- MMA issuer ---------------------------------------------------------------------
         if warp_idx == MMA_WARP:
-            cute.arch.setmaxregister_decrease(self.producer_regs)
             mSFB, mIdx, mMasked = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
             k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked)
             tmem.wait_for_alloc()
