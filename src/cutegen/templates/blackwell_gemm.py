@@ -18,9 +18,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import GemmContract
+from cutegen.templates.gemm_contract import GemmContract, shape_binding, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
-from cutegen.templates.hopper_gemm import swizzle_bytes
 from cutegen.templates.tile_order import TileOrder
 
 # Named barrier 0 is __syncthreads; 1: the accumulator-update warpgroup around each epilogue
@@ -153,23 +152,10 @@ class BlackwellFp8GemmKernel(TileOrder):
         s = self.schedule
 
         def tma(operand: str, dtype: str, box_rows: int, box_cols: int, grouped: bool) -> dict:
-            recipe = {
-                "kind": "tma",
-                "operand": operand,
-                "dtype": dtype,
-                "modes": [1, 0],
-                "box": [box_cols, box_rows],
-                "swizzle": swizzle_bytes(self.smem_swizzles[operand]),
-                "interleave": "none",
-                "l2_promotion": "128B",
-                "oob_fill": "none",
-            }
-            if grouped:  # torch [G, X, Y] is the kernel's (X, Y, G)
-                recipe = dict(recipe, modes=[2, 1, 0], box=recipe["box"] + [1])
-            return recipe
+            recipe = tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand])
+            return with_group_mode(recipe, grouped)
 
-        def shape(operand: str, values: list[str], grouped: bool) -> dict:
-            return {"kind": "shape", "operand": operand, "values": values + ["G"] * grouped, "width": 32}
+        shape = shape_binding
 
         params = [
             {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk, self.masked)},

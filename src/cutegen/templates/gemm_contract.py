@@ -20,6 +20,62 @@ TENSORMAP_BYTES = 128
 TENSORMAP_WORDS = TENSORMAP_BYTES // 8
 
 
+def swizzle_bytes(swizzle: str) -> str:
+    """Map a CuTe swizzle functor as printed ("S<3,4,3>") to the TMA swizzle mode."""
+    table = {"S<3,4,3>": "128B", "S<2,4,3>": "64B", "S<1,4,3>": "32B", "S<0,4,3>": "none"}
+    if swizzle not in table:
+        raise ValueError(f"shared-memory swizzle {swizzle} has no TMA swizzle mode")
+    return table[swizzle]
+
+
+# ---- parameter-binding recipes (the manifest's `binding` of one kernel parameter) -------------
+
+
+def tma_binding(operand: str, dtype: str, box_rows: int, box_cols: int, smem_swizzle: str) -> dict:
+    """A 2-D TMA descriptor of a K-major (or N-major, for D) operand: its contiguous mode is TMA
+    dimension 0; the box is one CTA's share; the swizzle is read off the shared-memory layout."""
+    return {
+        "kind": "tma",
+        "operand": operand,
+        "dtype": dtype,
+        "modes": [1, 0],
+        "box": [box_cols, box_rows],
+        "swizzle": swizzle_bytes(smem_swizzle),
+        "interleave": "none",
+        "l2_promotion": "128B",
+        "oob_fill": "none",
+    }
+
+
+def scale_vector_tma_binding(operand: str, rows: int) -> dict:
+    """A TMA descriptor of an MN-major fp32 scale tensor [rows, KB]: one column of `rows` scales
+    per box, contiguous along the rows (TMA dimension 0)."""
+    return {
+        "kind": "tma",
+        "operand": operand,
+        "dtype": "f32",
+        "modes": [0, 1],
+        "box": [rows, 1],
+        "swizzle": "none",
+        "interleave": "none",
+        "l2_promotion": "128B",
+        "oob_fill": "none",
+    }
+
+
+def with_group_mode(recipe: dict, grouped: bool) -> dict:
+    """A torch operand [G, X, Y] is the kernel's (X, Y, G): torch dims shift by one and the group
+    is the last TMA dimension, one per box."""
+    if not grouped:
+        return recipe
+    return dict(recipe, modes=[m + 1 for m in recipe["modes"]] + [0], box=recipe["box"] + [1])
+
+
+def shape_binding(operand: str, values: list[str], grouped: bool = False) -> dict:
+    """The dynamic extents of a TMA coordinate tensor, as 32-bit integers (plus G when grouped)."""
+    return {"kind": "shape", "operand": operand, "values": values + ["G"] * grouped, "width": 32}
+
+
 class GemmContract:
     """The generator's view of a GEMM template: fake arguments, operands, grid rule, launch facts
     and the kernel's parameter bindings. A subclass sets ``self.kernel`` (a traced kernel object

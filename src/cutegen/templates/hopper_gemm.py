@@ -21,7 +21,15 @@ from cutlass.tensor_utils.tensormap import TensorMapManager, TensorMapUpdateMode
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import TENSORMAP_BYTES, TENSORMAP_WORDS, GemmContract
+from cutegen.templates.gemm_contract import (
+    TENSORMAP_BYTES,
+    TENSORMAP_WORDS,
+    GemmContract,
+    scale_vector_tma_binding,
+    shape_binding,
+    tma_binding,
+    with_group_mode,
+)
 from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
 from cutegen.templates.tile_order import TileOrder
 from cutegen.schedules.spec import (
@@ -36,14 +44,6 @@ from cutegen.schedules.spec import (
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
-
-
-def swizzle_bytes(swizzle: str) -> str:
-    """Map a CuTe swizzle functor as printed ("S<3,4,3>") to the TMA swizzle mode."""
-    table = {"S<3,4,3>": "128B", "S<2,4,3>": "64B", "S<1,4,3>": "32B", "S<0,4,3>": "none"}
-    if swizzle not in table:
-        raise ValueError(f"shared-memory swizzle {swizzle} has no TMA swizzle mode")
-    return table[swizzle]
 
 
 class HopperGemmKernel(TileOrder):
@@ -211,42 +211,10 @@ class HopperGemmKernel(TileOrder):
         s = self.schedule
 
         def tma(operand: str, dtype: DType, box_rows: int, box_cols: int) -> dict:
-            # Contiguous mode (K for A and B, N for D) is TMA dimension 0.
-            return {
-                "kind": "tma",
-                "operand": operand,
-                "dtype": dtype.value,
-                "modes": [1, 0],
-                "box": [box_cols, box_rows],
-                "swizzle": swizzle_bytes(self.smem_swizzles[operand]),
-                "interleave": "none",
-                "l2_promotion": "128B",
-                "oob_fill": "none",
-            }
+            return tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
 
-        def scale_vector_tma(operand: str, rows: int) -> dict:
-            # Scales [rows, KB] are contiguous along the rows (MN-major): TMA dimension 0.
-            return {
-                "kind": "tma",
-                "operand": operand,
-                "dtype": "f32",
-                "modes": [0, 1],
-                "box": [rows, 1],
-                "swizzle": "none",
-                "interleave": "none",
-                "l2_promotion": "128B",
-                "oob_fill": "none",
-            }
-
-        def with_group_mode(recipe: dict, grouped: bool) -> dict:
-            # A torch operand [G, X, Y] is the kernel's (X, Y, G): torch dims shift by one and the
-            # group is the last TMA dimension, one per box.
-            if not grouped:
-                return recipe
-            return dict(recipe, modes=[m + 1 for m in recipe["modes"]] + [0], box=recipe["box"] + [1])
-
-        def shape(operand: str, values: list[str], grouped: bool = False) -> dict:
-            return {"kind": "shape", "operand": operand, "values": values + ["G"] * grouped, "width": 32}
+        shape = shape_binding
+        scale_vector_tma = scale_vector_tma_binding
 
         # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
         a_rows = tm // cn if self.is_a_mcast else tm
