@@ -55,6 +55,8 @@ DEFAULT_EPS = 1e-4
 MIN_EPS = 1e-30
 MAX_EPS = 3.4028234663852886e38
 SCALE_FORMATS = ("fp32", "ue8m0")
+# The schedule's scale format of each `scale_format` argument.
+SCHEDULE_SCALE = {"fp32": "f32", "ue8m0": "ue8m0"}
 SCALE_LAYOUTS = ("k-major", "mn-major-tma-aligned")
 TMA_ALIGN_ROWS = 4
 PTR_ALIGN_BYTES = 16
@@ -87,12 +89,8 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> 
         return name
     cat = ops.catalogue()
     info = driver.device_info(device)
-    sched_scale = {"fp32": "f32", "ue8m0": "ue8m0"}[scale]
     names = sorted(
-        m.name
-        for m in cat.compatible(op, info.capability)
-        if m.schedule.get("a_dtype") == in_dtype and m.schedule.get("scale") == sched_scale
-        and m.smem_bytes <= info.smem_optin
+        m.name for m in ops._candidates(op, device, SCHEDULE_SCALE[scale]) if m.schedule.get("a_dtype") == in_dtype
     )
     if not names:
         built = sorted({f"{e.arch} {e.schedule.get('a_dtype')}/{e.schedule.get('scale')}" for e in cat.entries(op)})
@@ -109,7 +107,7 @@ def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str) -> Any
     cat = ops.catalogue()
     if forced:
         manifest = ops.forced_manifest(op, forced)
-        want_scale = {"fp32": "f32", "ue8m0": "ue8m0"}[scale]
+        want_scale = SCHEDULE_SCALE[scale]
         if manifest.schedule.get("a_dtype") != in_dtype or manifest.schedule.get("scale") != want_scale:
             raise InputError(
                 f"{op}: argument 'kernel' names {forced!r}, built for input "
