@@ -106,6 +106,41 @@ def _ue8m0_byte(s: Float32) -> Int32:
     return (s.bitcast(Int32) >> 23) & 0xFF
 
 
+@cute.jit
+def _walk_tiles(first: Int32, step: Int32, total: Int32, buffers, load, compute):
+    """The persistent loop of the register-buffered quantize kernels: visit tiles first,
+    first + step, ... below total. With one register buffer each tile is loaded, then computed;
+    with two, the next tile's loads are issued into the other buffer before the current tile is
+    computed (the loop body handles two tiles, one per buffer). ``load(frags, tile)`` issues a
+    tile's loads; ``compute(frags, tile, parity)`` uses them, parity alternating 0, 1, ... per
+    tile (for state double-buffered by tile parity, such as shared partial maxima)."""
+    tile = first
+    parity = Int32(0)
+    if cutlass.const_expr(len(buffers) == 1):
+        while tile < total:
+            load(buffers[0], tile)
+            compute(buffers[0], tile, parity)
+            parity = parity ^ 1
+            tile += step
+    else:
+        if tile < total:
+            load(buffers[0], tile)
+        while tile < total:
+            nxt = tile + step
+            if nxt < total:
+                load(buffers[1], nxt)
+            compute(buffers[0], tile, parity)
+            parity = parity ^ 1
+            tile = nxt
+            if tile < total:
+                nxt = tile + step
+                if nxt < total:
+                    load(buffers[0], nxt)
+                compute(buffers[1], tile, parity)
+                parity = parity ^ 1
+                tile = nxt
+
+
 # ------------------------------------------------------------------------------------------------
 # Per-token 1x128
 
@@ -193,32 +228,20 @@ class PerTokenQuantKernel:
         col_tiles = (mX.shape[1] + self.cols - 1) // self.cols
         tiles = ((rows + self.rows - 1) // self.rows) * col_tiles
 
-        frags_a = [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
-        tile = bidx
-        step = U * nblk
-        if cutlass.const_expr(not self.double_buffer):
-            while tile < tiles:
-                self._load_batch(mX, frags_a, tile, nblk, tiles, col_tiles, warp, j, sub)
-                self._quantize_batch(mQ, mS, frags_a, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps)
-                tile += step
-            return
-        # Two register buffers: the next batch's loads are in flight while this batch is
-        # quantised and stored (the loop body handles two batches, one per buffer).
-        frags_b = [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
-        if tile < tiles:
-            self._load_batch(mX, frags_a, tile, nblk, tiles, col_tiles, warp, j, sub)
-        while tile < tiles:
-            nxt = tile + step
-            if nxt < tiles:
-                self._load_batch(mX, frags_b, nxt, nblk, tiles, col_tiles, warp, j, sub)
-            self._quantize_batch(mQ, mS, frags_a, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps)
-            tile = nxt
-            if tile < tiles:
-                nxt = tile + step
-                if nxt < tiles:
-                    self._load_batch(mX, frags_a, nxt, nblk, tiles, col_tiles, warp, j, sub)
-                self._quantize_batch(mQ, mS, frags_b, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps)
-                tile = nxt
+        buffers = [
+            [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
+            for _ in range(2 if self.double_buffer else 1)
+        ]
+        _walk_tiles(
+            bidx,
+            U * nblk,
+            tiles,
+            buffers,
+            lambda frags, tile: self._load_batch(mX, frags, tile, nblk, tiles, col_tiles, warp, j, sub),
+            lambda frags, tile, parity: self._quantize_batch(
+                mQ, mS, frags, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps
+            ),
+        )
 
     @cute.jit
     def _load_batch(self, mX, frags, tile, nblk, tiles, col_tiles, warp, j, sub):
@@ -388,35 +411,20 @@ class PerBlockQuantKernel:
         storage = smem.allocate(self.shared_storage)
         partial = storage.partial.get_tensor(cute.make_layout((self.warps, 2)))
 
-        frags_a = [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
-        blk = bidx
-        parity = Int32(0)
-        if cutlass.const_expr(not self.double_buffer):
-            while blk < blocks:
-                self._load_block(mW, frags_a, blk, bk, row0, col_chunk, n_rows, k_cols)
-                self._quantize_block(mQ, mS, frags_a, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps)
-                parity = parity ^ 1
-                blk += nblk
-            return
-        # Two register buffers: the next block's loads are in flight while this block is reduced,
-        # quantised and stored (the loop body handles two blocks, one per buffer).
-        frags_b = [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
-        if blk < blocks:
-            self._load_block(mW, frags_a, blk, bk, row0, col_chunk, n_rows, k_cols)
-        while blk < blocks:
-            nxt = blk + nblk
-            if nxt < blocks:
-                self._load_block(mW, frags_b, nxt, bk, row0, col_chunk, n_rows, k_cols)
-            self._quantize_block(mQ, mS, frags_a, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps)
-            parity = parity ^ 1
-            blk = nxt
-            if blk < blocks:
-                nxt = blk + nblk
-                if nxt < blocks:
-                    self._load_block(mW, frags_a, nxt, bk, row0, col_chunk, n_rows, k_cols)
-                self._quantize_block(mQ, mS, frags_b, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps)
-                parity = parity ^ 1
-                blk = nxt
+        buffers = [
+            [cute.make_rmem_tensor((V,), self.in_dtype) for _ in range(self.steps)]
+            for _ in range(2 if self.double_buffer else 1)
+        ]
+        _walk_tiles(
+            bidx,
+            nblk,
+            blocks,
+            buffers,
+            lambda frags, blk: self._load_block(mW, frags, blk, bk, row0, col_chunk, n_rows, k_cols),
+            lambda frags, blk, parity: self._quantize_block(
+                mQ, mS, frags, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps
+            ),
+        )
 
     @cute.jit
     def _load_block(self, mW, frags, blk, bk, row0, col_chunk, n_rows, k_cols):
