@@ -237,14 +237,7 @@ class BlackwellFp8GemmKernel(TileOrder):
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
-        # Grid rule "persistent_clusters" (the runtime computes the same); the masked layout
-        # counts every group full (idle clusters exit at once).
-        m = c.shape[0]
-        n = c.shape[1]
-        cluster_tiles = ((m + tm * cm - 1) // (tm * cm)) * ((n + tn * cn - 1) // (tn * cn))
-        if cutlass.const_expr(self.masked):
-            cluster_tiles = cluster_tiles * c.shape[2]
-        persistent = cutlass.max(cutlass.min(cluster_tiles, max_active_clusters), 1)
+        persistent = self._persistent_clusters(c, self.masked, max_active_clusters)
 
         self.kernel(
             tma_atom_a,

@@ -358,18 +358,7 @@ class HopperGemmKernel(TileOrder):
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
-        # Grid rule "persistent_clusters" (the runtime computes the same).
-        m = c.shape[0]
-        n = c.shape[1]
-        tiles_m = (m + tm - 1) // tm
-        tiles_n = (n + tn - 1) // tn
-        cluster_tiles = ((tiles_m + cm - 1) // cm) * ((tiles_n + cn - 1) // cn)
-        if cutlass.const_expr(self.d_grouped):
-            # An upper bound without reading masked_m / group sizes (every group present); idle
-            # clusters exit.
-            cluster_tiles = cluster_tiles * c.shape[2]
-        persistent = cutlass.min(cluster_tiles, max_active_clusters)
-        persistent = cutlass.max(persistent, 1)
+        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters)
 
         self.kernel(
             tma_atom_a,

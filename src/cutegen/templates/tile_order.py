@@ -3,7 +3,7 @@ Blackwell templates: banded rasterisation, the masked layout's walk over groups 
 contiguous layout's tile-to-group lookup.
 
 A kernel class that mixes `TileOrder` in provides ``group_size``, ``raster_along_m``,
-``tile_shape_mnk`` (the CTA tile) and ``masked_tile_rows`` (rows of A one scheduled tile of the
+``tile_shape_mnk`` (the CTA tile), ``cluster_shape_mn`` and ``masked_tile_rows`` (rows of A one scheduled tile of the
 masked layout covers: the CTA tile on Hopper, the MMA tile of a CTA pair on Blackwell).
 """
 
@@ -16,6 +16,20 @@ import cutlass.cute as cute
 class TileOrder:
     """Tile-sequence helpers; every role of a kernel calls them with the same arguments, so the
     producer, the MMA issuer and the epilogue walk the same tiles without talking to each other."""
+
+    @cute.jit
+    def _persistent_clusters(self, d, grouped: bool, max_active_clusters):
+        """Clusters to launch (host side), the grid rule the runtime computes too: cluster tiles
+        of D (every group counted full when D has a group mode: masked_m and group sizes stay on
+        the GPU, and idle clusters exit at once), at most max_active_clusters, at least 1."""
+        tm, tn = self.tile_shape_mnk[0], self.tile_shape_mnk[1]
+        cm, cn = self.cluster_shape_mn
+        tiles_m = (d.shape[0] + tm - 1) // tm
+        tiles_n = (d.shape[1] + tn - 1) // tn
+        cluster_tiles = ((tiles_m + cm - 1) // cm) * ((tiles_n + cn - 1) // cn)
+        if cutlass.const_expr(grouped):
+            cluster_tiles = cluster_tiles * d.shape[2]
+        return cutlass.max(cutlass.min(cluster_tiles, max_active_clusters), 1)
 
     @cute.jit
     def _cluster_tile_coord(self, t, ct_m, ct_n):
