@@ -186,7 +186,8 @@ F32_EPILOGUE_STAGES = 3
 # K blocks ahead of the warps that promote them.
 SM100_TMEM_COLUMNS = 512
 SM100_MAX_ACCUMULATOR_STAGES = 4
-# Blackwell epilogue: 128-row x 32-column sub-tiles (one per TMEM lane and thread), two in flight.
+# Blackwell epilogue: 128-row sub-tiles (one row per TMEM lane and thread), two in flight; the
+# update warps load the accumulator from tensor memory in chunks of one sub-tile's columns.
 SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
@@ -292,11 +293,12 @@ class Schedule:
             if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
                 return self.tile_m * self.tile_n * self.a_dtype.bytes
             return 0
-        ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes)
+        # A Blackwell CTA pair loads half of B in each CTA.
+        b_rows = self.tile_n // self.mma_ctas
+        ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + b_rows * self.b_dtype.bytes)
         if self.arch == Arch.SM100A:
-            # A CTA pair loads half of B each. The accumulator-update warps read the scales
-            # from global memory, so stages hold A and B only.
-            return self.tile_k * (self.tile_m * self.a_dtype.bytes + self.tile_n * self.b_dtype.bytes // self.mma_ctas)
+            # The accumulator-update warps read the scales from global memory: stages hold A, B.
+            return ab
         scales = 4 * scale_stage_elems(self.tile_m) if self.block_scaled else 0
         if self.op.scales_b_per_row:
             scales += 4 * scale_stage_elems(self.tile_n)
@@ -310,7 +312,7 @@ class Schedule:
         en = 32 if self.tile_n % 32 == 0 and self.c_dtype.bytes <= 2 else 16
         if self.arch == Arch.SM100A:
             # One thread per TMEM lane: the sub-tile spans all the CTA's rows.
-            return (self.tile_m, min(self.tile_n, SM100_EPILOGUE_COLUMNS if en == 32 else 16))
+            return (self.tile_m, min(self.tile_n, en))
         return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, en))
 
     @property
