@@ -126,11 +126,12 @@ def choose_kernel(op: str, m: int, n: int, k: int, device: int = 0, scale: str |
     return name
 
 
-def explain(op: str, m: int, n: int, k: int, device: int = 0) -> list[heuristics.Score]:
-    """The heuristic's scored table for this problem on this GPU, best first."""
+def explain(op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None) -> list[heuristics.Score]:
+    """The heuristic's scored table for this problem on this GPU, best first: the candidates
+    `choose_kernel` weighs with the same ``scale``."""
     info = driver.device_info(device)
     return heuristics.explain(
-        op, _candidates(op, device), m, n, k, info.sm_count, build_dir=catalogue().build_dir
+        op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir
     )
 
 
