@@ -397,7 +397,7 @@ def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench, "environment", lambda: dict(ENV, command=None))
     monkeypatch.setattr(runtime_ops, "runnable_kernels", lambda op, device=0: [])
-    monkeypatch.setattr(bench_quant, "bench_quant", lambda: quant)
+    monkeypatch.setattr(bench_quant, "bench_quant", lambda every_kernel=False: quant)
     cmd = f"cutegen bench --op quantize --report {tmp_path}"
     assert bench.main(ops=("quantize",), report_dir=str(tmp_path), command=cmd) == 0
     stem = "2026-12-03-nvidia-h200"

@@ -501,7 +501,7 @@ def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
 
 
 def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: str | None = None,
-         command: str | None = None) -> int:
+         command: str | None = None, every_kernel: bool = False) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -551,7 +551,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         except ImportError:
             bench_quant = None
         if bench_quant is not None:
-            quant = bench_quant.bench_quant()
+            quant = bench_quant.bench_quant(every_kernel=every_kernel)
             print(bench_quant.render(quant, env))
             results["quantize"] = quant
     if report_dir:

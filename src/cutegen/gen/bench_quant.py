@@ -70,13 +70,25 @@ def _row(op: str, case: str, impl: str, us: float | None, nbytes: int, note: str
     }
 
 
-def bench_quant(reps: int = 20, compile_grouped: bool = True) -> dict[str, Any]:
+def _other_kernels(op: str, chosen: str, scale_format: str, device: int) -> list[str]:
+    """The runnable bf16-input kernels of `op` taking `scale_format` scales, but the one the
+    runtime chooses."""
+    from cutegen.runtime import ops, quant_ops
+
+    return sorted(
+        m.name for m in ops._candidates(op, device, quant_ops.SCHEDULE_SCALE[scale_format])
+        if m.name != chosen and m.schedule.get("a_dtype") == "bf16"
+    )
+
+
+def bench_quant(reps: int = 20, compile_grouped: bool = True, every_kernel: bool = False) -> dict[str, Any]:
     """Run every quantize case; returns ``{"rows": [...], "copy_gbs": ...}`` (see `render`).
 
     Each op is timed beside eager torch and ``torch.compile`` of its reference; a compile that
     fails is reported with its error. ``compile_grouped=False`` skips compiling the grouped
     reference (a Python loop over the groups: the slowest to compile, and it failed in the
-    anchor measurement).
+    anchor measurement). ``every_kernel=True`` adds a row for every other runnable kernel of each
+    cutegen case, forced by name (to compare schedules in one run).
     """
     import torch
 
@@ -98,6 +110,10 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True) -> dict[str, Any]:
         us = _time(lambda: quant_ops.per_token_quant_fp8(x, scale_format=fmt, scale_layout=layout, out=q, out_scales=s), reps)
         name = quant_ops.choose_quant_kernel(quant_ops.OP_PER_TOKEN, "bf16", fmt, x.device.index or 0)
         rows.append(_row("per_token_quant_fp8", case, f"cutegen ({fmt}, {layout})", us, nbytes, kernel=name))
+        for other in _other_kernels(quant_ops.OP_PER_TOKEN, name, fmt, x.device.index or 0) if every_kernel else ():
+            us = _time(lambda: quant_ops.per_token_quant_fp8(
+                x, scale_format=fmt, scale_layout=layout, out=q, out_scales=s, kernel=other), reps)
+            rows.append(_row("per_token_quant_fp8", case, f"forced ({fmt}, {layout})", us, nbytes, kernel=other))
         del q, s
     us, note = _try_time(lambda: ref.per_token_quant_fp8_ref(x, scale_layout="mn-major-tma-aligned"), reps)
     rows.append(_row("per_token_quant_fp8", case, "eager torch (reference)", us, nbytes, note))
@@ -122,6 +138,10 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True) -> dict[str, Any]:
         moved = t_tokens * h * 2 + q.numel() + s.numel() * 4
         rows.append(_row("grouped_transposed_quant_fp8", case, f"cutegen ({label}, S={s.shape[0]})", us, moved,
                          kernel=name))
+        for other in _other_kernels(quant_ops.OP_GROUPED, name, "fp32", x.device.index or 0) if every_kernel else ():
+            us = _time(lambda: quant_ops.grouped_transposed_quant_fp8(x, gs, out=q, out_scales=s, kernel=other), reps)
+            rows.append(_row("grouped_transposed_quant_fp8", case, f"forced ({label}, S={s.shape[0]})", us, moved,
+                             kernel=other))
         del q, s
     us, note = _try_time(lambda: ref.grouped_transposed_quant_fp8_ref(x, list(MOE_GROUPS)), max(3, reps // 4))
     rows.append(_row("grouped_transposed_quant_fp8", case, "eager torch loop (reference)", us, nbytes, note))
@@ -142,6 +162,9 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True) -> dict[str, Any]:
     us = _time(lambda: quant_ops.per_block_quant_fp8(w, out=q, out_scales=s), reps)
     name = quant_ops.choose_quant_kernel(quant_ops.OP_PER_BLOCK, "bf16", "fp32", w.device.index or 0)
     rows.append(_row("per_block_quant_fp8", case, "cutegen", us, nbytes, kernel=name))
+    for other in _other_kernels(quant_ops.OP_PER_BLOCK, name, "fp32", w.device.index or 0) if every_kernel else ():
+        us = _time(lambda: quant_ops.per_block_quant_fp8(w, out=q, out_scales=s, kernel=other), reps)
+        rows.append(_row("per_block_quant_fp8", case, "forced", us, nbytes, kernel=other))
     us, note = _try_time(lambda: ref.per_block_quant_fp8_ref(w), reps)
     rows.append(_row("per_block_quant_fp8", case, "eager torch (reference)", us, nbytes, note))
     compiled = torch.compile(ref.per_block_quant_fp8_ref)

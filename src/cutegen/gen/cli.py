@@ -667,9 +667,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = " ".join([
         f"{PROG} bench", *(f"--op {o}" for o in args.op or ()),
         *(["--json-out", args.json_out] if args.json_out else []), *(["--report", report_dir] if report_dir else []),
+        *(["--every-kernel"] if args.every_kernel else []),
     ])
     ops = tuple(args.op) if args.op else OPS
-    return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command)
+    return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command,
+                      every_kernel=args.every_kernel)
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -799,6 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bn.add_argument("--report", metavar="DIR",
                     help="also write the Markdown report with plots into DIR (as `cutegen report`; needs matplotlib)")
+    bn.add_argument("--every-kernel", action="store_true",
+                    help="quantize: also time every other runnable kernel of each case, forced by name")
     bn.set_defaults(func=cmd_bench)
 
     rp = sub.add_parser(

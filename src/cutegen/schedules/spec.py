@@ -352,12 +352,15 @@ class Schedule:
     def quant_smem_bytes(self) -> int:
         """Shared memory of a quantize kernel: the grouped transposed kernel's prefix sums
         (2 x (QUANT_MAX_GROUPS + 1) int32, padded to 128 bytes) and `stages` tile buffers; the
-        per-block kernel's 2 x warps partial maxima; none for per-token."""
+        per-block kernel's 2 x warps partial maxima; the per-token kernel's fp32 scales of a
+        batch by parity (2 x stages x rows x groups per tile; none with UE8M0 scales)."""
         if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
             prefix = -(-2 * 4 * (QUANT_MAX_GROUPS + 1) // 128) * 128
             return prefix + self.stages * self.stage_bytes
         if self.op == Op.PER_BLOCK_QUANT_FP8:
             return 2 * 4 * self.threads_per_cta // 32
+        if self.op == Op.PER_TOKEN_QUANT_FP8 and self.scale == ScaleFormat.F32:
+            return 2 * 4 * self.stages * self.tile_m * (self.tile_n // QUANT_GROUP)
         return 0
 
     @property

@@ -27,6 +27,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from cutegen.templates.dtypes import cute_dtype
@@ -40,6 +42,7 @@ from cutegen.schedules.spec import (
 
 E4M3_MAX = 448.0
 ABS_MASK = 0x7FFFFFFF
+ABS_MASK_16X2 = 0x7FFF7FFF  # |x| of both 16-bit floats (bf16 or f16) of a word
 INF_BITS = 0x7F800000  # |x| bits at or above this: +Inf or NaN
 NAN_BITS = 0x7FC00000  # the canonical NaN the kernels store as a scale
 EXP_MASK = 0x7F800000
@@ -47,10 +50,10 @@ MANT_MASK = 0x007FFFFF
 E4M3_NAN_WORD = 0x7F7F7F7F  # four e4m3 NaN bytes
 WARP = 32
 # Co-resident CTAs per SM each kernel is compiled for (.minnctapersm caps the registers at
-# 65536 / (CTAs x 256 threads)): per-token 4 (64 registers), or 3 (85) when 16-bit inputs
-# double-buffer their batch (64 would spill), grouped 3 (85; 4 would spill), per-block 2 (128: a
-# whole 128x128 block lives in registers, twice for 16-bit inputs).
-MIN_CTAS_PER_SM = {"per_token": 4, "per_token_double_buffer": 3, "grouped": 3, "per_block": 2}
+# 65536 / (CTAs x 256 threads)): per-token 4 (64 registers) with one tile per batch, 3 (85) with
+# more (64 would spill), grouped 3 (85; 4 would spill),
+# per-block 2 (128: a whole 128x128 block lives in registers, twice for 16-bit inputs).
+MIN_CTAS_PER_SM = {"per_token": 4, "per_token_wide": 3, "grouped": 3, "per_block": 2}
 # `preferred_smem_carveout` keeps the DSL from querying a GPU for its shared memory per SM when
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
@@ -77,6 +80,21 @@ def _scale_from_amax(amax_bits: Int32, eps: Float32, ue8m0: cutlass.Constexpr[bo
         s = ((bits + MANT_MASK) & EXP_MASK).bitcast(Float32)
     nan = Int32(NAN_BITS).bitcast(Float32)
     return nan if amax_bits >= INF_BITS else s
+
+
+@dsl_user_op
+def _max_u16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """Per-halfword unsigned maximum of two words (``max.u16x2``, sm_90)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
+            "max.u16x2 $0, $1, $2;",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+        )
+    )
 
 
 @cute.jit
@@ -107,38 +125,56 @@ def _ue8m0_byte(s: Float32) -> Int32:
 
 
 @cute.jit
-def _walk_tiles(first: Int32, step: Int32, total: Int32, buffers, load, compute):
+def _advance(r: Int32, c: Int32, step_r: Int32, step_c: Int32, cols: Int32):
+    """The (row, column) cursor of tile ``r * cols + c + step`` given ``divmod(step, cols)`` =
+    (step_r, step_c) and c < cols: an add with a carry instead of a division per tile."""
+    r = r + step_r
+    c = c + step_c
+    if c >= cols:
+        c = c - cols
+        r = r + 1
+    return r, c
+
+
+@cute.jit
+def _walk_tiles(first: Int32, step: Int32, cols: Int32, rows: Int32, buffers, load, compute):
     """The persistent loop of the register-buffered quantize kernels: visit tiles first,
-    first + step, ... below total. With one register buffer each tile is loaded, then computed;
-    with two, the next tile's loads are issued into the other buffer before the current tile is
-    computed (the loop body handles two tiles, one per buffer). ``load(frags, tile)`` issues a
-    tile's loads; ``compute(frags, tile, parity)`` uses them, parity alternating 0, 1, ... per
-    tile (for state double-buffered by tile parity, such as shared partial maxima)."""
-    tile = first
+    first + step, ... of a rows x cols grid of tiles, each as its (row, column) cursor. With one
+    register buffer each tile is loaded, then computed; with two, the next tile's loads are
+    issued into the other buffer before the current tile is computed (the loop body handles two
+    tiles, one per buffer). ``load(frags, r, c)`` issues a tile's loads; ``compute(frags, r, c,
+    parity)`` uses them, parity alternating 0, 1, ... per tile (for state double-buffered by tile
+    parity, such as shared partial maxima)."""
+    step_r = step // cols
+    step_c = step - step_r * cols
+    r = first // cols
+    c = first - r * cols
     parity = Int32(0)
     if cutlass.const_expr(len(buffers) == 1):
-        while tile < total:
-            load(buffers[0], tile)
-            compute(buffers[0], tile, parity)
+        while r < rows:
+            load(buffers[0], r, c)
+            compute(buffers[0], r, c, parity)
             parity = parity ^ 1
-            tile += step
+            r, c = _advance(r, c, step_r, step_c, cols)
     else:
-        if tile < total:
-            load(buffers[0], tile)
-        while tile < total:
-            nxt = tile + step
-            if nxt < total:
-                load(buffers[1], nxt)
-            compute(buffers[0], tile, parity)
+        if r < rows:
+            load(buffers[0], r, c)
+        while r < rows:
+            r_n, c_n = _advance(r, c, step_r, step_c, cols)
+            if r_n < rows:
+                load(buffers[1], r_n, c_n)
+            compute(buffers[0], r, c, parity)
             parity = parity ^ 1
-            tile = nxt
-            if tile < total:
-                nxt = tile + step
-                if nxt < total:
-                    load(buffers[0], nxt)
-                compute(buffers[1], tile, parity)
+            r = r_n
+            c = c_n
+            if r < rows:
+                r_n, c_n = _advance(r, c, step_r, step_c, cols)
+                if r_n < rows:
+                    load(buffers[0], r_n, c_n)
+                compute(buffers[1], r, c, parity)
                 parity = parity ^ 1
-                tile = nxt
+                r = r_n
+                c = c_n
 
 
 # ------------------------------------------------------------------------------------------------
@@ -149,28 +185,39 @@ class PerTokenQuantKernel:
     """Per-token (1x128 along K) FP8 quantize: x [M, K] -> q [M, K] e4m3 and one scale per group.
 
     Threads: ``128 * math_warpgroups`` (256), no warp specialisation: every warp does the same
-    work. A CTA tile is ``tile_m`` rows (one per warp) x ``tile_n`` = 512 columns (4 groups):
-    lane ``l`` of warp ``w`` owns row ``w`` and the 16 contiguous elements starting at column
-    ``128*(l//8) + 16*(l%8)``, so one warp reads 512 contiguous elements of one row with 128-bit
-    loads and the 8 lanes of a group are 8 consecutive lanes.
+    work. A CTA tile is ``tile_m`` rows (one per warp) x ``tile_n`` = 512 columns (4 groups). A
+    thread holds 16 elements of its warp's row as P 16-byte pieces (V = 8 elements for 16-bit
+    inputs, P = 2; V = 4 for fp32, P = 4): piece h of lane ``l`` is columns
+    ``32*V*h + V*l .. +V``, so every load and store instruction of a warp covers 32*V contiguous
+    elements, and a group's ``128/V`` lanes (16 or 32) are consecutive.
 
-    Per thread and tile: 16 elements are loaded (2 x 128-bit for 16-bit inputs, 4 for fp32),
-    converted to fp32, their |x| bit-maximum is reduced over the group's 8 lanes with three
-    xor-shuffles, the scale is computed, the 16 values are converted with
-    ``cvt.rn.satfinite.e4m3x2.f32`` and written with one 128-bit store. ``stages`` tiles are
-    loaded before the first is computed, so each thread has ``2*stages`` (16-bit input) or
-    ``4*stages`` (fp32) loads in flight; for 16-bit inputs two register buffers alternate, so the
-    next batch's loads are in flight while a batch is quantised and stored.
+    Per thread and tile: the P pieces are loaded with 128-bit loads (zeros past the rows or K;
+    K is a multiple of 16, so a piece is all in or all out); each piece's |x| bit-maximum is
+    taken (bf16: on the packed pairs with ``max.u16x2``) and reduced over the group's lanes with
+    xor-shuffles (bf16: both pieces' maxima in one word, 4 shuffles); the scale is computed; the
+    values are converted to fp32, multiplied by ``1/s`` and converted with
+    ``cvt.rn.satfinite.e4m3x2.f32``; each piece's V bytes are one store. ``stages`` tiles are
+    loaded before the first is computed; for 16-bit inputs two register buffers alternate, so the
+    next batch's loads are in flight while a batch is quantised and stored. Tiles are walked as
+    (row, column) cursors advanced with a carry (no division per tile).
 
-    Scales are written through the scale tensor's run-time strides, so one kernel serves the
-    K-major layout ``[M, G]`` (strides ``(G, 1)``) and DeepGEMM's MN-major TMA-aligned layout
-    (strides ``(1, align(M, 4))``). The scale tensor's row count ``SM`` may exceed ``M``
-    (the padding rows of the aligned layout): those rows are written with 0 (fp32 0.0, UE8M0
-    byte 0). UE8M0 scales are packed four exponent bytes per int32 (byte ``j`` of word
-    ``(m, k)`` is group ``4k + j``; bytes of groups past ``ceil(K/128)`` are 0): lane 0 of each
-    warp gathers the four group bytes of its row with three shuffles and writes the word.
+    fp32 scales go through shared memory: the first lane of each group writes its scale to a
+    [group, row, tile, parity] buffer, one ``bar.sync`` per batch, then the first 32 threads
+    store the batch's ``rows x 4`` scales with consecutive threads on consecutive addresses
+    (consecutive rows for the MN-major layout, detected by its row stride 1; consecutive groups
+    for K-major), instead of every warp writing 4 scattered words. The buffer alternates with the
+    batch parity, so that one barrier suffices: a warp rewrites parity p only after every thread
+    passed the next batch's barrier. Scales are written through the scale tensor's run-time
+    strides, so one kernel serves the K-major layout ``[M, G]`` (strides ``(G, 1)``) and
+    DeepGEMM's MN-major TMA-aligned layout (strides ``(1, align(M, 4))``). The scale tensor's row
+    count ``SM`` may exceed ``M`` (the padding rows of the aligned layout): those rows are
+    written with 0 (fp32 0.0, UE8M0 byte 0). UE8M0 scales are packed four exponent bytes per
+    int32 (byte ``j`` of word ``(m, k)`` is group ``4k + j``; bytes of groups past
+    ``ceil(K/128)`` are 0): lane 0 of each warp gathers the tile's four group bytes with shuffles
+    and writes its row's word (no shared memory, no barrier).
 
-    Shared memory: none. Barriers: none (warp shuffles only).
+    Shared memory: the fp32 scale buffer, ``2 * stages * rows * 4`` words. Barriers: one
+    ``bar.sync`` per batch for fp32 scales; none for UE8M0.
     """
 
     def __init__(self, schedule: Schedule):
@@ -183,8 +230,12 @@ class PerTokenQuantKernel:
         self.rows = s.tile_m  # rows per tile = warps
         self.cols = s.tile_n  # 512 = 4 groups
         self.stages = s.stages
-        self.elems = 16  # per thread and tile
-        self.lanes_per_group = QUANT_GROUP // self.elems  # 8
+        self.vec = VEC_BYTES // s.a_dtype.bytes  # elements per 16-byte piece: 8 or 4 (fp32)
+        self.piece_cols = WARP * self.vec  # columns of one warp-wide piece: 256 or 128
+        self.pieces = self.cols // self.piece_cols  # pieces per thread and tile: 2 or 4
+        self.elems = self.pieces * self.vec  # 16 per thread and tile
+        self.lanes_per_group = QUANT_GROUP // self.vec  # 16 or 32
+        self.groups_per_piece = self.piece_cols // QUANT_GROUP  # 2 or 1
         self.groups_per_tile = self.cols // QUANT_GROUP  # 4
         # 16-bit inputs double-buffer the batch in registers (fp32 inputs, twice the registers,
         # keep one buffer).
@@ -201,6 +252,16 @@ class PerTokenQuantKernel:
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
+        self.smem_bytes = 0
+        if cutlass.const_expr(not self.ue8m0):
+
+            @cute.struct
+            class SharedStorage:
+                # fp32 scales of a batch's tiles, by batch parity: [group, row, tile, parity]
+                scales: cute.struct.MemRange[Float32, 2 * self.stages * self.rows * self.groups_per_tile]
+
+            self.shared_storage = SharedStorage
+            self.smem_bytes = SharedStorage.size_in_bytes()
         # Grid rule "blocks": min(ceil_div(max(M, SM), tile_m) * ceil_div(K, tile_n), max_active_clusters).
         rows = cutlass.max(x.shape[0], sf.shape[0])
         tiles = ((rows + self.rows - 1) // self.rows) * ((x.shape[1] + self.cols - 1) // self.cols)
@@ -208,7 +269,8 @@ class PerTokenQuantKernel:
         self.kernel(x, q, sf, eps).launch(
             grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
-            min_blocks_per_mp=MIN_CTAS_PER_SM["per_token_double_buffer" if self.double_buffer and self.stages > 1 else "per_token"],
+            smem=self.smem_bytes,
+            min_blocks_per_mp=MIN_CTAS_PER_SM["per_token" if self.stages == 1 else "per_token_wide"],
             preferred_smem_carveout=SMEM_CARVEOUT_PERCENT,
             stream=stream,
         )
@@ -222,11 +284,20 @@ class PerTokenQuantKernel:
         nblk, _, _ = cute.arch.grid_dim()
         warp = tidx // WARP
         lane = tidx % WARP
-        j = lane // self.lanes_per_group  # group of the tile
-        sub = lane % self.lanes_per_group  # 16-element chunk of the group
         rows = cutlass.max(mX.shape[0], mS.shape[0])
         col_tiles = (mX.shape[1] + self.cols - 1) // self.cols
-        tiles = ((rows + self.rows - 1) // self.rows) * col_tiles
+        row_tiles = (rows + self.rows - 1) // self.rows
+        # The cursor step between the tiles of one batch: divmod(grid, col_tiles).
+        step_r = nblk // col_tiles
+        step_c = nblk - step_r * col_tiles
+
+        sS = None
+        if cutlass.const_expr(not self.ue8m0):
+            smem = SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+            sS = storage.scales.get_tensor(cute.make_layout((self.groups_per_tile, self.rows, U, 2)))
+        # MN-major scales (row stride 1): consecutive threads store consecutive rows.
+        mn_major = mS.stride[0] == 1
 
         buffers = [
             [cute.make_rmem_tensor((E,), self.in_dtype) for _ in range(U)]
@@ -235,83 +306,159 @@ class PerTokenQuantKernel:
         _walk_tiles(
             bidx,
             U * nblk,
-            tiles,
+            col_tiles,
+            row_tiles,
             buffers,
-            lambda frags, tile: self._load_batch(mX, frags, tile, nblk, tiles, col_tiles, warp, j, sub),
-            lambda frags, tile, parity: self._quantize_batch(
-                mQ, mS, frags, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps
+            lambda frags, rt, ct: self._load_batch(mX, frags, rt, ct, step_r, step_c, col_tiles, row_tiles, warp, lane),
+            lambda frags, rt, ct, parity: self._quantize_batch(
+                mQ, mS, sS, mn_major, frags, rt, ct, parity, step_r, step_c, col_tiles, row_tiles, tidx, warp, lane, eps
             ),
         )
 
     @cute.jit
-    def _load_batch(self, mX, frags, tile, nblk, tiles, col_tiles, warp, j, sub):
-        """Issue this thread's loads of the batch's `stages` tiles tile, tile + P, ... (zeros
-        past the rows, the columns or the last tile)."""
-        E = self.elems
+    def _load_batch(self, mX, frags, rt, ct, step_r, step_c, col_tiles, row_tiles, warp, lane):
+        """Issue this thread's loads of the batch's `stages` tiles, the first at cursor (rt, ct)
+        and each next one a grid further (zeros past the rows, the columns or the last tile)."""
+        V = self.vec
         m_rows = mX.shape[0]
         k_cols = mX.shape[1]
-        chunks_per_tile = self.cols // E
         for u in cutlass.range_constexpr(self.stages):
-            t = tile + u * nblk
-            r = (t // col_tiles) * self.rows + warp
-            chunk = (t % col_tiles) * chunks_per_tile + j * self.lanes_per_group + sub
-            if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
-                src = cute.local_tile(mX, (1, E), (r, chunk))
-                cute.autovec_copy(src[0, None], frags[u])
-            else:
-                frags[u].fill(0)
+            if cutlass.const_expr(u > 0):
+                rt, ct = _advance(rt, ct, step_r, step_c, col_tiles)
+            r = rt * self.rows + warp
+            row_ok = (rt < row_tiles) & (r < m_rows)
+            for h in cutlass.range_constexpr(self.pieces):
+                col = ct * self.cols + h * self.piece_cols + lane * V
+                part = cute.local_tile(frags[u], (V,), (h,))
+                if row_ok & (col < k_cols):
+                    src = cute.local_tile(mX, (1, V), (r, col // V))
+                    cute.autovec_copy(src[0, None], part)
+                else:
+                    part.fill(0)
 
     @cute.jit
-    def _quantize_batch(self, mQ, mS, frags, tile, nblk, tiles, col_tiles, warp, lane, j, sub, eps):
+    def _piece_amax_bits(self, frag, h):
+        """|x| bit-maximum of this thread's piece h: for 16-bit inputs the 16-bit pattern (low
+        half; taken on the packed pairs with ``max.u16x2``), for fp32 the fp32 pattern."""
+        V = self.vec
+        part = cute.local_tile(frag, (V,), (h,))
+        amax = Int32(0)
+        if cutlass.const_expr(self.vec == 8):
+            pairs = cute.recast_tensor(part, Int32)
+            amax2 = Int32(0)
+            for w in cutlass.range_constexpr(V // 2):
+                amax2 = _max_u16x2(amax2, pairs[w] & ABS_MASK_16X2)
+            amax = cutlass.max(amax2 >> 16, amax2 & 0xFFFF)
+        else:
+            xf = part.load().to(Float32)
+            for i in cutlass.range_constexpr(V):
+                amax = _abs_bits_max(amax, xf[i])
+        return amax
+
+    @cute.jit
+    def _group_amaxes(self, frag):
+        """The fp32 |x| bit-maximum of each piece's group, reduced over the group's lanes."""
+        P = self.pieces
+        lpg = self.lanes_per_group
+        amaxes = [self._piece_amax_bits(frag, h) for h in range(P)]
+        if cutlass.const_expr(self.vec == 8):
+            # 16-bit inputs (P = 2): both pieces' patterns in one word, one shuffle per step.
+            packed = amaxes[0] | (amaxes[1] << 16)
+            for k in cutlass.range_constexpr(lpg.bit_length() - 1):
+                packed = _max_u16x2(packed, cute.arch.shuffle_sync_bfly(packed, offset=1 << k))
+            if cutlass.const_expr(self.in_dtype == cutlass.BFloat16):
+                amaxes = [packed << 16, packed & Int32(-65536)]  # bf16 bits: fp32's top half
+            else:
+                # |x| patterns of f16 order like their values; convert the two maxima exactly.
+                pair = cute.make_rmem_tensor((2,), self.in_dtype)
+                cute.recast_tensor(pair, Int32)[0] = packed
+                wide = pair.load().to(Float32)
+                amaxes = [wide[0].bitcast(Int32), wide[1].bitcast(Int32)]
+        else:
+            amaxes = [
+                cute.arch.warp_reduction(a, lambda x, y: cutlass.max(x, y), threads_in_group=lpg)
+                for a in amaxes
+            ]
+        return amaxes
+
+    @cute.jit
+    def _quantize_batch(self, mQ, mS, sS, mn_major, frags, rt, ct, parity, step_r, step_c, col_tiles, row_tiles, tidx, warp, lane, eps):
         """Quantise and store the batch's tiles and their scales."""
-        E = self.elems
-        U = self.stages
+        V = self.vec
+        P = self.pieces
+        lpg = self.lanes_per_group
         m_rows = mQ.shape[0]
         k_cols = mQ.shape[1]
         s_rows = mS.shape[0]
         s_cols = mS.shape[1]
-        chunks_per_tile = self.cols // E
-        for u in cutlass.range_constexpr(U):
-            t = tile + u * nblk
-            ct = t % col_tiles
-            r = (t // col_tiles) * self.rows + warp
-            chunk = ct * chunks_per_tile + j * self.lanes_per_group + sub
-            xf = frags[u].load().to(Float32)
-            amax = Int32(0)
-            for i in cutlass.range_constexpr(E):
-                amax = _abs_bits_max(amax, xf[i])
-            amax = cute.arch.warp_reduction(
-                amax, lambda a, b: cutlass.max(a, b), threads_in_group=self.lanes_per_group
-            )
-            s = _scale_from_amax(amax, eps, self.ue8m0)
-            inv = Float32(1.0) / s
-            qf = cute.make_rmem_tensor((E,), cutlass.Float8E4M3FN)
-            _quantize_vec(xf, inv, qf)
-            words = cute.recast_tensor(qf, Int32)
-            if amax >= INF_BITS:
-                for w in cutlass.range_constexpr(E // 4):
-                    words[w] = Int32(E4M3_NAN_WORD)
-            if (t < tiles) & (r < m_rows) & (chunk * E < k_cols):
-                dst = cute.local_tile(mQ, (1, E), (r, chunk))
-                cute.autovec_copy(qf, dst[0, None])
-            g = ct * self.groups_per_tile + j
-            real = (r < m_rows) & (g * QUANT_GROUP < k_cols)
+        rt0 = rt
+        ct0 = ct
+        for u in cutlass.range_constexpr(self.stages):
+            if cutlass.const_expr(u > 0):
+                rt, ct = _advance(rt, ct, step_r, step_c, col_tiles)
+            t_ok = rt < row_tiles
+            r = rt * self.rows + warp
+            amaxes = self._group_amaxes(frags[u])
+            scales = []
+            for h in cutlass.range_constexpr(P):
+                amax = amaxes[h]
+                sc = _scale_from_amax(amax, eps, self.ue8m0)
+                scales.append(sc)
+                xp = cute.local_tile(frags[u], (V,), (h,)).load().to(Float32)
+                qp = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
+                _quantize_vec(xp, Float32(1.0) / sc, qp)
+                if amax >= INF_BITS:
+                    qw = cute.recast_tensor(qp, Int32)
+                    for w in cutlass.range_constexpr(V // 4):
+                        qw[w] = Int32(E4M3_NAN_WORD)
+                col = ct * self.cols + h * self.piece_cols + lane * V
+                if t_ok & (r < m_rows) & (col < k_cols):
+                    dst = cute.local_tile(mQ, (1, V), (r, col // V))
+                    cute.autovec_copy(qp, dst[0, None])
+            # Scales: group g = 4 ct + gpp h + lane // lpg of piece h.
             if cutlass.const_expr(self.ue8m0):
-                byte = Int32(0)
-                if real:
-                    byte = _ue8m0_byte(s)
-                b1 = cute.arch.shuffle_sync(byte, offset=1 * self.lanes_per_group)
-                b2 = cute.arch.shuffle_sync(byte, offset=2 * self.lanes_per_group)
-                b3 = cute.arch.shuffle_sync(byte, offset=3 * self.lanes_per_group)
-                word = byte | (b1 << 8) | (b2 << 16) | (b3 << 24)
-                if (t < tiles) & (lane == 0) & (r < s_rows) & (ct < s_cols):
+                # Lane 0 gathers the tile's four group bytes into the row's word ct.
+                word = Int32(0)
+                for jg in cutlass.range_constexpr(self.groups_per_tile):
+                    h = jg // self.groups_per_piece
+                    g = ct * self.groups_per_tile + jg
+                    byte = Int32(0)
+                    if (r < m_rows) & (g * QUANT_GROUP < k_cols):
+                        byte = _ue8m0_byte(scales[h])
+                    word = word | (cute.arch.shuffle_sync(byte, offset=(jg % self.groups_per_piece) * lpg) << (8 * jg))
+                if t_ok & (lane == 0) & (r < s_rows) & (ct < s_cols):
                     mS[r, ct] = word
             else:
-                value = Float32(0.0)
-                if real:
-                    value = s
-                if (t < tiles) & (sub == 0) & (r < s_rows) & (g < s_cols):
-                    mS[r, g] = value
+                # To shared memory first: the tile's rows x groups scales then leave in one
+                # coalesced store per CTA (a warp alone would write 4 scattered words).
+                for h in cutlass.range_constexpr(P):
+                    jg = h * self.groups_per_piece + lane // lpg
+                    g = ct * self.groups_per_tile + jg
+                    value = Float32(0.0)
+                    if (r < m_rows) & (g * QUANT_GROUP < k_cols):
+                        value = scales[h]
+                    if lane % lpg == 0:
+                        sS[jg, warp, u, parity] = value
+        if cutlass.const_expr(not self.ue8m0):
+            # Buffers alternate by tile parity, so one barrier per batch suffices: a warp
+            # rewrites parity p only after every thread passed the next batch's barrier.
+            cute.arch.sync_threads()
+            n_scales = self.rows * self.groups_per_tile
+            if tidx < n_scales:
+                row = tidx // self.groups_per_tile
+                jg = tidx % self.groups_per_tile
+                if mn_major:
+                    row = tidx % self.rows
+                    jg = tidx // self.rows
+                rt = rt0
+                ct = ct0
+                for u in cutlass.range_constexpr(self.stages):
+                    if cutlass.const_expr(u > 0):
+                        rt, ct = _advance(rt, ct, step_r, step_c, col_tiles)
+                    r = rt * self.rows + row
+                    g = ct * self.groups_per_tile + jg
+                    if (rt < row_tiles) & (r < s_rows) & (g < s_cols):
+                        mS[r, g] = sS[jg, row, u, parity]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -405,7 +552,7 @@ class PerBlockQuantKernel:
         n_rows = mW.shape[0]
         k_cols = mW.shape[1]
         bk = (k_cols + self.block_k - 1) // self.block_k
-        blocks = ((n_rows + self.block_m - 1) // self.block_m) * bk
+        bn = (n_rows + self.block_m - 1) // self.block_m
 
         smem = SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -418,20 +565,19 @@ class PerBlockQuantKernel:
         _walk_tiles(
             bidx,
             nblk,
-            blocks,
+            bk,
+            bn,
             buffers,
-            lambda frags, blk: self._load_block(mW, frags, blk, bk, row0, col_chunk, n_rows, k_cols),
-            lambda frags, blk, parity: self._quantize_block(
-                mQ, mS, frags, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps
+            lambda frags, br, bc: self._load_block(mW, frags, br, bc, row0, col_chunk, n_rows, k_cols),
+            lambda frags, br, bc, parity: self._quantize_block(
+                mQ, mS, frags, partial, parity, br, bc, row0, col_chunk, n_rows, k_cols, eps
             ),
         )
 
     @cute.jit
-    def _load_block(self, mW, frags, blk, bk, row0, col_chunk, n_rows, k_cols):
-        """Issue this thread's 128-bit loads of block `blk` (zeros past N and K)."""
+    def _load_block(self, mW, frags, br, bc, row0, col_chunk, n_rows, k_cols):
+        """Issue this thread's 128-bit loads of block (br, bc) (zeros past N and K)."""
         V = self.vec
-        br = blk // bk
-        bc = blk % bk
         chunk = bc * (self.block_k // V) + col_chunk
         col_ok = chunk * V < k_cols
         for i in cutlass.range_constexpr(self.steps):
@@ -443,14 +589,12 @@ class PerBlockQuantKernel:
                 frags[i].fill(0)
 
     @cute.jit
-    def _quantize_block(self, mQ, mS, frags, partial, parity, blk, bk, row0, col_chunk, n_rows, k_cols, eps):
-        """Reduce block `blk`'s |x| maximum over the CTA, then quantise and store it and its scale."""
+    def _quantize_block(self, mQ, mS, frags, partial, parity, br, bc, row0, col_chunk, n_rows, k_cols, eps):
+        """Reduce block (br, bc)'s |x| maximum over the CTA, then quantise and store it and its scale."""
         V = self.vec
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // WARP
         lane = tidx % WARP
-        br = blk // bk
-        bc = blk % bk
         chunk = bc * (self.block_k // V) + col_chunk
         col_ok = chunk * V < k_cols
         amax = Int32(0)
@@ -503,9 +647,11 @@ class GroupedTransposedQuantKernel:
 
     Set-up (each CTA): warp 0 reads group_sizes and writes the exclusive prefix sums of
     ``max(m_g, 0)`` (token starts) and of ``ceil(m_g/128)`` (block starts) to shared memory,
-    32 groups per step with ``shfl.up`` scans; one ``bar.sync``. A tile finds its group with a
-    branch-free binary search over the block starts (11 shared-memory probes; the largest g with
-    ``B_g <= row``, which skips empty groups). Nothing is synchronised with the host.
+    32 groups per step with ``shfl.up`` scans; one ``bar.sync``. A CTA's tiles advance by a
+    constant (row, hidden tile) step, so a tile's group is found by scanning the block starts
+    forward from the previous tile's group (the largest g with ``B_g <= row``, which skips empty
+    groups; over a CTA's whole walk at most G steps), with no division and no search per tile.
+    Nothing is synchronised with the host.
 
     Per tile:
       1. load: thread ``t`` loads 16 bytes (8 hidden columns) of tokens ``t//8 + 32*i``,
@@ -513,15 +659,17 @@ class GroupedTransposedQuantKernel:
          past H read as 0);
       2. ``st.shared.v4`` into a [128 tokens][32 words] buffer with an XOR swizzle: the 16-byte
          chunk c of token row t lives at chunk ``c ^ ((t >> 4) & 7)``;
-      3. ``bar.sync``; then the next tile's loads are issued (register double buffering), and the
-         shared buffers alternate between tiles, so one barrier per tile suffices;
+      3. the next tile's loads are issued into the freed registers (so they are in flight during
+         the barrier wait and this tile's computation), then ``bar.sync``; the shared buffers
+         alternate between tiles, so one barrier per tile suffices;
       4. transpose-read: lane ``l`` of warp ``w`` owns the hidden pair ``(8w + 2(l%4), +1)`` and
          tokens ``16*(l//4) .. +15``: 16 ``ld.shared.b32``, each bf16 pair unpacked with a shift
          and a mask. With the swizzle, the 32 lanes of a warp hit 32 distinct banks on every
          read (bank = ``4*(w ^ l//4) + l%4``), and the quarter-warp of every 128-bit store
          writes one whole 128-byte row: no bank conflicts either way;
-      5. amax over the 16 local tokens, then over the 8 token segments with xor-shuffles 4, 8,
-         16; scale; ``cvt.rn.satfinite`` of 16 tokens per hidden column and one 128-bit store
+      5. amax of both columns at once (``max.u16x2`` on the |x| bits of the packed bf16 pairs)
+         over the 16 local tokens, then over the 8 token segments with xor-shuffles 4, 8, 16;
+         scale; ``cvt.rn.satfinite`` of 16 tokens per hidden column and one 128-bit store
          per column (a warp writes 8 x 128 contiguous bytes per column); lanes 0-3 store the
          scales of their two columns (8 bytes each).
 
@@ -544,7 +692,6 @@ class GroupedTransposedQuantKernel:
         self.segments = WARP // 4  # 8 token segments of 16
         self.seg_tokens = self.tile_t // self.segments  # 16
         self.max_groups = QUANT_MAX_GROUPS
-        self.search_steps = QUANT_MAX_GROUPS.bit_length()  # 11 for 1024
         self.smem_bytes = None
 
     @cute.jit
@@ -581,31 +728,35 @@ class GroupedTransposedQuantKernel:
         )
 
     @cute.jit
-    def _tile_info(self, tau, h_tiles, s_total, sT, sB, n_groups, hidden):
-        """(r, h0, q base, row pitch P, token start, token count) of tile tau."""
-        r = tau // h_tiles
-        h0 = (tau % h_tiles) * self.tile_h
+    def _advance_group(self, g, r, s_total, sB, n_groups):
+        """The group of scale row r, scanning forward from group g (the group of a row at or
+        before r): the largest g' >= g with ``B_g' <= r``, skipping empty groups. A CTA's rows
+        only grow, so over its whole walk the scans add up to at most the number of groups."""
+        if r < s_total:
+            nxt = sB[cutlass.min(g + 1, n_groups)]
+            while nxt <= r:
+                g = g + 1
+                nxt = sB[cutlass.min(g + 1, n_groups)]
+        return g
+
+    @cute.jit
+    def _tile_at(self, r, hi, g, s_total, sT, sB, hidden):
+        """(h0, q base, row pitch P, token start, token count) of the tile of scale row r and
+        hidden tile hi, whose group is g."""
+        h0 = hi * self.tile_h
         # A row past the real blocks: a block of zero tokens with its own 128-wide rows.
         base = Int64(r) * (self.tile_t * hidden)
         pitch = Int64(self.tile_t)
         tok0 = Int32(0)
         count = Int32(0)
         if r < s_total:
-            g = Int32(0)
-            step = 1 << (self.search_steps - 1)
-            for _ in cutlass.range_constexpr(self.search_steps):
-                cand = g + step
-                probe = sB[cutlass.min(cand, n_groups)]
-                if (cand <= n_groups) & (probe <= r):
-                    g = cand
-                step = step >> 1
             b0 = sB[g]
             b = r - b0
             base = Int64(b0) * (self.tile_t * hidden) + Int64(b) * self.tile_t
             pitch = Int64(sB[g + 1] - b0) * self.tile_t
             tok0 = sT[g] + b * self.tile_t
             count = cutlass.min(sT[g + 1] - tok0, self.tile_t)
-        return r, h0, base, pitch, tok0, count
+        return h0, base, pitch, tok0, count
 
     @cute.jit
     def _load_tile(self, mX, frags, tidx, h0, tok0, count):
@@ -677,7 +828,6 @@ class GroupedTransposedQuantKernel:
 
         s_total = sB[n_groups]
         h_tiles = (hidden + self.tile_h - 1) // self.tile_h
-        tiles = s_rows * h_tiles
 
         # Transpose-read coordinates of this thread.
         pair = warp * 4 + lane % 4  # word index within a token row
@@ -686,12 +836,19 @@ class GroupedTransposedQuantKernel:
         read_word = pair ^ (seg * 4)  # swizzled word for every token row of the segment
 
         frags = [cute.make_rmem_tensor((8,), cutlass.BFloat16) for _ in range(self.loads)]
-        tau = bidx
-        r, h0, base, pitch, tok0, count = self._tile_info(tau, h_tiles, s_total, sT, sB, n_groups, hidden)
-        if tau < tiles:
+        # Tile tau = r * h_tiles + hi; a CTA visits tau = bidx, bidx + grid, ..., so (r, hi)
+        # advance by a constant step and the group only moves forward: no division and no
+        # search per tile.
+        step_r = nblk // h_tiles
+        step_h = nblk - step_r * h_tiles
+        r = bidx // h_tiles
+        hi = bidx - r * h_tiles
+        g = self._advance_group(Int32(0), r, s_total, sB, n_groups)
+        if r < s_rows:
+            h0, _, _, tok0, count = self._tile_at(r, hi, g, s_total, sT, sB, hidden)
             self._load_tile(mX, frags, tidx, h0, tok0, count)
         buf = Int32(0)
-        while tau < tiles:
+        while r < s_rows:
             # 2. registers -> swizzled shared buffer `buf`
             chunk = tidx % self.chunks
             for i in cutlass.range_constexpr(self.loads):
@@ -699,27 +856,31 @@ class GroupedTransposedQuantKernel:
                 slot = chunk ^ ((t >> 4) & 7)
                 dst = cute.local_tile(sTile, (4, 1, 1), (slot, t, buf))
                 cute.autovec_copy(cute.recast_tensor(frags[i], Int32), dst[None, 0, 0])
-            cute.arch.sync_threads()
-            # 3. the next tile's loads go out while this one is computed
-            tau_n = tau + nblk
-            r_n, h0_n, base_n, pitch_n, tok0_n, count_n = self._tile_info(
-                tau_n, h_tiles, s_total, sT, sB, n_groups, hidden
-            )
-            if tau_n < tiles:
+            # 3. the next tile's loads go out as soon as the registers are free, before the
+            #    barrier, and stay in flight while this tile is computed
+            r_n, hi_n = _advance(r, hi, step_r, step_h, h_tiles)
+            g_n = self._advance_group(g, r_n, s_total, sB, n_groups)
+            if r_n < s_rows:
+                h0_n, _, _, tok0_n, count_n = self._tile_at(r_n, hi_n, g_n, s_total, sT, sB, hidden)
                 self._load_tile(mX, frags, tidx, h0_n, tok0_n, count_n)
+            cute.arch.sync_threads()
+            # Only (r, hi, g) live across the loop; the rest is re-read from shared memory.
+            h0, base, pitch, tok0, count = self._tile_at(r, hi, g, s_total, sT, sB, hidden)
             # 4. transpose-read 16 tokens x 2 hidden columns
             pairs = cute.make_rmem_tensor((self.seg_tokens,), Int32)
-            amax_lo = Int32(0)
-            amax_hi = Int32(0)
+            # |x| bits of both bf16 halves at once: as 16-bit unsigned integers they order like
+            # the values (Inf and NaN above every finite value), so one max.u16x2 per word.
+            amax2 = Int32(0)
             for i in cutlass.range_constexpr(self.seg_tokens):
                 word = sTile[read_word, seg * self.seg_tokens + i, buf]
                 pairs[i] = word
-                amax_lo = cutlass.max(amax_lo, (word << 16) & ABS_MASK)
-                amax_hi = cutlass.max(amax_hi, word & (ABS_MASK - 0xFFFF))
+                amax2 = _max_u16x2(amax2, word & ABS_MASK_16X2)
             for k in cutlass.range_constexpr(3):
                 off = 4 << k
-                amax_lo = cutlass.max(amax_lo, cute.arch.shuffle_sync_bfly(amax_lo, offset=off))
-                amax_hi = cutlass.max(amax_hi, cute.arch.shuffle_sync_bfly(amax_hi, offset=off))
+                amax2 = _max_u16x2(amax2, cute.arch.shuffle_sync_bfly(amax2, offset=off))
+            # Back to the fp32 bit patterns of the two columns' amax (bf16 bits are fp32's top half).
+            amax_lo = amax2 << 16
+            amax_hi = amax2 & Int32(-65536)
             s_lo = _scale_from_amax(amax_lo, eps, False)
             s_hi = _scale_from_amax(amax_hi, eps, False)
             # 5. quantise and store; bytes of padding tokens stay 0 even in a NaN block
@@ -755,13 +916,9 @@ class GroupedTransposedQuantKernel:
                 pair_sf[1] = s_hi
                 dst_sf = cute.local_tile(mS, (1, 2), (r, h // 2))
                 cute.autovec_copy(pair_sf, dst_sf[0, None])
-            tau = tau_n
             r = r_n
-            h0 = h0_n
-            base = base_n
-            pitch = pitch_n
-            tok0 = tok0_n
-            count = count_n
+            hi = hi_n
+            g = g_n
             buf = buf ^ 1
 
 
