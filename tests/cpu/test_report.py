@@ -405,6 +405,7 @@ def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):
     assert saved["environment"]["command"] == cmd and saved["quantize"]["copy_gbs"] == COPY_GBS
     text = (tmp_path / f"{stem}.md").read_text()
     assert f"`{cmd}`" in text and f"[{stem}.json]({stem}.json)" in text
+    assert "compute roof" not in text and "copy of the same bytes" in text  # no GEMM method lines
     assert (tmp_path / f"{stem}-quantize.png").read_bytes()[:8] == PNG_MAGIC
     assert (tmp_path / "LATEST.md").is_file()
     assert f"report: {tmp_path / (stem + '.md')}" in capsys.readouterr().out

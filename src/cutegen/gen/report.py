@@ -638,6 +638,13 @@ def _method(sections: list[Section], bw: float, bw_source: str, s: Settings, has
         "Times are medians of CUDA-event-timed calls with the L2 flushed before each (`cutegen bench`); "
         "the anchors ran in the same process, so the ratios are what to compare (absolute times drift).",
         "",
+    ]
+    if not sections:  # quantize only: its section states its own measure (GB/s beside a copy)
+        return lines + [
+            "- Quantize rows: GB/s = bytes read + written over the median time, beside a device-to-device "
+            "copy of the same bytes timed in the same run."
+        ]
+    lines += [
         f"- Roofline: compute roof = dense peak of the input type (FP8 {s.fp8_peak:.0f} TFLOPS, "
         f"BF16 {s.bf16_peak:.0f} TFLOPS); bandwidth roof = AI x {bw:.0f} GB/s ({bw_source}).",
         "- AI (arithmetic intensity) = FLOPs / the bytes that must cross HBM at least once: A and B read "
