@@ -266,3 +266,24 @@ def test_grouped_group_scan_model():
                     r, hi = r + 1, hi - h_tiles
             assert visited == list(range(bidx, s_rows * h_tiles, grid))
             assert scans <= n
+
+
+def test_quant_kernels_listed_and_chosen_on_a_hopper(built, monkeypatch):
+    """The runtime lists a quantize op's kernels by input dtype and scale format and chooses the
+    first by name (a simulated H200: no driver needed)."""
+    pytest.importorskip("torch")
+    from cutegen.runtime import driver, ops, quant_ops
+
+    info = driver.DeviceInfo(ordinal=0, name="NVIDIA H200", capability=(9, 0), sm_count=132, smem_optin=232448)
+    monkeypatch.setattr(driver, "device_info", lambda ordinal=0: info)
+    monkeypatch.setattr(quant_ops, "_choices", {})
+    ops.set_build_dir(built["out"])
+    try:
+        ue8m0 = PER_TOKEN.format(dt="bf16", sf="sfue8m0", st=1)
+        assert quant_ops.quant_kernels("per_token_quant_fp8", "bf16", "ue8m0") == [ue8m0]
+        assert quant_ops.quant_kernels("grouped_transposed_quant_fp8", "bf16", "fp32") == [GROUPED]
+        assert quant_ops.quant_kernels("per_block_quant_fp8", "f16", "fp32") == [PER_BLOCK.format(dt="f16")]
+        chosen = quant_ops.choose_quant_kernel("per_token_quant_fp8", "f32", "fp32")
+        assert chosen == PER_TOKEN.format(dt="f32", sf="sff32", st=1)
+    finally:
+        ops.set_build_dir(None)

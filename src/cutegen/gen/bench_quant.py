@@ -73,12 +73,9 @@ def _row(op: str, case: str, impl: str, us: float | None, nbytes: int, note: str
 def _other_kernels(op: str, chosen: str, scale_format: str, device: int) -> list[str]:
     """The runnable bf16-input kernels of `op` taking `scale_format` scales, but the one the
     runtime chooses."""
-    from cutegen.runtime import ops, quant_ops
+    from cutegen.runtime import quant_ops
 
-    return sorted(
-        m.name for m in ops._candidates(op, device, quant_ops.SCHEDULE_SCALE[scale_format])
-        if m.name != chosen and m.schedule.get("a_dtype") == "bf16"
-    )
+    return [n for n in quant_ops.quant_kernels(op, "bf16", scale_format, device) if n != chosen]
 
 
 def bench_quant(reps: int = 20, compile_grouped: bool = True, every_kernel: bool = False) -> dict[str, Any]:

@@ -81,6 +81,14 @@ def align(a: int, b: int) -> int:
 # Kernel choice
 
 
+def quant_kernels(op: str, in_dtype: str, scale: str, device: int = 0) -> list[str]:
+    """Names of the catalogue's kernels for (op, input dtype, scale format) that run on GPU
+    `device`, sorted (raises ArtifactError when none of the op runs there)."""
+    return sorted(
+        m.name for m in ops._candidates(op, device, SCHEDULE_SCALE[scale]) if m.schedule.get("a_dtype") == in_dtype
+    )
+
+
 def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> str:
     """The catalogue kernel for (op, input dtype, scale format) on this GPU: the first by name."""
     key = (op, in_dtype, scale, int(device))
@@ -89,9 +97,7 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> 
         return name
     cat = ops.catalogue()
     info = driver.device_info(device)
-    names = sorted(
-        m.name for m in ops._candidates(op, device, SCHEDULE_SCALE[scale]) if m.schedule.get("a_dtype") == in_dtype
-    )
+    names = quant_kernels(op, in_dtype, scale, device)
     if not names:
         built = sorted({f"{e.arch} {e.schedule.get('a_dtype')}/{e.schedule.get('scale')}" for e in cat.entries(op)})
         raise ArtifactError(
@@ -565,4 +571,5 @@ __all__ = [
     "grouped_transposed_quant_fp8",
     "per_block_quant_fp8",
     "per_token_quant_fp8",
+    "quant_kernels",
 ]

@@ -51,8 +51,8 @@ E4M3_NAN_WORD = 0x7F7F7F7F  # four e4m3 NaN bytes
 WARP = 32
 # Co-resident CTAs per SM each kernel is compiled for (.minnctapersm caps the registers at
 # 65536 / (CTAs x 256 threads)): per-token 4 (64 registers) with one tile per batch, 3 (85) with
-# more (64 would spill), grouped 3 (85; 4 would spill),
-# per-block 2 (128: a whole 128x128 block lives in registers, twice for 16-bit inputs).
+# more (64 would spill), grouped 3 (85; 4 would spill), per-block 2 (128: a whole 128x128 block
+# lives in registers, twice for 16-bit inputs).
 MIN_CTAS_PER_SM = {"per_token": 4, "per_token_wide": 3, "grouped": 3, "per_block": 2}
 # `preferred_smem_carveout` keeps the DSL from querying a GPU for its shared memory per SM when
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
@@ -160,21 +160,20 @@ def _walk_tiles(first: Int32, step: Int32, cols: Int32, rows: Int32, buffers, lo
         if r < rows:
             load(buffers[0], r, c)
         while r < rows:
-            r_n, c_n = _advance(r, c, step_r, step_c, cols)
-            if r_n < rows:
-                load(buffers[1], r_n, c_n)
-            compute(buffers[0], r, c, parity)
-            parity = parity ^ 1
-            r = r_n
-            c = c_n
+            r, c, parity = _double_buffered_step(buffers[0], buffers[1], r, c, parity, step_r, step_c, cols, rows, load, compute)
             if r < rows:
-                r_n, c_n = _advance(r, c, step_r, step_c, cols)
-                if r_n < rows:
-                    load(buffers[0], r_n, c_n)
-                compute(buffers[1], r, c, parity)
-                parity = parity ^ 1
-                r = r_n
-                c = c_n
+                r, c, parity = _double_buffered_step(buffers[1], buffers[0], r, c, parity, step_r, step_c, cols, rows, load, compute)
+
+
+@cute.jit
+def _double_buffered_step(cur, nxt, r, c, parity, step_r, step_c, cols, rows, load, compute):
+    """One tile of `_walk_tiles` with two register buffers: issue the next tile's loads into
+    `nxt`, then compute the tile (r, c) held in `cur`; returns the next cursor and parity."""
+    r_n, c_n = _advance(r, c, step_r, step_c, cols)
+    if r_n < rows:
+        load(nxt, r_n, c_n)
+    compute(cur, r, c, parity)
+    return r_n, c_n, parity ^ 1
 
 
 # ------------------------------------------------------------------------------------------------
