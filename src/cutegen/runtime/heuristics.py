@@ -58,9 +58,10 @@ class CostModel:
     operand_bandwidth: float = 10e12
     # What one SM can pull on its own (bounds the share of a nearly idle GPU).
     sm_bandwidth_cap: float = 200e9
-    # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 160, …)
-    # choose a scale per accumulator element while promoting; measured on an H200 their main
-    # loop runs ~1.2-1.25x slower than a 128-wide tile's (docs/perf/*-fp8-kernel-timings.json).
+    # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 144, 160)
+    # select one of two per-row scale products per 8-column chunk while promoting; measured on
+    # an H200 their main loop runs ~1.1-1.25x slower than a 128-wide tile's; 1.25 ranks the 21
+    # DeepGEMM shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
     split_scale_block_slowdown: float = 1.25
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
     # (sfa·sfb per element); a tile computed in one wave per math warpgroup (tile_m = 64 x

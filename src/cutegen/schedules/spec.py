@@ -383,12 +383,17 @@ class Schedule:
     @property
     def wgmma_accumulators(self) -> int:
         """WGMMA accumulators a block-scaled math warpgroup alternates between: two for tiles
-        computed in one wave whose promoted sum and two accumulators fit in
+        computed in one wave whose promoted sum and two accumulators (and per-row SFB) fit in
         DOUBLE_ACCUMULATOR_REGISTERS (the next K block's WGMMAs then run while the previous block
         is promoted), else one."""
         if not self.block_scaled_gemm or self.waves != 1 or self.arch == Arch.SM100A:
             return 1
-        if 3 * self.accumulators_per_thread <= DOUBLE_ACCUMULATOR_REGISTERS:
+        held = 3 * self.accumulators_per_thread
+        if self.op.scales_b_per_row:
+            # The promotion also holds one SFB per column of the thread: half its accumulators
+            # (the dense 128x128 weight-gradient tile spilled without this term).
+            held += self.accumulators_per_thread // 2
+        if held <= DOUBLE_ACCUMULATOR_REGISTERS:
             return 2
         return 1
 

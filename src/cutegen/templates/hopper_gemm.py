@@ -14,7 +14,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 from cutlass.tensor_utils.tensormap import TensorMapManager, TensorMapUpdateMode
@@ -44,6 +46,18 @@ from cutegen.schedules.spec import (
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
+
+
+@dsl_user_op
+def _opaque(x: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
+    """x, through a register move the compiler cannot look through (keeps a value it would
+    otherwise rematerialise or sink where it was written)."""
+    return cutlass.Float32(
+        llvm.inline_asm(
+            T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=f,f",
+            has_side_effects=False, is_align_stack=False,
+        )
+    )
 
 
 class HopperGemmKernel(TileOrder):
@@ -441,9 +455,8 @@ class HopperGemmKernel(TileOrder):
             sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
             for wave in cutlass.range_constexpr(self.waves):
                 mma_state = self._issue_wave(tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave)
-                warpgroup.wait_group(0)
-                read_state = self._promote_wave(
-                    acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave
+                read_state = self._wait_and_promote(
+                    acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave, 0
                 )
         return read_state
 
@@ -513,12 +526,14 @@ class HopperGemmKernel(TileOrder):
         for _ in range((k_tile_cnt - 1) // 2):
             nxt0, nxt1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
             mma_state = self._issue_wave(tiled_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-            warpgroup.wait_group(1)
-            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0)
+            read_state = self._wait_and_promote(
+                acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0, 1
+            )
             cur0, cur1 = self._block_sfb(mSFB, k_tile + 2, nb0, nb1, group)
             mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-            warpgroup.wait_group(1)
-            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0)
+            read_state = self._wait_and_promote(
+                acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0, 1
+            )
             k_tile += 2
         if (k_tile_cnt - 1) % 2 == 1:
             # One block left to issue. A tiled MMA of this region sets its own ACCUMULATE field
@@ -526,13 +541,16 @@ class HopperGemmKernel(TileOrder):
             tail_mma = self._make_tiled_mma()
             nxt0, nxt1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
             mma_state = self._issue_wave(tail_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-            warpgroup.wait_group(1)
-            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0)
-            warpgroup.wait_group(0)
-            read_state = self._promote_wave(acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0)
+            read_state = self._wait_and_promote(
+                acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0, 1
+            )
+            read_state = self._wait_and_promote(
+                acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0, 0
+            )
         else:
-            warpgroup.wait_group(0)
-            read_state = self._promote_wave(acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0)
+            read_state = self._wait_and_promote(
+                acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0, 0
+            )
         return read_state
 
     @cute.jit
@@ -576,31 +594,71 @@ class HopperGemmKernel(TileOrder):
         return mma_state
 
     @cute.jit
-    def _promote_wave(self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave: int):
-        """promoted[wave] += acc · sfa · sfb for the completed wave of the block of `read_state`:
-        this thread's SFA (and per-row SFB) are read from the stage; after the last wave the
-        stage is handed back to the producer and the state advanced. Returns the state."""
+    def _wait_and_promote(
+        self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave: int, pending: int
+    ):
+        """Right after issuing WGMMAs: read the scales of the block of `read_state`, wait until at
+        most `pending` WGMMA batches are in flight (so `acc` is complete), and promote it.
+        Returns the state (the caller must rebind it)."""
+        p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave)
+        warpgroup.wait_group(pending)
+        return self._promote_wave(acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave)
+
+    @cute.jit
+    def _wave_scales(self, tCcC, sSFA, state, sfb0, sfb1, wave: int):
+        """(p0, p1): per accumulator element of this thread in `wave`, sfa[row] · sfb0 and
+        sfa[row] · sfb1 for the block of `state`'s stage (sfa alone, twice, when SFB is per row).
+
+        Called between issuing a wave's WGMMAs and waiting for them, so the shared-memory loads
+        and the products complete behind the tensor cores instead of delaying the promotion
+        (Nsight Compute on the 256x128 tile: the promotion's first multiply stalled on these
+        loads). A thread's elements cover two rows, so the loads and products are per row, not
+        per element (the compiler merges the repeats)."""
+        coords = tCcC[(None, wave, 0)]
+        p0 = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
+        p1 = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(coords)):
+            sfa = sSFA[(coords[i][0], 0, state.index)]
+            if cutlass.const_expr(self.sfb_per_row):
+                p0[i] = sfa
+            else:
+                # _opaque: formed here, once per row; without it the compiler sinks the
+                # products below the per-element block choice in `_promote_wave`.
+                p0[i] = _opaque(sfa * sfb0)
+                if cutlass.const_expr(not self.single_sfb_block):
+                    p1[i] = _opaque(sfa * sfb1)
+        return p0, p1
+
+    @cute.jit
+    def _promote_wave(self, acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave: int):
+        """promoted[wave] += acc · scale for the completed wave of the block of `read_state`, with
+        the scales of `_wave_scales` (times each column's SFB, read from the stage, when SFB is
+        per row); after the last wave the stage is handed back to the producer and the state
+        advanced. Returns the state."""
         promoted_w = promoted[(None, wave, 0)]
         coords = tCcC[(None, wave, 0)]
-        sfa = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            sfa[i] = sSFA[(coords[i][0], 0, read_state.index)]
         sfb_col = None
         if cutlass.const_expr(self.sfb_per_row):
-            # One scale per column (row of B); identical columns share one load.
+            # One scale per column (row of B); identical columns share one load. Read after the
+            # wait: holding a thread's 32 column scales across it would cost 32 registers.
             sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 sfb_col[i] = sSFB[(coords[i][1], 0, read_state.index)]
         if cutlass.const_expr(wave == self.waves - 1):
             pipe.consumer_release(read_state)
             read_state.advance()
+        # WGMMA accumulator layout (PTX ISA, m64nNk32 D fragment): element i of a thread is column
+        # c0 + 8*(i//4) + i%2 with c0 = coords[0] even; the SFB boundary is a multiple of 16, so
+        # the block of element i is decided per 8-column chunk i//4: c0 + 8*(i//4) < boundary.
+        c0 = coords[0][1]
         for i in cutlass.range_constexpr(cute.size(acc)):
-            sfb = sfb0
+            scale = p0[i]
             if cutlass.const_expr(self.sfb_per_row):
-                sfb = sfb_col[i]
+                scale = p0[i] * sfb_col[i]
             elif cutlass.const_expr(not self.single_sfb_block):
-                sfb = sfb0 if coords[i][1] < boundary else sfb1
-            promoted_w[i] = promoted_w[i] + acc[i] * (sfa[i] * sfb)
+                # (the same predicate for the 4 elements of a chunk: computed once)
+                scale = p0[i] if c0 + 8 * (i // 4) < boundary else p1[i]
+            promoted_w[i] = promoted_w[i] + acc[i] * scale
         return read_state
 
     def _scale_vector_tma(self, scales, rows: int):
