@@ -216,6 +216,7 @@ def _make_manifest(schedule: Schedule, art: dict, sass_summary) -> KernelManifes
             "python": sys.version.split()[0],
         },
         registers=sass_summary.registers if sass_summary else None,
+        wgmma_accumulators=schedule.wgmma_accumulators,
     )
 
 

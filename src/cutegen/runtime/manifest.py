@@ -139,6 +139,9 @@ class KernelManifest:
     schedule: dict[str, Any]
     toolchain: dict[str, str]
     registers: int | None = None
+    # WGMMA accumulators a block-scaled main loop cycles through (1 for other kernels); the
+    # heuristic's per-K-block latency floor depends on it.
+    wgmma_accumulators: int = 1
     schema: int = SCHEMA_VERSION
 
     @property
@@ -184,6 +187,7 @@ class KernelManifest:
                 schedule=dict(data["schedule"]),
                 toolchain=dict(data["toolchain"]),
                 registers=data.get("registers"),
+                wgmma_accumulators=int(data.get("wgmma_accumulators", 1)),
                 schema=schema,
             )
         except (KeyError, TypeError) as exc:

@@ -87,12 +87,13 @@ class HopperGemmKernel(TileOrder):
     weight gradient, staged per row of B by TMA like SFA. The tile's rows are computed in
     `waves` of 64 rows per math warpgroup (tile_m=256 with two warpgroups: two waves). Per K
     block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
-    (ACCUMULATE=False on the first), waits for them, reads its rows' SFA from the stage and
-    promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it releases the
-    stage. The two math warpgroups own different rows, so one can promote while the other's
-    WGMMAs run on the tensor cores. Single-wave tiles whose registers allow it
-    (`Schedule.wgmma_accumulators` = 2) alternate between two WGMMA accumulators: block kb+1's
-    WGMMAs are issued before the warpgroup waits for block kb (wait_group(1)) and promotes it.
+    (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
+    them and promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it
+    releases the stage. The two math warpgroups own different rows, so one can promote while the
+    other's WGMMAs run on the tensor cores. Single-wave tiles whose registers allow it cycle
+    through a ring of D = `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row
+    tiles, up to 4 for small ones): block kb+D-1's WGMMAs are issued before the warpgroup waits
+    for block kb (wait_group(D-1)) and promotes it.
 
     k-grouped weight gradient (`k_grouped_fp8_gemm_nt_contiguous`): the tile sequence runs over
     the groups with at least one token (D carries a group mode); before its first tile of a new
@@ -166,9 +167,9 @@ class HopperGemmKernel(TileOrder):
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
         # wave's WGMMAs into one accumulator that is promoted before the next wave.
         self.waves = s.waves
-        # Single-wave tiles may alternate between two WGMMA accumulators: block kb+1's WGMMAs are
-        # issued before block kb is promoted, so the tensor cores never wait for a promotion.
-        self.double_accumulators = s.wgmma_accumulators == 2
+        # Single-wave tiles may cycle through a ring of WGMMA accumulators: block kb+D-1's WGMMAs
+        # are issued before block kb is promoted, so D-1 blocks are always in flight.
+        self.wgmma_accumulators = s.wgmma_accumulators
         self.group_size = s.group_size
         # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
         self.masked_tile_rows = s.tile_m
@@ -462,31 +463,38 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _block_scaled_tile(
-        self, tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        self, tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
         k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty: bool,
     ):
-        """One tile's block-scaled main loop: double-accumulator when the schedule has two
-        accumulators, else wave by wave. `may_be_empty`: the tile can have no K block (the
-        double-accumulator loop needs one to start its alternation; such a tile is zero).
-        Returns the advanced pipeline state (the caller must rebind it)."""
-        if cutlass.const_expr(not self.double_accumulators):
+        """One tile's block-scaled main loop: through the ring of WGMMA accumulators `accs` when
+        the schedule has more than one, else wave by wave. The ring needs len(accs) - 1 K blocks
+        to fill; a tile with fewer (`may_be_empty`: possibly none, then its sum is zero; deeper
+        rings: any short K) takes the wave-by-wave loop. Returns the advanced pipeline state
+        (the caller must rebind it)."""
+        depth = len(accs)
+        if cutlass.const_expr(depth == 1):
             read_state = self._mainloop_block_scaled(
-                tiled_mma, acc0, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                tiled_mma, accs[0], promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
                 k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
             )
-        elif cutlass.const_expr(may_be_empty):
-            if k_tile_cnt > 0:
-                read_state = self._mainloop_double_accumulators(
-                    tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        elif cutlass.const_expr(depth == 2 and not may_be_empty):
+            read_state = self._mainloop_accumulator_ring(
+                accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+            )
+        else:
+            if k_tile_cnt >= max(depth - 1, 1):
+                read_state = self._mainloop_accumulator_ring(
+                    accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
                     k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
                 )
             else:
-                promoted.fill(0.0)
-        else:
-            read_state = self._mainloop_double_accumulators(
-                tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-                k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
-            )
+                # A tiled MMA of this region sets its own ACCUMULATE field (a field set inside a
+                # dynamic branch must not be read after it).
+                read_state = self._mainloop_block_scaled(
+                    self._make_tiled_mma(), accs[0], promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe,
+                    read_state, k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+                )
         return read_state
 
     @cute.jit
@@ -503,53 +511,107 @@ class HopperGemmKernel(TileOrder):
         return nb0, nb1, boundary
 
     @cute.jit
-    def _mainloop_double_accumulators(
-        self, tiled_mma, acc0, acc1, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+    def _mainloop_accumulator_ring(
+        self, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
         k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
     ):
-        """Block-scaled mainloop of single-wave tiles with two WGMMA accumulators (at least one K
-        block): block kb+1 is issued into the other accumulator before block kb is waited for
-        and promoted, so one block's WGMMAs are always in flight while the math threads promote.
+        """Block-scaled mainloop of single-wave tiles through a ring of D = len(accs) WGMMA
+        accumulators (at least D - 1 K blocks): block kb + D - 1 is issued into the free
+        accumulator before block kb is waited for and promoted, so D - 1 blocks' WGMMAs are in
+        flight while the math threads promote. Small tiles are bound by the latency of a block's
+        chain of dependent WGMMAs, not by the tensor cores, and overlap D - 1 chains.
+        Block b lives in accs[b % D]; its SFB pair in slot b % D of a register ring.
         Returns the advanced pipeline state (the caller must rebind it)."""
+        depth = len(accs)
         # A tiled MMA of this call sets its own ACCUMULATE field: the caller may run it inside a
         # dynamic branch, and a field set there must not be read after it.
         tiled_mma = self._make_tiled_mma()
         nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        # Each block's SFB is loaded before the WGMMAs ahead of its promotion are issued, so
-        # the global-memory latency hides behind them.
+        # Each block's SFB is loaded when its WGMMAs are issued, D - 1 blocks ahead of its
+        # promotion, so the global-memory latency hides behind them.
+        sfb = cute.make_rmem_tensor(2 * depth, cutlass.Float32)
+        for j in cutlass.range_constexpr(depth - 1):
+            sfb[2 * j], sfb[2 * j + 1] = self._block_sfb(mSFB, j, nb0, nb1, group)
+            mma_state = self._issue_wave(tiled_mma, accs[j], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
         k_tile = cutlass.Int32(0)
-        cur0, cur1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
-        mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-        # Pairs of blocks after the first: acc1 gets the odd ones, acc0 the even ones.
-        for _ in range((k_tile_cnt - 1) // 2):
-            nxt0, nxt1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
-            mma_state = self._issue_wave(tiled_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-            read_state = self._wait_and_promote(
-                acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0, 1
-            )
-            cur0, cur1 = self._block_sfb(mSFB, k_tile + 2, nb0, nb1, group)
-            mma_state = self._issue_wave(tiled_mma, acc0, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-            read_state = self._wait_and_promote(
-                acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0, 1
-            )
-            k_tile += 2
-        if (k_tile_cnt - 1) % 2 == 1:
-            # One block left to issue. A tiled MMA of this region sets its own ACCUMULATE field
-            # (a field set inside a dynamic branch must not be read after it).
-            tail_mma = self._make_tiled_mma()
-            nxt0, nxt1 = self._block_sfb(mSFB, k_tile + 1, nb0, nb1, group)
-            mma_state = self._issue_wave(tail_mma, acc1, tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-            read_state = self._wait_and_promote(
-                acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0, 1
-            )
-            read_state = self._wait_and_promote(
-                acc1, promoted, tCcC, sSFA, sSFB, pipe, read_state, nxt0, nxt1, boundary, 0, 0
+        for _ in range((k_tile_cnt - (depth - 1)) // depth):
+            for j in cutlass.range_constexpr(depth):
+                free = (j + depth - 1) % depth
+                sfb[2 * free], sfb[2 * free + 1] = self._block_sfb(mSFB, k_tile + depth - 1, nb0, nb1, group)
+                mma_state = self._issue_wave(tiled_mma, accs[free], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+                read_state = self._wait_and_promote(
+                    accs[j], promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb[2 * j], sfb[2 * j + 1],
+                    boundary, 0, depth - 1,
+                )
+                k_tile += 1
+        # Blocks k_tile .. k_tile + D - 2 are in flight in accs[0 .. D - 2]; `left` more (< D)
+        # remain. Each value of `left` gets its own straight-line tail: the WGMMA wait counts must
+        # be immediates, and ptxas serialises every WGMMA of a kernel whose waits it cannot
+        # follow (an empty commit group in one branch was enough).
+        left = k_tile_cnt - k_tile - (depth - 1)
+        read_state = self._ring_tail_from(
+            0, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
+            mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+        )
+        return read_state
+
+    @cute.jit
+    def _ring_tail_from(
+        self, case: int, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
+        mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+    ):
+        """`_ring_tail` for the dynamic `left`, as the chain if left == case … else … over the
+        cases case .. D - 1, the last one unconditional: ptxas must see every path wait for
+        the WGMMAs in flight, or it serialises them all. Returns the read state."""
+        args = (promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe)
+        if cutlass.const_expr(case == len(accs) - 1):
+            read_state = self._ring_tail(
+                accs, case, *args, read_state, mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group
             )
         else:
+            if left == case:
+                read_state = self._ring_tail(
+                    accs, case, *args, read_state, mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group
+                )
+            else:
+                read_state = self._ring_tail_from(
+                    case + 1, left, accs, *args, read_state, mma_state, sfb, k_tile, num_k_blocks,
+                    nb0, nb1, boundary, group,
+                )
+        return read_state
+
+    @cute.jit
+    def _ring_tail(
+        self, accs, left: int, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
+        mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+    ):
+        """End of the accumulator ring with `left` (a constant) blocks still to issue: blocks
+        k_tile .. k_tile + D - 2 are in flight in accs[0 .. D - 2]. Promotes the in-flight
+        blocks, issuing the remaining ones into the accumulators they free, then promotes those.
+        Returns the advanced read state (the caller must rebind it)."""
+        depth = len(accs)
+        # A tiled MMA and a pipeline state of this region: the caller runs it inside a dynamic
+        # branch, and values set there must not be read after it (the next tail's branch).
+        tiled_mma = self._make_tiled_mma()
+        mma_state = mma_state.clone()
+        for j in cutlass.range_constexpr(depth - 1):
+            if cutlass.const_expr(j < left):
+                free = (j + depth - 1) % depth
+                sfb[2 * free], sfb[2 * free + 1] = self._block_sfb(mSFB, k_tile + depth - 1 + j, nb0, nb1, group)
+                mma_state = self._issue_wave(tiled_mma, accs[free], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+            # Groups issued after block k_tile + j: the in-flight ones behind it and the tail's.
+            pending = (depth - 2 - j) + min(j + 1, left)
             read_state = self._wait_and_promote(
-                acc0, promoted, tCcC, sSFA, sSFB, pipe, read_state, cur0, cur1, boundary, 0, 0
+                accs[j], promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb[2 * j], sfb[2 * j + 1],
+                boundary, 0, pending,
+            )
+        for i in cutlass.range_constexpr(left):
+            slot = (depth - 1 + i) % depth
+            read_state = self._wait_and_promote(
+                accs[slot], promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb[2 * slot], sfb[2 * slot + 1],
+                boundary, 0, left - 1 - i,
             )
         return read_state
 
@@ -944,13 +1006,15 @@ class HopperGemmKernel(TileOrder):
         # The block-scaled path promotes each K block's WGMMA result into `promoted`; the
         # epilogue stores whichever tensor holds the final sum.
         promoted = accumulators
-        accumulators_next = None
+        accs = None
         tCcC = None
         if cutlass.const_expr(self.block_scaled):
-            # WGMMA accumulator of one wave (64 rows per warpgroup); `promoted` holds them all.
-            accumulators = cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
-            if cutlass.const_expr(self.double_accumulators):
-                accumulators_next = cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
+            # The ring of WGMMA accumulators of one wave (64 rows per warpgroup); `promoted`
+            # holds the tile's sum.
+            accs = tuple(
+                cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
+                for _ in range(self.wgmma_accumulators)
+            )
             promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
             # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
             # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's).
@@ -1129,7 +1193,7 @@ class HopperGemmKernel(TileOrder):
                     # Dense: every K block; k-grouped: the group's blocks; contiguous: none for
                     # padding tiles.
                     read_state = self._block_scaled_tile(
-                        tiled_mma, accumulators, accumulators_next, promoted, tCrA, tCrB, tCcC, sSFA,
+                        tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA,
                         mSFB, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
                         sfb_group, sSFB, contiguous,
                     )
