@@ -1018,7 +1018,8 @@ def test_verify_real_kernels_pass(real_build):
     for name in REPRESENTATIVE:
         verdict = verify_kernel(real_build / name)
         assert verdict.ok, verdict.to_dict()
-        assert [c.name for c in verdict.checks] == ["mma", "local_memory", "stack", "registers", "smem", "cubin"]
+        assert [c.name for c in verdict.checks] == [
+            "mma", "wgmma_pipeline", "local_memory", "stack", "registers", "smem", "cubin"]
 
 
 def test_verify_expected_mma_table():
@@ -1038,6 +1039,9 @@ def test_verify_expected_mma_table():
         ({}, {"schedule": {"consumer_regs": 264}}, "registers", ["consumer_regs=264"]),
         ({"static_smem_bytes": 2048}, {"smem_bytes": 231424}, "smem", ["231424 dynamic + 2048 static"]),
         ({}, {"op": "mystery_op"}, "mma", ["no expected MMA opcode", "EXPECTED_MMA"]),
+        ({"wgmma_waits": {"0": 17}}, {"wgmma_accumulators": 2}, "wgmma_pipeline", ["serialised", "need 1"]),
+        ({"wgmma_waits": {"0": 5, "1": 4}}, {"wgmma_accumulators": 4}, "wgmma_pipeline", ["leaves 1", "need 3"]),
+        ({}, {"wgmma_accumulators": 2}, "wgmma_pipeline", ["does not count the WGMMA waits"]),
     ],
 )
 def test_verify_detects_each_failure(tmp_path, sass, manifest_change, check, words):
@@ -1124,7 +1128,7 @@ def test_cli_verify(capsys, synthetic_build):
     by = {k["name"]: k for k in data["kernels"]}
     assert by["cutegen_test_gemm_like"]["ok"] and not by["cutegen_test_all_bindings"]["ok"]
     assert {c["name"] for c in by["cutegen_test_gemm_like"]["checks"]} == {
-        "mma", "local_memory", "stack", "registers", "smem", "cubin"}
+        "mma", "wgmma_pipeline", "local_memory", "stack", "registers", "smem", "cubin"}
     rc, _, err = run_cli(capsys, "verify", "nothing_like_this", "--build-dir", str(synthetic_build))
     assert rc == 2 and "nothing_like_this" in err
     rc, _, err = run_cli(capsys, "verify", "--build-dir", str(synthetic_build / "none"))

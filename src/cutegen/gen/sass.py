@@ -51,6 +51,10 @@ class SassSummary:
     stack_bytes: int | None
     static_smem_bytes: int | None
     instructions: int
+    # WGMMA waits (WARPGROUP.DEPBAR.LE gsb0, N) by N, the groups they leave in flight: a kernel
+    # whose waits are all 0 runs its WGMMAs one batch at a time (ptxas serialises the pipeline
+    # when it cannot follow it, and says so only in a warning the DSL does not show).
+    wgmma_waits: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def local_memory_ops(self) -> int:
@@ -72,6 +76,8 @@ class SassSummary:
             f"stack bytes         {self.stack_bytes}",
             f"static smem bytes   {self.static_smem_bytes}",
         ]
+        for pending, n in sorted(self.wgmma_waits.items()):
+            lines.append(f"WGMMA wait <= {pending:<6}{n}")
         return "\n".join(lines) + "\n"
 
 
@@ -104,7 +110,12 @@ def summarise(sass: str, res_usage: str) -> SassSummary:
     mma: dict[str, int] = {}
     shapes: dict[str, int] = {}
     loads = stores = count = 0
+    waits: dict[str, int] = {}
     for line in sass.splitlines():
+        w = re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", line)
+        if w:
+            pending = str(int(w.group(1), 16))
+            waits[pending] = waits.get(pending, 0) + 1
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)", line)
         if not m:
             continue
@@ -132,4 +143,5 @@ def summarise(sass: str, res_usage: str) -> SassSummary:
         stack_bytes=field("STACK"),
         static_smem_bytes=field("SHARED"),
         instructions=count,
+        wgmma_waits=waits,
     )

@@ -5,6 +5,9 @@
 ``mma``
     The tensor-core instruction the (arch, op) must use is present (`EXPECTED_MMA`, the one table
     of them): a kernel that compiled to something else (e.g. HMMA fallbacks) fails.
+``wgmma_pipeline``
+    A main loop with a ring of D WGMMA accumulators (the manifest's ``wgmma_accumulators``) has a
+    WGMMA wait that leaves D-1 groups in flight: all-zero waits mean ptxas serialised the WGMMAs.
 ``local_memory``
     No local-memory traffic (``LDL``/``STL``): register spills.
 ``stack``
@@ -54,7 +57,7 @@ MAX_SETMAXNREG = 256
 SMEM_OPT_IN_BYTES: dict[str, int] = {"sm_90a": 232448, "sm_100a": 232448}
 DEFAULT_SMEM_OPT_IN_BYTES = 232448
 SASS_SUMMARY_FILE = "sass_summary.json"
-CHECKS = ("mma", "local_memory", "stack", "registers", "smem", "cubin")
+CHECKS = ("mma", "wgmma_pipeline", "local_memory", "stack", "registers", "smem", "cubin")
 
 
 def expected_mma(arch: str, op: str) -> str | None:
@@ -130,6 +133,23 @@ def verify_kernel(kernel_dir: Path, manifest: KernelManifest | None = None) -> K
     else:
         found = ", ".join(f"{k} x{v}" for k, v in sorted(mma.items())) or "no MMA instructions"
         checks.append(Check("mma", False, f"expected {want} for {manifest.arch} {manifest.op}, found {found}"))
+
+    # WGMMA pipeline: a ring of D accumulators must wait with D-1 groups in flight somewhere.
+    ring = int(manifest.wgmma_accumulators)
+    if ring > 1:
+        waits = summary.get("wgmma_waits")
+        if waits is None:
+            checks.append(Check("wgmma_pipeline", False, "the SASS summary does not count the WGMMA waits; rebuild"))
+        else:
+            deepest = max((int(k) for k in waits), default=0)
+            facts["wgmma_waits"] = waits
+            checks.append(Check(
+                "wgmma_pipeline", deepest >= ring - 1,
+                f"deepest WGMMA wait leaves {deepest} group(s) in flight; {ring} accumulators need {ring - 1}"
+                + ("" if deepest >= ring - 1 else " (ptxas serialised the WGMMAs)"),
+            ))
+    else:
+        checks.append(Check("wgmma_pipeline", True, "one accumulator"))
 
     # local memory and stack
     loads, stores = int(summary.get("local_loads", 0)), int(summary.get("local_stores", 0))
