@@ -255,9 +255,10 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
         ops.check_aligned(OP_MASKED, arg, t)
     device = ops.device_ordinal(a)
-    hint_m = max(1, min(int(expected_m), max_m)) * g
+    rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP_MASKED, hint_m, n, k, device, kernel)
+        # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
+        loaded = ops._kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows)
         stream = torch.cuda.current_stream(a.device).cuda_stream
         launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}, stream=stream)
 

@@ -157,13 +157,18 @@ def score(
     k: int,
     num_sms: int = DEFAULT_NUM_SMS,
     model: CostModel = DEFAULT_MODEL,
+    rows_per_group: int | None = None,
 ) -> Score:
-    """Score one candidate for the problem (M, N, K); see the module docstring."""
+    """Score one candidate for the problem (M, N, K); see the module docstring. With
+    ``rows_per_group`` (masked grouped GEMMs), M is ceil(M / rows_per_group) groups whose tiles
+    do not span groups: each group pads its rows to the tile height."""
     rule = manifest.grid
     tm, tn, cm, cn = rule.tile_m, rule.tile_n, rule.cluster_m, rule.cluster_n
     cluster_size = max(1, cm * cn)
     m, n, k = max(int(m), 1), max(int(n), 1), max(int(k), 1)
     tiles_m, tiles_n = ceil_div(m, tm), ceil_div(n, tn)
+    if rows_per_group:
+        tiles_m = ceil_div(m, rows_per_group) * ceil_div(rows_per_group, tm)
     tiles = tiles_m * tiles_n
     cluster_tiles = ceil_div(tiles_m, cm) * ceil_div(tiles_n, cn)
     usable = max(cluster_size, (num_sms // cluster_size) * cluster_size)
@@ -316,10 +321,11 @@ def explain(
     tuning: Mapping[str, Any] | None = None,
     build_dir: str | os.PathLike[str] | None = None,
     model: CostModel = DEFAULT_MODEL,
+    rows_per_group: int | None = None,
 ) -> list[Score]:
     """Every candidate's score, best first; a tuning-table pick comes first with source 'tuning'."""
     matching = _candidates(op, candidates)
-    ranked = _rank(score(c, m, n, k, num_sms, model) for c in matching)
+    ranked = _rank(score(c, m, n, k, num_sms, model, rows_per_group) for c in matching)
     table = load_tuning_table(build_dir) if tuning is None else tuning
     tuned = _tuned(op, matching, m, n, k, table)
     if tuned is not None:
@@ -341,17 +347,19 @@ def choose(
     tuning: Mapping[str, Any] | None = None,
     build_dir: str | os.PathLike[str] | None = None,
     model: CostModel = DEFAULT_MODEL,
+    rows_per_group: int | None = None,
 ) -> KernelManifest:
     """The candidate to run for (M, N, K): the tuning table's if it names one, else the model's.
 
-    ``tuning`` given explicitly replaces the table lookup (pass ``{}`` to ignore any table).
+    ``tuning`` given explicitly replaces the table lookup (pass ``{}`` to ignore any table);
+    ``rows_per_group``: see `score`.
     """
     matching = _candidates(op, candidates)
     table = load_tuning_table(build_dir) if tuning is None else tuning
     tuned = _tuned(op, matching, m, n, k, table)
     if tuned is not None:
         return tuned
-    best = _rank(score(c, m, n, k, num_sms, model) for c in matching)[0]
+    best = _rank(score(c, m, n, k, num_sms, model, rows_per_group) for c in matching)[0]
     return next(c for c in matching if c.name == best.name)
 
 

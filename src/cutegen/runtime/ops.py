@@ -109,15 +109,20 @@ def runnable_kernels(op: str, device: int = 0, scale: str | None = None) -> list
         return []
 
 
-def choose_kernel(op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None) -> str:
+def choose_kernel(
+    op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
+    rows_per_group: int | None = None,
+) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
-    (among those taking ``scale`` block scales, when given)."""
-    key = (op, int(device), int(m), int(n), int(k), scale)
+    (among those taking ``scale`` block scales, when given; ``rows_per_group``: M is that many
+    rows per group, as the masked grouped GEMM's groups, see `heuristics.score`)."""
+    key = (op, int(device), int(m), int(n), int(k), scale, rows_per_group)
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
         manifest = heuristics.choose(
-            op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir
+            op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir,
+            rows_per_group=rows_per_group,
         )
         name = manifest.name
         if len(_choices) >= _CHOICE_CACHE_SIZE:
@@ -156,8 +161,14 @@ def forced_manifest(op: str, forced: str, scale: str | None = None) -> Any:
     return manifest
 
 
-def _kernel_for(op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None) -> Any:
-    name = forced_manifest(op, forced, scale).name if forced else choose_kernel(op, m, n, k, device, scale)
+def _kernel_for(
+    op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None,
+    rows_per_group: int | None = None,
+) -> Any:
+    name = (
+        forced_manifest(op, forced, scale).name if forced
+        else choose_kernel(op, m, n, k, device, scale, rows_per_group)
+    )
     return catalogue().load(name, device)
 
 
