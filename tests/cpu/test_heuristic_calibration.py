@@ -95,3 +95,29 @@ def test_weight_gradient_choice_stays_close_to_the_fastest_measured_kernel():
         # these timings): dense 1.004 geometric mean, worst 1.039; k-grouped 1.002, worst 1.007.
         assert regrets[worst] < 1.06, f"{op} {worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
         assert geomean < 1.02, f"{op}: geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
+
+
+MASKED_KERNELS = [
+    f"cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_{tile}_{cluster}_wg{wg}_r40x232_epitma_rn_g1"
+    for tile, wg, stages in (("64x128x128", 1, 8), ("128x128x128", 2, 5), ("256x128x128", 2, 3))
+    for cluster in (f"c1x1_mc0_s{stages}", f"c1x2_mca_s{stages}")
+]
+
+
+def test_masked_choice_pads_each_group_to_the_tile():
+    """A masked problem is G groups of expected_m rows, each padded to the tile height: measured
+    on an H200, 256-row tiles are the fastest for groups of 256-1024 rows, while groups of 20 rows
+    would waste 92% of a 256-row tile (seen as 640 stacked rows, they would get one)."""
+    candidates = [manifest_from_name(n) for n in MASKED_KERNELS]
+
+    def tile_m(groups: int, rows: int, n: int, k: int, **kw) -> int:
+        chosen = heuristics.choose(
+            "m_grouped_fp8_gemm_nt_masked", candidates, groups * rows, n, k, H200_SMS, tuning={}, **kw
+        )
+        return chosen.grid.tile_m
+
+    for groups, rows in ((1, 1024), (2, 512), (4, 256)):
+        assert tile_m(groups, rows, 7168, 2048, rows_per_group=rows) == 256
+    assert tile_m(32, 20, 4096, 7168, rows_per_group=20) == 64
+    assert tile_m(8, 100, 4096, 7168, rows_per_group=100) <= 128
+    assert tile_m(32, 20, 4096, 7168) == 256  # stacked rows: the case rows_per_group exists for
