@@ -529,21 +529,24 @@ class HopperGemmKernel(TileOrder):
         nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        # Each block's SFB is loaded when its WGMMAs are issued, D - 1 blocks ahead of its
-        # promotion, so the global-memory latency hides behind them.
-        sfb = cute.make_rmem_tensor(2 * depth, cutlass.Float32)
+        # A block's scales are read when its WGMMAs are issued, D - 1 blocks ahead of its
+        # promotion (SFB from global memory, its two SFA rows from the stage), so neither
+        # latency is on the promotion's path: slot b % D holds (sfb0, sfb1, sfa row, row + 8).
+        scales = cute.make_rmem_tensor(4 * depth, cutlass.Float32)
         for j in cutlass.range_constexpr(depth - 1):
-            sfb[2 * j], sfb[2 * j + 1] = self._block_sfb(mSFB, j, nb0, nb1, group)
-            mma_state = self._issue_wave(tiled_mma, accs[j], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+            mma_state = self._issue_ring_block(
+                tiled_mma, accs, j, scales, j, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, mma_state,
+                num_k_blocks, nb0, nb1, group,
+            )
         k_tile = cutlass.Int32(0)
         for _ in range((k_tile_cnt - (depth - 1)) // depth):
             for j in cutlass.range_constexpr(depth):
-                free = (j + depth - 1) % depth
-                sfb[2 * free], sfb[2 * free + 1] = self._block_sfb(mSFB, k_tile + depth - 1, nb0, nb1, group)
-                mma_state = self._issue_wave(tiled_mma, accs[free], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
-                read_state = self._wait_and_promote(
-                    accs[j], promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb[2 * j], sfb[2 * j + 1],
-                    boundary, 0, depth - 1,
+                mma_state = self._issue_ring_block(
+                    tiled_mma, accs, (j + depth - 1) % depth, scales, k_tile + depth - 1, tCrA, tCrB,
+                    tCcC, sSFA, mSFB, pipe, mma_state, num_k_blocks, nb0, nb1, group,
+                )
+                read_state = self._promote_ring_slot(
+                    accs, j, scales, promoted, tCcC, sSFA, sSFB, pipe, read_state, boundary, depth - 1
                 )
                 k_tile += 1
         # Blocks k_tile .. k_tile + D - 2 are in flight in accs[0 .. D - 2]; `left` more (< D)
@@ -553,14 +556,14 @@ class HopperGemmKernel(TileOrder):
         left = k_tile_cnt - k_tile - (depth - 1)
         read_state = self._ring_tail_from(
             0, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
-            mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+            mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group,
         )
         return read_state
 
     @cute.jit
     def _ring_tail_from(
         self, case: int, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
-        mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+        mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group,
     ):
         """`_ring_tail` for the dynamic `left`, as the chain if left == case … else … over the
         cases case .. D - 1, the last one unconditional: ptxas must see every path wait for
@@ -568,16 +571,16 @@ class HopperGemmKernel(TileOrder):
         args = (promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe)
         if cutlass.const_expr(case == len(accs) - 1):
             read_state = self._ring_tail(
-                accs, case, *args, read_state, mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group
+                accs, case, *args, read_state, mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group
             )
         else:
             if left == case:
                 read_state = self._ring_tail(
-                    accs, case, *args, read_state, mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group
+                    accs, case, *args, read_state, mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group
                 )
             else:
                 read_state = self._ring_tail_from(
-                    case + 1, left, accs, *args, read_state, mma_state, sfb, k_tile, num_k_blocks,
+                    case + 1, left, accs, *args, read_state, mma_state, scales, k_tile, num_k_blocks,
                     nb0, nb1, boundary, group,
                 )
         return read_state
@@ -585,7 +588,7 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _ring_tail(
         self, accs, left: int, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
-        mma_state, sfb, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+        mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group,
     ):
         """End of the accumulator ring with `left` (a constant) blocks still to issue: blocks
         k_tile .. k_tile + D - 2 are in flight in accs[0 .. D - 2]. Promotes the in-flight
@@ -598,22 +601,49 @@ class HopperGemmKernel(TileOrder):
         mma_state = mma_state.clone()
         for j in cutlass.range_constexpr(depth - 1):
             if cutlass.const_expr(j < left):
-                free = (j + depth - 1) % depth
-                sfb[2 * free], sfb[2 * free + 1] = self._block_sfb(mSFB, k_tile + depth - 1 + j, nb0, nb1, group)
-                mma_state = self._issue_wave(tiled_mma, accs[free], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+                mma_state = self._issue_ring_block(
+                    tiled_mma, accs, (j + depth - 1) % depth, scales, k_tile + depth - 1 + j, tCrA,
+                    tCrB, tCcC, sSFA, mSFB, pipe, mma_state, num_k_blocks, nb0, nb1, group,
+                )
             # Groups issued after block k_tile + j: the in-flight ones behind it and the tail's.
             pending = (depth - 2 - j) + min(j + 1, left)
-            read_state = self._wait_and_promote(
-                accs[j], promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb[2 * j], sfb[2 * j + 1],
-                boundary, 0, pending,
+            read_state = self._promote_ring_slot(
+                accs, j, scales, promoted, tCcC, sSFA, sSFB, pipe, read_state, boundary, pending
             )
         for i in cutlass.range_constexpr(left):
-            slot = (depth - 1 + i) % depth
-            read_state = self._wait_and_promote(
-                accs[slot], promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb[2 * slot], sfb[2 * slot + 1],
-                boundary, 0, left - 1 - i,
+            read_state = self._promote_ring_slot(
+                accs, (depth - 1 + i) % depth, scales, promoted, tCcC, sSFA, sSFB, pipe, read_state,
+                boundary, left - 1 - i,
             )
         return read_state
+
+    @cute.jit
+    def _issue_ring_block(
+        self, tiled_mma, accs, slot: int, scales, k_tile, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, mma_state,
+        num_k_blocks, nb0, nb1, group,
+    ):
+        """Issue K block k_tile into accs[slot] and read its scales into the ring's slot: the SFB
+        pair (global loads) and this thread's two SFA rows from the stage, once it has arrived.
+        Returns the advanced state (the caller must rebind it)."""
+        scales[4 * slot], scales[4 * slot + 1] = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+        stage = mma_state.index
+        mma_state = self._issue_wave(tiled_mma, accs[slot], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0)
+        coords = tCcC[(None, 0, 0)]
+        # m64nNk32 accumulator fragment: elements 0, 1 are on row r, elements 2, 3 on row r + 8.
+        scales[4 * slot + 2] = sSFA[(coords[0][0], 0, stage)]
+        scales[4 * slot + 3] = sSFA[(coords[2][0], 0, stage)]
+        return mma_state
+
+    @cute.jit
+    def _promote_ring_slot(
+        self, accs, slot: int, scales, promoted, tCcC, sSFA, sSFB, pipe, read_state, boundary, pending: int
+    ):
+        """Wait until at most `pending` WGMMA groups are in flight and promote accs[slot] with
+        the scales of the ring's slot. Returns the state (the caller must rebind it)."""
+        rows = (scales[4 * slot + 2], scales[4 * slot + 3])
+        p0, p1 = self._wave_scales(tCcC, sSFA, read_state, scales[4 * slot], scales[4 * slot + 1], 0, rows)
+        warpgroup.wait_group(pending)
+        return self._promote_wave(accs[slot], promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, 0)
 
     @cute.jit
     def _block_sfb(self, mSFB, k_tile, nb0, nb1, group):
@@ -667,7 +697,7 @@ class HopperGemmKernel(TileOrder):
         return self._promote_wave(acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave)
 
     @cute.jit
-    def _wave_scales(self, tCcC, sSFA, state, sfb0, sfb1, wave: int):
+    def _wave_scales(self, tCcC, sSFA, state, sfb0, sfb1, wave: int, sfa_rows=None):
         """(p0, p1): per accumulator element of this thread in `wave`, sfa[row] · sfb0 and
         sfa[row] · sfb1 for the block of `state`'s stage (sfa alone, twice, when SFB is per row).
 
@@ -675,12 +705,17 @@ class HopperGemmKernel(TileOrder):
         and the products complete behind the tensor cores instead of delaying the promotion
         (Nsight Compute on the 256x128 tile: the promotion's first multiply stalled on these
         loads). A thread's elements cover two rows, so the loads and products are per row, not
-        per element (the compiler merges the repeats)."""
+        per element (the compiler merges the repeats). `sfa_rows`: the two rows' SFA, already
+        read (the accumulator ring reads them when it issues the block)."""
         coords = tCcC[(None, wave, 0)]
         p0 = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
         p1 = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
         for i in cutlass.range_constexpr(cute.size(coords)):
-            sfa = sSFA[(coords[i][0], 0, state.index)]
+            if cutlass.const_expr(sfa_rows is None):
+                sfa = sSFA[(coords[i][0], 0, state.index)]
+            else:
+                # Read ahead by the accumulator ring: row r for elements 0, 1 (mod 4), r + 8 else.
+                sfa = sfa_rows[(i // 2) % 2]
             if cutlass.const_expr(self.sfb_per_row):
                 p0[i] = sfa
             else:
