@@ -131,12 +131,16 @@ def choose_kernel(
     return name
 
 
-def explain(op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None) -> list[heuristics.Score]:
+def explain(
+    op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
+    rows_per_group: int | None = None,
+) -> list[heuristics.Score]:
     """The heuristic's scored table for this problem on this GPU, best first: the candidates
-    `choose_kernel` weighs with the same ``scale``."""
+    `choose_kernel` weighs, scored as it does, with the same ``scale`` and ``rows_per_group``."""
     info = driver.device_info(device)
     return heuristics.explain(
-        op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir
+        op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir,
+        rows_per_group=rows_per_group,
     )
 
 

@@ -175,8 +175,8 @@ THREADS_PER_WARPGROUP = 128
 SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
-# Accumulator registers (promoted sum + two WGMMA accumulators) up to which a single-wave
-# block-scaled tile double-buffers its WGMMA accumulator: 128x128 with two math warpgroups
+# Accumulator registers (promoted sum + the ring of WGMMA accumulators) up to which a single-wave
+# block-scaled tile keeps more than one WGMMA accumulator: 128x128 with two math warpgroups
 # (64 + 2 x 64) fits under consumer_regs=232 without local memory.
 DOUBLE_ACCUMULATOR_REGISTERS = 192
 # Deepest accumulator ring, for tiles with at most DEEP_RING_MAX_ACCUMULATORS accumulators per

@@ -239,7 +239,7 @@ class BlackwellFp8GemmKernel(TileOrder):
 
         persistent = self._persistent_clusters(c, self.masked, max_active_clusters)
 
-        self.kernel(
+        kernel_call = self.kernel(
             tma_atom_a,
             tma_tensor_a,
             tma_atom_b,
@@ -255,14 +255,8 @@ class BlackwellFp8GemmKernel(TileOrder):
             b_staged,
             epi_staged,
             cluster_layout_vmnk,
-        ).launch(
-            grid=[cm, cn, persistent],
-            block=[self.threads_per_cta, 1, 1],
-            cluster=[cm, cn, 1],
-            smem=self.smem_bytes,
-            min_blocks_per_mp=1,
-            stream=stream,
         )
+        self._launch_persistent(kernel_call, persistent, stream)
 
     # ---- device side ------------------------------------------------------------------------
     @cute.jit

@@ -375,7 +375,7 @@ class HopperGemmKernel(TileOrder):
 
         persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters)
 
-        self.kernel(
+        kernel_call = self.kernel(
             tma_atom_a,
             tma_tensor_a,
             tma_atom_b,
@@ -399,14 +399,8 @@ class HopperGemmKernel(TileOrder):
             sfa_staged,
             sfb_staged,
             epi_staged,
-        ).launch(
-            grid=[cm, cn, persistent],
-            block=[self.threads_per_cta, 1, 1],
-            cluster=[cm, cn, 1],
-            smem=self.smem_bytes,
-            min_blocks_per_mp=1,
-            stream=stream,
         )
+        self._launch_persistent(kernel_call, persistent, stream)
 
     # ---- device side ------------------------------------------------------------------------
     @cute.jit
@@ -520,7 +514,7 @@ class HopperGemmKernel(TileOrder):
         accumulator before block kb is waited for and promoted, so D - 1 blocks' WGMMAs are in
         flight while the math threads promote. Small tiles are bound by the latency of a block's
         chain of dependent WGMMAs, not by the tensor cores, and overlap D - 1 chains.
-        Block b lives in accs[b % D]; its SFB pair in slot b % D of a register ring.
+        Block b lives in accs[b % D]; its scales in slot b % D of a register ring.
         Returns the advanced pipeline state (the caller must rebind it)."""
         depth = len(accs)
         # A tiled MMA of this call sets its own ACCUMULATE field: the caller may run it inside a
@@ -640,10 +634,10 @@ class HopperGemmKernel(TileOrder):
     ):
         """Wait until at most `pending` WGMMA groups are in flight and promote accs[slot] with
         the scales of the ring's slot. Returns the state (the caller must rebind it)."""
-        rows = (scales[4 * slot + 2], scales[4 * slot + 3])
-        p0, p1 = self._wave_scales(tCcC, sSFA, read_state, scales[4 * slot], scales[4 * slot + 1], 0, rows)
-        warpgroup.wait_group(pending)
-        return self._promote_wave(accs[slot], promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, 0)
+        return self._wait_and_promote(
+            accs[slot], promoted, tCcC, sSFA, sSFB, pipe, read_state, scales[4 * slot], scales[4 * slot + 1],
+            boundary, 0, pending, sfa_rows=(scales[4 * slot + 2], scales[4 * slot + 3]),
+        )
 
     @cute.jit
     def _block_sfb(self, mSFB, k_tile, nb0, nb1, group):
@@ -687,12 +681,14 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _wait_and_promote(
-        self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave: int, pending: int
+        self, acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave: int, pending: int,
+        sfa_rows=None,
     ):
-        """Right after issuing WGMMAs: read the scales of the block of `read_state`, wait until at
-        most `pending` WGMMA batches are in flight (so `acc` is complete), and promote it.
-        Returns the state (the caller must rebind it)."""
-        p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave)
+        """Right after issuing WGMMAs: form the scales of the block of `read_state` (its SFA read
+        from the stage, or `sfa_rows` when already read), wait until at most `pending` WGMMA
+        batches are in flight (so `acc` is complete), and promote it. Returns the state (the
+        caller must rebind it)."""
+        p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave, sfa_rows)
         warpgroup.wait_group(pending)
         return self._promote_wave(acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave)
 

@@ -1,9 +1,9 @@
 """The order in which persistent GEMM kernels walk their output tiles, shared by the Hopper and
-Blackwell templates: banded rasterisation, the masked layout's walk over groups on the GPU and the
+Blackwell templates: the persistent launch, banded rasterisation, the masked layout's walk over groups on the GPU and the
 contiguous layout's tile-to-group lookup.
 
 A kernel class that mixes `TileOrder` in provides ``group_size``, ``raster_along_m``,
-``tile_shape_mnk`` (the CTA tile), ``cluster_shape_mn`` and ``masked_tile_rows`` (rows of A one scheduled tile of the
+``tile_shape_mnk`` (the CTA tile), ``cluster_shape_mn``, ``threads_per_cta``, ``smem_bytes`` and ``masked_tile_rows`` (rows of A one scheduled tile of the
 masked layout covers: the CTA tile on Hopper, the MMA tile of a CTA pair on Blackwell).
 """
 
@@ -30,6 +30,19 @@ class TileOrder:
         if cutlass.const_expr(grouped):
             cluster_tiles = cluster_tiles * d.shape[2]
         return cutlass.max(cutlass.min(cluster_tiles, max_active_clusters), 1)
+
+    def _launch_persistent(self, kernel_call, clusters, stream):
+        """Launch `kernel_call` (what ``self.kernel(...)`` returns) over `clusters` persistent
+        clusters (`_persistent_clusters`): grid (cluster_m, cluster_n, clusters), one CTA per SM."""
+        cm, cn = self.cluster_shape_mn
+        kernel_call.launch(
+            grid=[cm, cn, clusters],
+            block=[self.threads_per_cta, 1, 1],
+            cluster=[cm, cn, 1],
+            smem=self.smem_bytes,
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
 
     @cute.jit
     def _cluster_tile_coord(self, t, ct_m, ct_n):
