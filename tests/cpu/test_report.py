@@ -384,7 +384,24 @@ def test_bench_report_option_is_passed_on(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "main", fake_main)
     assert main(["bench", "--op", "fp8_gemm_nt", "--report", str(tmp_path)]) == 0
     assert seen["report_dir"] == str(tmp_path) and seen["ops"] == ("fp8_gemm_nt",)
-    assert seen["command"] == f"cutegen bench --op fp8_gemm_nt --report {tmp_path}"
+    assert seen["command"] == f"cutegen bench --op fp8_gemm_nt --report {tmp_path} --timer kernel"
+    assert bench.timer() == "kernel"
+    try:
+        assert main(["bench", "--op", "fp8_gemm_nt", "--timer", "event"]) == 0
+        assert seen["command"].endswith("--timer event") and bench.timer() == "event"
+    finally:
+        bench.set_timer("kernel")
+    with pytest.raises(ValueError, match="timer"):
+        bench.set_timer("wall")
+
+
+def test_report_method_names_the_timer():
+    from cutegen.gen import report
+
+    kernel = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel"))
+    event = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False))
+    assert "CUPTI" in kernel and "DeepGEMM" in kernel
+    assert "CUDA events" in event
 
 
 def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):

@@ -148,7 +148,8 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128, tile_n=176), "tile_n"),
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=64), "tile_k"),
     ],
-    # epilogue_supported: only one Epilogue exists; see test_epilogue_supported.
+    # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
+    "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
 }
 
 # Blackwell (sm_100a) schedules: a one-CTA FP8 GEMM and a CTA pair.

@@ -118,6 +118,55 @@ def test_every_kernel_runs(ops, fp8, m, n, k):
         check(out, a, b, qa, sa, qb, sb, name)
 
 
+SPLIT_SHAPES = [(1, 576, 7168), (64, 2112, 7168), (128, 200, 896), (333, 4096, 1664), (64, 576, 256)]
+
+
+@pytest.mark.parametrize("m, n, k", SPLIT_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SPLIT_SHAPES])
+def test_split_k_kernels(ops, fp8, m, n, k):
+    """Every split-K kernel with split counts from 1 to one per K block (uneven last splits
+    included): the tile's partial sums are added in split order, so repeating a launch gives the
+    same bits, and the per-tile counters are zero again afterwards."""
+    from cutegen.runtime import split_k
+
+    a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=7)
+    sfa = fp8.to_mn_major_tma_aligned(sa)
+    names = [x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" in x]
+    assert names, "the catalogue has no split-K fp8_gemm_nt kernel"
+    k_blocks = k // 128
+    for name in names:
+        for splits in sorted({1, 2, 3, max(1, k_blocks // 2), k_blocks}):
+            out = poisoned(m, n)
+            fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name, k_splits=splits)
+            check(out, a, b, qa, sa, qb, sb, f"{name} k_splits={splits}")
+            again = poisoned(m, n)
+            fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=again, kernel=name, k_splits=splits)
+            assert torch.equal(out, again), f"{name} k_splits={splits}: two launches differ"
+    torch.cuda.synchronize()
+    for counters, _ in split_k._workspaces.values():
+        assert int(counters.abs().sum()) == 0, "split-K counters not reset to zero"
+
+
+def test_split_k_cuda_graph_and_bad_splits(ops, fp8):
+    names = [x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" in x]
+    plain = [x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" not in x]
+    a, b, qa, sa, qb, sb = make_problem(64, 576, 7168, seed=9)
+    sfa = fp8.to_mn_major_tma_aligned(sa)
+    static_out = poisoned(64, 576)
+    fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=static_out, kernel=names[0], k_splits=8)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=static_out, kernel=names[0], k_splits=8)
+    for _ in range(3):
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(static_out, a, b, qa, sa, qb, sb, f"{names[0]} replayed")
+    with pytest.raises(InputError, match="'k_splits'.*does not split K"):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb, kernel=plain[0], k_splits=2)
+    with pytest.raises(InputError, match="'k_splits'.*positive int"):
+        fp8.fp8_gemm_nt(qa, sfa, qb, sb, kernel=names[0], k_splits=0)
+
+
 def test_to_mn_major_tma_aligned(fp8):
     sa = torch.randn(37, 5, device="cuda")
     aligned = fp8.to_mn_major_tma_aligned(sa)

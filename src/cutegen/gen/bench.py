@@ -1,11 +1,18 @@
 """`cutegen bench`: time the built kernels on the GPU beside their anchors measured in the same run.
 
 Needs torch with CUDA and a build folder; never the CuTe DSL. Method: fresh random inputs, warm-up,
-then each timed call is bracketed by CUDA events with the L2 flushed (a 256 MiB write) before it
-and a ~100 µs GPU spin between the flush and the start event, so that the host's launch work
-(tens of µs through Python) is done before the clock starts and small kernels are timed on the
-GPU alone; host time per call is reported separately. The median is reported. Ratios within one
-run are what to compare: absolute times drift.
+then each timed call runs alone with the L2 flushed (a 256 MiB write) before it and a ~100 µs GPU
+spin between the flush and the call, so that the host's launch work (tens of µs through Python)
+is done before the GPU reaches the call. Two timers (`cutegen bench --timer`):
+
+* ``kernel`` (the default): the summed durations of the call's GPU kernels and copies as CUPTI
+  records them (``torch.profiler``), the way DeepGEMM's own benchmark (``bench_kineto``) timed
+  the DeepGEMM numbers this project compares against;
+* ``event``: CUDA events recorded around the call, which also count the GPU's launch of the first
+  kernel and its retirement of the last (~2-3 µs on an H200: what a one-element fill measures).
+
+The median over the calls is reported; host time per call is reported separately. Ratios within
+one run are what to compare: absolute times drift.
 """
 
 from __future__ import annotations
@@ -60,14 +67,32 @@ class BenchRow:
 HOST_HIDING_SPIN_CYCLES = 200_000
 
 
+TIMERS = ("kernel", "event")
+_timer = "kernel"
+
+
+def set_timer(timer: str) -> None:
+    """Time calls by their kernels' durations ("kernel") or by CUDA events around them ("event")."""
+    global _timer
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
+    _timer = timer
+
+
+def timer() -> str:
+    return _timer
+
+
 def time_cuda(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, flush_l2: bool = True) -> float:
-    """Median GPU time of `fn` in microseconds, each call timed alone with CUDA events."""
+    """Median GPU time of `fn` in microseconds, each call timed alone by the current timer."""
     import torch
 
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flush_l2 else None
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    if _timer == "kernel":
+        return _time_kernels(fn, flush, reps)
     times = []
     for _ in range(reps):
         if flush is not None:
@@ -81,6 +106,47 @@ def time_cuda(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, flus
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
     return statistics.median(times)
+
+
+def _time_kernels(fn: Callable[[], object], flush, reps: int) -> float:
+    """Median over `reps` calls of the summed durations of each call's GPU activities (CUPTI).
+
+    Each rep runs the flush (when given), two GPU spins, then the call; the spins' kernels mark
+    where each call's activities begin, and the next rep's flush (the last activity before its
+    spins) is not the call's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            if flush is not None:
+                flush.zero_()
+            torch.cuda._sleep(HOST_HIDING_SPIN_CYCLES)
+            torch.cuda._sleep(1)
+            fn()
+        torch.cuda.synchronize()
+    activities = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    calls: list[list[float]] = []
+    spins = 0
+    collecting = False
+    for e in activities:
+        if "spin_kernel" in e.name:
+            spins += 1
+            collecting = spins % 2 == 0
+            if collecting:
+                calls.append([])
+        elif collecting:
+            calls[-1].append(e.time_range.elapsed_us())
+    if len(calls) != reps:
+        raise RuntimeError(f"kernel timer: found {len(calls)} timed calls in the profile, expected {reps}")
+    if flush is not None:
+        calls = [c[:-1] for c in calls[:-1]] + calls[-1:]
+    if not all(calls):
+        raise RuntimeError("kernel timer: a timed call launched no GPU activity")
+    return statistics.median(sum(c) for c in calls)
 
 
 def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:
@@ -510,6 +576,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
     from cutegen.runtime import ops as runtime_ops
 
     env = environment()
+    env["timer"] = _timer
     if command:
         env["command"] = command
     results: dict = {"environment": env}

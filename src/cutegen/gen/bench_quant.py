@@ -1,8 +1,8 @@
 """Benchmark of the FP8 quantize kernels beside eager torch, ``torch.compile`` and a copy (GPU).
 
 Same method as `cutegen.gen.bench`: fresh random inputs (normal values times magnitudes spanning
-1e-6 .. 1e4), warm-up, then each timed call bracketed by CUDA events with the L2 flushed before
-it; medians. Bandwidth counts bytes read + written: input, q and scales. The copy anchor is a
+1e-6 .. 1e4), warm-up, then each call timed alone (by its kernels' durations or by CUDA events:
+`cutegen bench --timer`) with the L2 flushed before it; medians. Bandwidth counts bytes read + written: input, q and scales. The copy anchor is a
 device-to-device copy of half that many bytes (so it reads and writes the same total), timed the
 same way. Ratios within one run are what to compare.
 

@@ -543,7 +543,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(str(exc), 2 if exc.usage else 1) from None
     if args.json:
         print(json.dumps({"out_dir": str(report.out_dir), "kernels": report.kernels,
-                          "files": report.files, "no_op_launcher": report.skipped_dispatch}, indent=2))
+                          "files": report.files, "no_op_launcher": {op: names for op, names in report.skipped_dispatch}}, indent=2))
     else:
         print(report.summary())
     return 0
@@ -639,9 +639,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--groups: expected a positive number of groups, got {args.groups}", 2)
     if not torch.cuda.is_available():
         raise CliError("cutegen tune needs a CUDA GPU (torch.cuda.is_available() is False)", 2)
+    from cutegen.gen.bench import set_timer
     from cutegen.runtime import ops
 
     ops.set_build_dir(args.build_dir)
+    set_timer(args.timer)
     out = Path(args.out) if args.out else Path(args.build_dir) / "tuning.json"
     try:
         tune(args.op, shapes, out, timings_out=Path(args.timings_out) if args.timings_out else None,
@@ -653,7 +655,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from cutegen.gen.bench import OPS
+    from cutegen.gen.bench import OPS, set_timer
     from cutegen.gen.bench import main as bench_main
 
     report_dir = getattr(args, "report", None)
@@ -667,9 +669,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = " ".join([
         f"{PROG} bench", *(f"--op {o}" for o in args.op or ()),
         *(["--json-out", args.json_out] if args.json_out else []), *(["--report", report_dir] if report_dir else []),
-        *(["--every-kernel"] if args.every_kernel else []),
+        *(["--every-kernel"] if args.every_kernel else []), f"--timer {args.timer}",
     ])
     ops = tuple(args.op) if args.op else OPS
+    set_timer(args.timer)
     return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command,
                       every_kernel=args.every_kernel)
 
@@ -789,6 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--build-dir", default=DEFAULT_BUILD_DIR, metavar="DIR", help=f"build folder (default: {DEFAULT_BUILD_DIR})")
     tn.add_argument("-o", "--out", metavar="PATH", help="tuning table to update (default: DIR/tuning.json, which the runtime reads)")
     tn.add_argument("--timings-out", metavar="PATH", help="also write every kernel's time per shape (JSON)")
+    tn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
+                    help="kernel: GPU kernel durations (CUPTI, default); event: CUDA events around each call")
     tn.set_defaults(func=cmd_tune)
 
     bn = sub.add_parser("bench", help="benchmark the built kernels on this GPU beside torch (needs CUDA)")
@@ -803,6 +808,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write the Markdown report with plots into DIR (as `cutegen report`; needs matplotlib)")
     bn.add_argument("--every-kernel", action="store_true",
                     help="quantize: also time every other runnable kernel of each case, forced by name")
+    bn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
+                    help="kernel: the calls' GPU kernel durations as CUPTI records them, as DeepGEMM's own "
+                         "benchmark timed its numbers (default); event: CUDA events around each call")
     bn.set_defaults(func=cmd_bench)
 
     rp = sub.add_parser(

@@ -604,13 +604,26 @@ def _env() -> Any:
 
 @dataclasses.dataclass
 class OpGroup:
+    """An op's exported kernels. `cutegen_<op>_launch` dispatches over `dispatched`: the kernels
+    with the op's most common signature (e.g. the fp8_gemm_nt kernels without split K); the others
+    take more arguments (a split-K kernel's workspace and split count) and are launched through
+    their own `<name>_launch`."""
+
     op: str
     kernels: list[KernelView]
-    dispatch: bool  # all kernels share one signature: cutegen_<op>_launch exists
+    dispatched: list[KernelView]
+
+    @property
+    def dispatch(self) -> bool:
+        return bool(self.dispatched)
 
     @property
     def first(self) -> KernelView:
-        return self.kernels[0]
+        return self.dispatched[0]
+
+    @property
+    def others(self) -> list[KernelView]:
+        return [k for k in self.kernels if k not in self.dispatched]
 
 
 def op_groups(views: Sequence[KernelView]) -> list[OpGroup]:
@@ -619,8 +632,12 @@ def op_groups(views: Sequence[KernelView]) -> list[OpGroup]:
         groups.setdefault(v.manifest.op, []).append(v)
     out = []
     for op, kernels in sorted(groups.items()):
-        dispatch = len({k.signature_key for k in kernels}) == 1
-        out.append(OpGroup(op, kernels, dispatch))
+        counts: dict[Any, int] = {}
+        for k in kernels:
+            counts[k.signature_key] = counts.get(k.signature_key, 0) + 1
+        # The most common signature; ties go to the first kernel's (stable).
+        common = max(counts, key=lambda key: (counts[key], -[k.signature_key for k in kernels].index(key)))
+        out.append(OpGroup(op, kernels, [k for k in kernels if k.signature_key == common]))
     return out
 
 
@@ -708,17 +725,18 @@ class ExportReport:
     out_dir: Path
     kernels: list[str]
     files: list[str]
-    skipped_dispatch: list[str]  # ops whose kernels differ in signature (no cutegen_<op>_launch)
+    # (op, kernels outside cutegen_<op>_launch): kernels whose signature is not the op's common one
+    skipped_dispatch: list[tuple[str, list[str]]]
 
     def summary(self) -> str:
         lines = [f"exported {len(self.kernels)} kernel(s) to {self.out_dir}:"]
         lines += [f"  {n}" for n in self.kernels]
         srcs = c_sources(self.files)
         lines.append(f"C sources ({len(srcs)}): {', '.join(srcs[:4])}{' ...' if len(srcs) > 4 else ''}")
-        for op in self.skipped_dispatch:
+        for op, names in self.skipped_dispatch:
             lines.append(
-                f"note: the {op} kernels take different arguments; use the per-kernel "
-                f"<name>_launch functions (no cutegen_{op}_launch)"
+                f"note: {len(names)} {op} kernel(s) take other arguments than cutegen_{op}_launch "
+                f"(e.g. {names[0]}); launch them with their own <name>_launch"
             )
         lines.append(f"usage: {self.out_dir / README_FILE}")
         return "\n".join(lines)
@@ -837,7 +855,7 @@ def export_kernels(
     written = sorted(
         str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file() and p.name != EXPORT_MARKER
     )
-    skipped = [g.op for g in op_groups(views) if not g.dispatch]
+    skipped = [(g.op, [k.name for k in g.others]) for g in op_groups(views) if g.others]
     return ExportReport(out_dir=out_dir, kernels=[v.name for v in views], files=written, skipped_dispatch=skipped)
 
 

@@ -631,12 +631,22 @@ def _header(env: dict, command: str | None, source: str | None, generated_by: st
     ]
 
 
-def _method(sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool) -> list[str]:
+def _method(
+    sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event"
+) -> list[str]:
+    """The report's Method section; `timer` is the results' (runs before there was a choice used events)."""
+    how = (
+        "the summed durations of each call's GPU kernels as CUPTI records them (`--timer kernel`, the way "
+        "DeepGEMM's own benchmark timed its numbers)"
+        if timer == "kernel"
+        else "CUDA events around each call (`--timer event`: they also count the GPU's launch of the call, ~2-3 µs)"
+    )
     lines = [
         "## Method",
         "",
-        "Times are medians of CUDA-event-timed calls with the L2 flushed before each (`cutegen bench`); "
-        "the anchors ran in the same process, so the ratios are what to compare (absolute times drift).",
+        f"Times are medians over calls run alone with the L2 flushed before each (`cutegen bench`), timed by {how}; "
+        "the anchors ran in the same process and were timed the same way, so the ratios are what to compare "
+        "(absolute times drift).",
         "",
     ]
     if not sections:  # quantize only: its section states its own measure (GB/s beside a copy)
@@ -777,7 +787,7 @@ def render(
 
     lines = _header(env, command, source, generated_by, out_dir)
     lines += ["", "## Summary", "", SUMMARY_BEGIN, *(summary or ["- no results"]), SUMMARY_END, ""]
-    lines += _method(sections, bw, bw_source, settings, has_deepgemm)
+    lines += _method(sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"))
     lines += body + roof_lines + tail
     return "\n".join(lines) + "\n", plan
 

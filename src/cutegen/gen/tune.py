@@ -3,7 +3,8 @@ table (``{op: {"M,N,K": kernel}}``) that the runtime prefers over its analytic h
 
 Optional: the heuristic needs no tuning. Entries for other ops and shapes already in the table are
 kept; each timed shape gets the fastest kernel that also produced a correct result (checked against
-the first candidate's output, so a broken kernel never wins).
+the first candidate's output, so a broken kernel never wins). Split-K kernels are timed at each of
+`TUNED_SPLITS` (normalised for K; a table entry "NAME@SPLITS" fixes the count).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp
 # A k-grouped shape M,N,K is timed as this many groups of K tokens each unless told otherwise
 # (the runtime's kernel choice sees the groups' rows stacked: G·M x N x K).
 K_GROUPED_TUNE_GROUPS = 4
+# Split counts a split-K kernel is timed at (each normalised so that no split is empty).
+TUNED_SPLITS = (2, 3, 4, 6, 8, 12)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -42,7 +45,8 @@ def _runner(
     op: str, m: int, n: int, k: int, groups: int = K_GROUPED_TUNE_GROUPS
 ) -> tuple[Callable[[str], object], Callable[[], object], Callable[[], object]]:
     """(run(kernel), output(), reset()) for one problem of `op` (inputs are created once); reset
-    puts an accumulating output (weight gradients, D += ...) back to zero before the comparison run."""
+    puts an accumulating output (weight gradients, D += ...) back to zero before the comparison run.
+    run takes "NAME" or, for a split-K fp8_gemm_nt kernel, "NAME@SPLITS"."""
     import torch
 
     from cutegen.runtime import fp8_ops, k_grouped_ops, ops
@@ -61,7 +65,12 @@ def _runner(
         sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
         sfb = torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return (lambda name: fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name)), (lambda: out), nothing
+
+        def run(entry: str):
+            name, _, splits = entry.partition("@")
+            return fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name, k_splits=int(splits) if splits else None)
+
+        return run, (lambda: out), nothing
     if op == "fp8_wgrad_gemm_nt":
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
@@ -121,11 +130,20 @@ def tune(
         raise ValueError(f"no {op} kernel of the catalogue at {ops.catalogue().build_dir} runs on this GPU")
     choices: dict[str, str] = {}
     every: dict[str, dict[str, float]] = {}
+    every_split: dict[str, dict[str, float]] = {}
+    split_names = {name for name in names if heuristics.splits_k(ops.catalogue().manifest(name))}
     for m, n, k in shapes:
         run, output, reset = _runner(op, m, n, k, groups)
         reference = None
         timings = []
+        entries = []
         for name in names:
+            if name in split_names:
+                counts = sorted({heuristics.normalize_splits(k, s) for s in TUNED_SPLITS} - {1})
+                entries += [f"{name}@{s}" for s in counts]
+            else:
+                entries.append(name)
+        for name in entries:
             reset()
             run(name)
             torch.cuda.synchronize()
@@ -133,16 +151,21 @@ def tune(
             if reference is None:
                 reference = result.clone()
             elif not torch.allclose(result, reference, rtol=2e-2, atol=2e-2 * float(reference.abs().max() + 1e-6)):
-                progress(f"{m},{n},{k}: {name} disagrees with {names[0]}; not considered")
+                progress(f"{m},{n},{k}: {name} disagrees with {entries[0]}; not considered")
                 continue
             timings.append((time_cuda(lambda: run(name), warmup=3, reps=10), name))
         best_us, best = min(timings)
         # The key the runtime looks the choice up by (k-grouped: the groups' rows stacked).
         rows = m * groups if op == "k_grouped_fp8_gemm_nt_contiguous" else m
         choices[heuristics.shape_key(rows, n, k)] = best
-        every[heuristics.shape_key(m, n, k)] = {name: round(us, 2) for us, name in timings}
-        progress(f"{m},{n},{k}: {best} ({best_us:.1f} µs; {len(timings)} kernels timed)")
+        every[heuristics.shape_key(m, n, k)] = {name: round(us, 2) for us, name in timings if "@" not in name}
+        every_split[heuristics.shape_key(m, n, k)] = {name: round(us, 2) for us, name in timings if "@" in name}
+        progress(f"{m},{n},{k}: {best} ({best_us:.1f} µs; {len(timings)} kernels and split counts timed)")
     if timings_out is not None:
-        # Every kernel's time per shape (µs), for calibrating the analytic heuristic.
-        timings_out.write_text(json.dumps({op: every}, indent=2, sort_keys=True))
+        # Every kernel's time per shape (µs), for calibrating the analytic heuristic; split-K
+        # kernels as NAME@SPLITS under "<op>_split_k".
+        written = {op: every}
+        if split_names:
+            written[f"{op}_split_k"] = every_split
+        timings_out.write_text(json.dumps(written, indent=2, sort_keys=True))
     return merge_table(out, op, choices)

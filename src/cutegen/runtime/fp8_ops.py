@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import ops
+from . import heuristics, ops, split_k
 from .errors import InputError, KernelLoadError
 from .launch import launch
 from .params import SCALE_BLOCK
@@ -121,7 +121,11 @@ def _check_pointers(op: str = OP_FP8_GEMM_NT, sfb_align: int = 4, **tensors: tor
         ops.check_aligned(op, arg, t, sfb_align if arg == "sfb" else PTR_ALIGN_BYTES)
 
 
-def _run(a, sfa, b, sfb, out, kernel: str) -> None:
+_OPERANDS = ["a", "b", "d", "sfa", "sfb"]
+_SPLIT_K_OPERANDS = sorted(_OPERANDS + ["split_counters", "split_partials"])
+
+
+def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> None:
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0:
@@ -132,38 +136,48 @@ def _run(a, sfa, b, sfb, out, kernel: str) -> None:
     device = ops.device_ordinal(a)
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, scale_format(sfa))
-        names = [s.name for s in loaded.manifest.operands]
-        if sorted(names) != ["a", "b", "d", "sfa", "sfb"]:
+        names = sorted(s.name for s in loaded.manifest.operands)
+        split = heuristics.splits_k(loaded.manifest)
+        if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
             raise KernelLoadError(
-                f"kernel {loaded.name}: a {OP_FP8_GEMM_NT} kernel must declare operands a, sfa, b, sfb, d; got {names}"
+                f"kernel {loaded.name}: a {OP_FP8_GEMM_NT} kernel must declare operands a, sfa, b, sfb, d "
+                f"(and split_counters, split_partials when it splits K); got {names}"
             )
+        if k_splits > 1 and not split:
+            raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
         stream = torch.cuda.current_stream(a.device).cuda_stream
-        launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}, stream=stream)
+        operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}
+        extents = None
+        if split:
+            workspace, extents = split_k.launch_arguments(loaded, a.device, stream, m, n, k, k_splits)
+            operands.update(workspace)
+        launch(loaded, operands, extents=extents, stream=stream)
 
 
-def _impl(a, sfa, b, sfb, kernel: str) -> torch.Tensor:
+def _impl(a, sfa, b, sfb, kernel: str, k_splits: int = 0) -> torch.Tensor:
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb)
     out = ops._new_out(a, m, n)
-    _run(a, sfa, b, sfb, out, kernel)
+    _run(a, sfa, b, sfb, out, kernel, k_splits)
     return out
 
 
-def _out_impl(a, sfa, b, sfb, out, kernel: str) -> None:
+def _out_impl(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> None:
     _check_meta(a, sfa, b, sfb, out)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=out)
-    _run(a, sfa, b, sfb, out, kernel)
+    _run(a, sfa, b, sfb, out, kernel, k_splits)
 
 
 @torch.library.custom_op("cutegen::fp8_gemm_nt", mutates_args=())
 def _fp8_gemm_nt_op(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, kernel_name: str = ""
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, kernel_name: str = "",
+    k_splits: int = 0,
 ) -> torch.Tensor:
-    return _impl(a, sfa, b, sfb, kernel_name)
+    return _impl(a, sfa, b, sfb, kernel_name, k_splits)
 
 
 @_fp8_gemm_nt_op.register_fake
-def _fp8_gemm_nt_fake(a, sfa, b, sfb, kernel_name: str = ""):
+def _fp8_gemm_nt_fake(a, sfa, b, sfb, kernel_name: str = "", k_splits: int = 0):
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
     return ops._new_out(a, m, n)
 
@@ -176,12 +190,13 @@ def _fp8_gemm_nt_out_op(
     sfb: torch.Tensor,
     out: torch.Tensor,
     kernel_name: str = "",
+    k_splits: int = 0,
 ) -> None:
-    _out_impl(a, sfa, b, sfb, out, kernel_name)
+    _out_impl(a, sfa, b, sfb, out, kernel_name, k_splits)
 
 
 @_fp8_gemm_nt_out_op.register_fake
-def _fp8_gemm_nt_out_fake(a, sfa, b, sfb, out, kernel_name: str = "") -> None:
+def _fp8_gemm_nt_out_fake(a, sfa, b, sfb, out, kernel_name: str = "", k_splits: int = 0) -> None:
     _check_meta(a, sfa, b, sfb, out)
 
 
@@ -193,12 +208,16 @@ def fp8_gemm_nt(
     out: torch.Tensor | None = None,
     *,
     kernel: str | None = None,
+    k_splits: int | None = None,
 ) -> torch.Tensor:
     """D[M, N] = (A · sfa) @ (B · sfb)^T in bf16; see the module docstring.
 
     ``kernel`` forces a catalogue kernel by name; by default the heuristic (or the tuning table)
-    chooses. Plain eager calls skip the dispatcher; under ``torch.compile``, autograd or dispatch
-    modes the call goes through ``torch.ops.cutegen.fp8_gemm_nt``.
+    chooses. ``k_splits`` sets how many CTAs share each tile's K blocks when the kernel splits K
+    (epilogue ``split_k_tma_store``; by default the heuristic's count; rounded so that no split is
+    empty); any other kernel takes only 1. Plain eager calls skip the dispatcher; under
+    ``torch.compile``, autograd or dispatch modes the call goes through
+    ``torch.ops.cutegen.fp8_gemm_nt``.
     """
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)):
         if not isinstance(t, torch.Tensor):
@@ -207,14 +226,17 @@ def fp8_gemm_nt(
         raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
     if out is not None and not isinstance(out, torch.Tensor):
         raise _fail("out", f"must be a torch.Tensor or None, got {type(out).__name__}")
+    if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
+        raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
+    splits = k_splits or 0
     if ops._plain_eager(a, sfa, b, sfb, out):
         if out is None:
-            return _impl(a, sfa, b, sfb, kernel or "")
-        _out_impl(a, sfa, b, sfb, out, kernel or "")
+            return _impl(a, sfa, b, sfb, kernel or "", splits)
+        _out_impl(a, sfa, b, sfb, out, kernel or "", splits)
         return out
     if out is None:
-        return torch.ops.cutegen.fp8_gemm_nt(a, sfa, b, sfb, kernel or "")
-    torch.ops.cutegen.fp8_gemm_nt_out(a, sfa, b, sfb, out, kernel or "")
+        return torch.ops.cutegen.fp8_gemm_nt(a, sfa, b, sfb, kernel or "", splits)
+    torch.ops.cutegen.fp8_gemm_nt_out(a, sfa, b, sfb, out, kernel or "", splits)
     return out
 
 

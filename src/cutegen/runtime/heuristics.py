@@ -18,6 +18,13 @@ multicast:
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
 * ``estimated time = waves * max(compute, memory, latency)``.
+* Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
+  `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
+  tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'
+  traffic;
+  the best S is the kernel's score (`Score.k_splits`) and what the runtime launches with
+  (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
+  it whatever the count), so the same tile without split K always ranks first.
 
 Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
 cluster, then to the name, so the choice is total and stable. The constants in `CostModel` are the
@@ -26,7 +33,8 @@ assumed L2 reuse factor for operand traffic; they rank candidates, they do not p
 
 A tuning table (JSON, ``{"bf16_gemm_nt": {"M,N,K": "kernel_name"}}``) found at
 ``$CUTEGEN_TUNING`` or ``<build_dir>/tuning.json`` takes precedence when it names one of the
-candidates for the exact shape.
+candidates for the exact shape; a split-K kernel's entry is ``"kernel_name@SPLITS"`` and fixes the
+split count too (`tuned_split_count`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ TUNING_ENV = "CUTEGEN_TUNING"
 TUNING_FILE = "tuning.json"
 DEFAULT_NUM_SMS = 132
 TIE_TOLERANCE = 0.005
+# Split counts the model considers for split-K kernels, and the fewest K blocks a split keeps.
+MAX_K_SPLITS = 16
+MIN_SPLIT_BLOCKS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +93,13 @@ class CostModel:
     block_latency_s: Mapping[int, float] = dataclasses.field(
         default_factory=lambda: {1: 0.152e-6, 2: 0.138e-6, 3: 0.126e-6, 4: 0.12e-6}
     )
+    # Split K: what each wave of work units pays for the split beyond its share of K (the partial
+    # tile written, the release fence and the counting atomic, the last CTA's acquire, its own
+    # pipeline fill). Fitted on kernel durations of every split-K kernel at 2-12 splits on the 21
+    # DeepGEMM shapes (docs/perf/2026-11-30-h200-fp8-kernel-timings.json, in-sample): 64x32 tiles
+    # at M=64, N=576, K=7168 measured 7.6 µs at 3 splits against 8.0 µs for the best unsplit
+    # kernel, and splitting lost wherever the tiles already filled the GPU.
+    split_fixup_s: float = 4e-6
 
     @property
     def flops_per_sm(self) -> float:
@@ -110,6 +128,8 @@ class Score:
     estimated_us: float
     useful_multicast: int
     source: str = "model"
+    # Work units per tile: the K split count a split-K kernel is launched with (else 1).
+    k_splits: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -150,6 +170,25 @@ def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
     return _per_row_scales(manifest) and manifest.grid.tile_m <= rows_per_wave
 
 
+def splits_k(manifest: KernelManifest) -> bool:
+    """A kernel that shares each tile's K blocks among CTAs (launched with a split count)."""
+    return manifest.schedule.get("epilogue") == "split_k_tma_store"
+
+
+def normalize_splits(k: int, k_splits: int) -> int:
+    """The split count a launch uses for ``k_splits`` requested: splits of ⌈KB/k_splits⌉ blocks
+    (KB = ⌈K/128⌉), as many as it takes to cover KB, so that no split is empty."""
+    k_blocks = max(1, ceil_div(int(k), SCALE_BLOCK))
+    per_split = ceil_div(k_blocks, max(1, min(int(k_splits), k_blocks)))
+    return ceil_div(k_blocks, per_split)
+
+
+def _split_candidates(k: int) -> list[int]:
+    k_blocks = max(1, ceil_div(int(k), SCALE_BLOCK))
+    most = min(MAX_K_SPLITS, k_blocks // MIN_SPLIT_BLOCKS)
+    return sorted({normalize_splits(k, s) for s in range(2, most + 1)} - {1}) or [1]
+
+
 def score(
     manifest: KernelManifest,
     m: int,
@@ -161,7 +200,32 @@ def score(
 ) -> Score:
     """Score one candidate for the problem (M, N, K); see the module docstring. With
     ``rows_per_group`` (masked grouped GEMMs), M is ceil(M / rows_per_group) groups whose tiles
-    do not span groups: each group pads its rows to the tile height."""
+    do not span groups: each group pads its rows to the tile height. A split-K kernel's score
+    is that of its best split count."""
+    if not splits_k(manifest):
+        return _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
+    scored = [_score(manifest, m, n, k, num_sms, model, rows_per_group, s) for s in _split_candidates(k)]
+    return min(scored, key=lambda s: (s.estimated_us, s.k_splits))
+
+
+def split_k_count(
+    manifest: KernelManifest, m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS,
+    model: CostModel = DEFAULT_MODEL,
+) -> int:
+    """The split count the runtime launches a split-K kernel with for (M, N, K): the model's best."""
+    return score(manifest, m, n, k, num_sms, model).k_splits
+
+
+def _score(
+    manifest: KernelManifest,
+    m: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    model: CostModel,
+    rows_per_group: int | None,
+    k_splits: int,
+) -> Score:
     rule = manifest.grid
     tm, tn, cm, cn = rule.tile_m, rule.tile_n, rule.cluster_m, rule.cluster_n
     cluster_size = max(1, cm * cn)
@@ -171,6 +235,10 @@ def score(
         tiles_m = ceil_div(m, rows_per_group) * ceil_div(rows_per_group, tm)
     tiles = tiles_m * tiles_n
     cluster_tiles = ceil_div(tiles_m, cm) * ceil_div(tiles_n, cn)
+    # Split K: k_splits work units per tile, each over its share of K.
+    tiles *= k_splits
+    cluster_tiles *= k_splits
+    k = ceil_div(ceil_div(k, SCALE_BLOCK), k_splits) * SCALE_BLOCK if k_splits > 1 else k
     usable = max(cluster_size, (num_sms // cluster_size) * cluster_size)
     clusters_per_wave = usable // cluster_size
     waves = ceil_div(cluster_tiles, clusters_per_wave)
@@ -196,6 +264,11 @@ def score(
         ring = manifest.wgmma_accumulators
         latency = ceil_div(k, SCALE_BLOCK) * model.block_latency_s.get(ring, model.block_latency_s[1])
     estimated = waves * max(compute, memory, latency)
+    if splits_k(manifest):
+        # Every work unit writes its partial tile and counts itself, and the last of a tile reads
+        # the other S - 1 alone, at one SM's rate. Each wave of units pays that.
+        partial_bytes = k_splits * tm * tn * 4
+        estimated += waves * (model.split_fixup_s + partial_bytes / model.sm_bandwidth_cap)
     return Score(
         name=manifest.name,
         tile_m=tm,
@@ -211,6 +284,7 @@ def score(
         memory_us=memory * 1e6,
         estimated_us=estimated * 1e6,
         useful_multicast=mc_a * mc_b,
+        k_splits=k_splits,
     )
 
 
@@ -285,12 +359,36 @@ def load_tuning_table(
     return table
 
 
+def parse_tuned(entry: str) -> tuple[str, int | None]:
+    """A tuning-table entry → (kernel name, split count or None): "NAME" or "NAME@SPLITS"."""
+    name, _, splits = str(entry).partition("@")
+    if not splits:
+        return name, None
+    if not splits.isdigit() or int(splits) < 1:
+        raise ArtifactError(f"tuning-table entry {entry!r}: the split count after '@' must be a positive integer")
+    return name, int(splits)
+
+
+def tuned_split_count(
+    op: str, name: str, m: int, n: int, k: int, build_dir: str | os.PathLike[str] | None = None,
+    tuning: Mapping[str, Any] | None = None,
+) -> int | None:
+    """The split count the tuning table gives kernel ``name`` for this shape, if it does."""
+    table = load_tuning_table(build_dir) if tuning is None else tuning
+    entry = table.get(op, {}).get(shape_key(m, n, k))
+    if entry is None:
+        return None
+    tuned_name, splits = parse_tuned(entry)
+    return splits if tuned_name == name else None
+
+
 def _tuned(
     op: str, candidates: list[KernelManifest], m: int, n: int, k: int, tuning: Mapping[str, Any]
 ) -> KernelManifest | None:
-    name = tuning.get(op, {}).get(shape_key(m, n, k))
-    if name is None:
+    entry = tuning.get(op, {}).get(shape_key(m, n, k))
+    if entry is None:
         return None
+    name, _ = parse_tuned(entry)
     for candidate in candidates:
         if candidate.name == name:
             return candidate
@@ -366,11 +464,11 @@ def choose(
 def format_table(scores: Iterable[Score]) -> str:
     """A fixed-width text rendering of `explain`'s rows."""
     rows = [
-        "name  tile  cluster  mc  tiles  waves  eff  compute_us  memory_us  est_us  source",
+        "name  tile  cluster  mc  splits  tiles  waves  eff  compute_us  memory_us  est_us  source",
     ]
     for s in scores:
         rows.append(
-            f"{s.name}  {s.tile_m}x{s.tile_n}  {s.cluster_m}x{s.cluster_n}  {s.multicast}  "
+            f"{s.name}  {s.tile_m}x{s.tile_n}  {s.cluster_m}x{s.cluster_n}  {s.multicast}  {s.k_splits}  "
             f"{s.tiles}  {s.waves}  {s.wave_efficiency:.2f}  {s.compute_us:.2f}  "
             f"{s.memory_us:.2f}  {s.estimated_us:.2f}  {s.source}"
         )
@@ -385,7 +483,12 @@ __all__ = [
     "explain",
     "format_table",
     "load_tuning_table",
+    "normalize_splits",
+    "parse_tuned",
     "score",
+    "split_k_count",
+    "splits_k",
+    "tuned_split_count",
     "shape_key",
     "tuning_path",
 ]

@@ -80,7 +80,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
 
 # Epilogues each architecture's templates implement.
 ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
-    Arch.SM90A: frozenset({Epilogue.TMA_STORE}),
+    Arch.SM90A: frozenset({Epilogue.TMA_STORE, Epilogue.SPLIT_K_TMA_STORE}),
     Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
 }
 
@@ -643,6 +643,15 @@ def epilogue_supported(s: Schedule) -> str | None:
         return None
     known = ", ".join(sorted(e.value for e in ok)) or "none"
     return f"epilogue={s.epilogue.value}: {s.arch.value} templates implement only {known}"
+
+
+@_rule()
+def split_k_only_dense_fp8(s: Schedule) -> str | None:
+    """The split-K epilogue serves fp8_gemm_nt only (the grouped ops' tiles already fill the GPU,
+    and the weight gradients accumulate into D with a TMA reduce-add)."""
+    if not s.epilogue.splits_k or s.op == Op.FP8_GEMM_NT:
+        return None
+    return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
 
 
 @_rule(ops=_QUANT_OPS)

@@ -145,13 +145,24 @@ class Multicast(str, enum.Enum):
 
 
 class Epilogue(str, enum.Enum):
-    """How the accumulator reaches global memory."""
+    """How the accumulator reaches global memory.
+
+    ``split_k_tma_store``: the K blocks of a tile are split over several CTAs (the split count is
+    a launch argument); each CTA writes its fp32 partial sum to a global workspace and the last one
+    to finish a tile adds the others' and stores the tile with TMA. Small-M problems whose few
+    tiles cannot occupy every SM use it.
+    """
 
     TMA_STORE = "tma_store"
+    SPLIT_K_TMA_STORE = "split_k_tma_store"
 
     @property
     def tag(self) -> str:
-        return {"tma_store": "epitma"}[self.value]
+        return {"tma_store": "epitma", "split_k_tma_store": "episk"}[self.value]
+
+    @property
+    def splits_k(self) -> bool:
+        return self == Epilogue.SPLIT_K_TMA_STORE
 
 
 class Raster(str, enum.Enum):

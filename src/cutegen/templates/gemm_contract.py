@@ -88,6 +88,7 @@ class GemmContract:
         self.masked = schedule.op.is_masked
         self.sfb_per_row = schedule.op.scales_b_per_row
         self.k_grouped = schedule.op.is_k_grouped
+        self.split_k = schedule.epilogue.splits_k
         # UE8M0 scales: four exponent bytes per int32 along K, so the scale tensors have
         # KW = ⌈KB/4⌉ int32 columns where fp32 scales have KB fp32 columns.
         self.ue8m0 = schedule.scale == ScaleFormat.UE8M0
@@ -154,6 +155,10 @@ class GemmContract:
         if self.m_grouped:
             m_indices = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
             return (a, sfa, b, sfb, d, m_indices, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
+        if self.split_k:
+            counters = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+            partials = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=16)
+            return (a, sfa, b, sfb, d, counters, partials, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
         return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
 
     def _k_grouped_fake_arguments(self, m, n, g, ld) -> tuple:
@@ -214,10 +219,31 @@ class GemmContract:
             ops.append({"name": "masked_m", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4})
         elif self.m_grouped:
             ops.append({"name": "m_indices", "dtype": "i32", "shape": ["M"], "contiguous_mode": 0, "align_bytes": 4})
+        if self.split_k:
+            # One counter per CTA tile of the cluster-padded tile grid (zero before a launch, left
+            # zero after it) and K_SPLITS fp32 partial tiles per CTA tile: see split_k_workspace().
+            ops += [
+                {"name": "split_counters", "dtype": "i32", "shape": ["TILES"], "contiguous_mode": 0, "align_bytes": 4},
+                {"name": "split_partials", "dtype": "f32", "shape": ["PARTIALS"], "contiguous_mode": 0, "align_bytes": 16},
+            ]
         return ops
 
     def grid_rule(self) -> dict:
         s = self.schedule
+        if self.split_k:
+            # K_SPLITS work units per cluster tile.
+            units = (
+                f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m})"
+                f" * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n}) * K_SPLITS"
+            )
+            return {
+                "kind": "blocks",
+                "tile_m": s.tile_m,
+                "tile_n": s.tile_n,
+                "cluster_m": s.cluster_m,
+                "cluster_n": s.cluster_n,
+                "blocks": [str(s.cluster_m), str(s.cluster_n), f"max(min({units}, max_active_clusters), 1)"],
+            }
         if self.masked or self.k_grouped:
             # Every group counted full (the host never reads masked_m or the group sizes); idle
             # clusters exit at once. The tile fields feed the heuristic.

@@ -29,6 +29,32 @@ class Fp8GemmNtEntry:
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
 
 
+class Fp8GemmNtSplitKEntry:
+    """`fp8_gemm_nt` with the K blocks of each tile split over `k_splits` CTAs: each writes its fp32
+    partial sum to `split_partials` and counts itself in `split_counters` (one int32 per tile,
+    zero before the launch and left zero after it); the last of a tile adds the others' partials
+    and stores the tile."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        split_counters: cute.Pointer,
+        split_partials: cute.Pointer,
+        k_splits: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(
+            a, b, d, sfa, sfb, max_active_clusters, stream,
+            split_counters=split_counters, split_partials=split_partials, k_splits=k_splits,
+        )
+
+
 class MGroupedContiguousEntry:
     """`m_grouped_fp8_gemm_nt_contiguous`: per row r of A, D[r] = (A[r] · sfa) · (B[g] · sfb[g])ᵀ
     with g = m_indices[r]; rows with g = -1 are padding."""

@@ -32,7 +32,12 @@ from cutegen.templates.gemm_contract import (
     tma_binding,
     with_group_mode,
 )
-from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
+from cutegen.templates.gemm_entries import (
+    Fp8GemmNtEntry,
+    Fp8GemmNtSplitKEntry,
+    MGroupedContiguousEntry,
+    MGroupedMaskedEntry,
+)
 from cutegen.templates.tile_order import TileOrder
 from cutegen.schedules.spec import (
     SCALE_BLOCK,
@@ -162,6 +167,9 @@ class HopperGemmKernel(TileOrder):
         # group mode; the scales are one [Σ blocks, M|N] tensor indexed by the group's first block.
         self.k_grouped = s.op.is_k_grouped
         self.d_grouped = self.masked or self.k_grouped
+        # Split K (fp8_gemm_nt): a tile's K blocks are shared by `k_splits` CTAs (a launch
+        # argument); the last to finish adds the others' fp32 partials (see `_split_k_fixup`).
+        self.split_k = s.epilogue.splits_k
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
@@ -275,6 +283,12 @@ class HopperGemmKernel(TileOrder):
                 {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
                 {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
             ]
+        if self.split_k:
+            params += [
+                {"name": "split_counters", "kind": "pointer", "operand": "split_counters"},
+                {"name": "split_partials", "kind": "pointer", "operand": "split_partials"},
+                {"name": "k_splits", "kind": "scalar", "dtype": "i32", "expr": "K_SPLITS"},
+            ]
         return params
 
     # ---- host side --------------------------------------------------------------------------
@@ -293,7 +307,8 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _launch(
         self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
-        masked_m=None, group_sizes=None, workspace=None,
+        masked_m=None, group_sizes=None, workspace=None, split_counters=None, split_partials=None,
+        k_splits=None,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -368,12 +383,14 @@ class HopperGemmKernel(TileOrder):
                 self.buffer_align_bytes,
             ]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfa_elems], 128]
+            # Without per-row SFB its one word holds the split-K arrival count that a tile's first
+            # math thread read, for the others (split-K kernels only).
             sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfb_elems], 128]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
-        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters)
+        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters, k_splits)
 
         kernel_call = self.kernel(
             tma_atom_a,
@@ -392,6 +409,9 @@ class HopperGemmKernel(TileOrder):
             masked_m,
             group_sizes,
             workspace,
+            split_counters,
+            split_partials,
+            k_splits,
             a.iterator if self.k_grouped else None,
             b.iterator if self.k_grouped else None,
             a_staged,
@@ -771,10 +791,12 @@ class HopperGemmKernel(TileOrder):
         )
 
     @cute.jit
-    def _locate_tile(self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk):
+    def _locate_tile(self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None):
         """Cluster tile t → (group, this CTA's tile m, tile n, first K block of the group in the
-        scales, K blocks of the tile); both roles walk the same sequence. Only the k-grouped
-        layout has a group-dependent first block and K block count."""
+        scales, K blocks of the tile); both roles walk the same sequence. The k-grouped layout has
+        a group-dependent first block and K block count; with split K, t is a work unit (cluster
+        tile t // k_splits, split t % k_splits) and the split's blocks are
+        [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no split empty)."""
         cm, cn = self.cluster_shape_mn
         group = cutlass.Int32(0)
         first_block = cutlass.Int32(0)
@@ -784,9 +806,65 @@ class HopperGemmKernel(TileOrder):
         elif cutlass.const_expr(self.k_grouped):
             group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n)
             ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
+        elif cutlass.const_expr(self.split_k):
+            tile_t = t // k_splits
+            per_split = (k_tile_cnt + k_splits - 1) // k_splits
+            first_block = (t - tile_t * k_splits) * per_split
+            k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
+            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
         else:
             ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
         return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block, k_blocks
+
+    @cute.jit
+    def _split_k_fixup(
+        self, promoted, split, tile, k_splits, counters_ptr, partials_ptr, arrivals_ptr, barrier, mtid
+    ):
+        """Split K: make `promoted` the tile's full sum in the CTA that finishes the tile last.
+
+        Every split writes its partial sum to its slot of the workspace (element i of math thread
+        j at i · threads + j: each store instruction of a warp covers 128 contiguous bytes); after
+        the math threads' barrier the first math thread counts the split in the tile's counter
+        with one acq_rel atomic at GPU scope (its release is cumulative over the stores the
+        barrier ordered before it, its acquire over the other splits' stores; the pattern of
+        CUTLASS's split-K semaphore). The split that brings the count to k_splits adds every slot
+        in split order (the sum does not depend on which CTA finished last) and resets the counter
+        to zero for the next launch. Returns 1 in that CTA (it stores the tile), else 0."""
+        threads = self.num_mma_threads
+        frag = cute.size(promoted)
+        tile_elems = threads * frag
+        tile_base = cutlass.Int64(tile) * k_splits * tile_elems
+        mine = cute.make_tensor(
+            partials_ptr + (tile_base + cutlass.Int64(split) * tile_elems), cute.make_layout(tile_elems)
+        )
+        for i in cutlass.range_constexpr(frag):
+            mine[i * threads + mtid] = promoted[i]
+        barrier.arrive_and_wait()
+        arrivals = cute.make_tensor(arrivals_ptr, cute.make_layout(1))
+        if mtid == 0:
+            arrivals[0] = cute.arch.atomic_add(counters_ptr + tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+        barrier.arrive_and_wait()
+        last = cutlass.Int32(0)
+        if arrivals[0] == k_splits - 1:
+            last = cutlass.Int32(1)
+            total = cute.make_rmem_tensor(promoted.shape, cutlass.Float32)
+            total.fill(0.0)
+            for s in range(k_splits):
+                if s == split:
+                    for i in cutlass.range_constexpr(frag):
+                        total[i] = total[i] + promoted[i]
+                else:
+                    other = cute.make_tensor(
+                        partials_ptr + (tile_base + cutlass.Int64(s) * tile_elems), cute.make_layout(tile_elems)
+                    )
+                    for i in cutlass.range_constexpr(frag):
+                        total[i] = total[i] + other[i * threads + mtid]
+            for i in cutlass.range_constexpr(frag):
+                promoted[i] = total[i]
+            if mtid == 0:
+                counters = cute.make_tensor(counters_ptr, cute.make_layout(tile + 1))
+                counters[tile] = cutlass.Int32(0)
+        return last
 
     @cute.jit
     def _k_grouped_total(self, mSizes, per_group):
@@ -890,6 +968,9 @@ class HopperGemmKernel(TileOrder):
         masked_m_ptr,
         group_sizes_ptr,
         workspace_ptr,
+        split_counters_ptr,
+        split_partials_ptr,
+        k_splits,
         a_base_ptr,
         b_base_ptr,
         a_smem_layout_staged: cute.ComposedLayout,
@@ -1062,6 +1143,9 @@ class HopperGemmKernel(TileOrder):
             num_cluster_tiles = self._masked_total(mMasked, ct_n)
         if cutlass.const_expr(self.k_grouped):
             num_cluster_tiles = self._k_grouped_total(mSizes, num_cluster_tiles)
+        if cutlass.const_expr(self.split_k):
+            # Work units: (cluster tile, split), the splits of a tile adjacent.
+            num_cluster_tiles = num_cluster_tiles * k_splits
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
 
@@ -1094,7 +1178,7 @@ class HopperGemmKernel(TileOrder):
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
-                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk
+                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits
                 )
                 if cutlass.const_expr(self.k_grouped):
                     if group != current_group:
@@ -1115,13 +1199,16 @@ class HopperGemmKernel(TileOrder):
                 else:
                     tAgA_k = tAgA[(None, tile_m, None)]
                     tBgB_k = tBgB[(None, tile_n, None)]
+                # A and B are addressed from the split's first K block (their descriptors start at
+                # the group's for the k-grouped op; everything else starts at block 0).
+                ab_first_block = first_block if self.split_k else cutlass.Int32(0)
                 producer_state.reset_count()
                 for k_tile in range(tile_k_tiles):
                     mainloop_pipeline.producer_acquire(producer_state)
                     barrier = mainloop_pipeline.producer_get_barrier(producer_state)
                     cute.copy(
                         tma_atom_a,
-                        tAgA_k[(None, producer_state.count)],
+                        tAgA_k[(None, ab_first_block + producer_state.count)],
                         tAsA[(None, producer_state.index)],
                         tma_bar_ptr=barrier,
                         mcast_mask=a_mcast_mask,
@@ -1129,7 +1216,7 @@ class HopperGemmKernel(TileOrder):
                     )
                     cute.copy(
                         tma_atom_b,
-                        tBgB_k[(None, producer_state.count)],
+                        tBgB_k[(None, ab_first_block + producer_state.count)],
                         tBsB[(None, producer_state.index)],
                         tma_bar_ptr=barrier,
                         mcast_mask=b_mcast_mask,
@@ -1199,8 +1286,8 @@ class HopperGemmKernel(TileOrder):
             tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n, _, tile_k_tiles = self._locate_tile(
-                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk
+                group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
+                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits
                 )
                 if cutlass.const_expr(self.d_grouped):
                     gC_tile = gC_mn[(None, None, tile_m, tile_n, group)]
@@ -1220,12 +1307,16 @@ class HopperGemmKernel(TileOrder):
                     group = self._tile_group(mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     sfb_group = cutlass.max(group, 0)
+                tile_sfb = mSFB
+                if cutlass.const_expr(self.split_k):
+                    # SFB columns from the split's first K block on (stride 1 along K).
+                    tile_sfb = cute.make_tensor(mSFB.iterator + first_block, mSFB.layout)
                 if cutlass.const_expr(self.block_scaled):
-                    # Dense: every K block; k-grouped: the group's blocks; contiguous: none for
-                    # padding tiles.
+                    # Dense: every K block (of the split); k-grouped: the group's blocks;
+                    # contiguous: none for padding tiles.
                     read_state = self._block_scaled_tile(
                         tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA,
-                        mSFB, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
+                        tile_sfb, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
                         sfb_group, sSFB, contiguous,
                     )
                 else:
@@ -1239,6 +1330,12 @@ class HopperGemmKernel(TileOrder):
                     if zero_padding != 0:
                         self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
                     write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
+                if cutlass.const_expr(self.split_k):
+                    write_tile = self._split_k_fixup(
+                        promoted, t % k_splits, tile_m * (ct_n * cn) + tile_n, k_splits,
+                        split_counters_ptr, split_partials_ptr, cute.recast_ptr(storage.sSFB.data_ptr(), dtype=cutlass.Int32),
+                        epilogue_barrier, tidx - THREADS_PER_WARPGROUP,
+                    )
 
                 # Epilogue.
                 tCgC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
@@ -1278,6 +1375,10 @@ class HopperGemmKernel(TileOrder):
 
 class HopperFp8GemmKernel(Fp8GemmNtEntry, HopperGemmKernel):
     """`fp8_gemm_nt` on sm_90a."""
+
+
+class HopperSplitKFp8GemmKernel(Fp8GemmNtSplitKEntry, HopperGemmKernel):
+    """`fp8_gemm_nt` on sm_90a with the K blocks of each tile split over CTAs."""
 
 
 class HopperMGroupedFp8GemmKernel(MGroupedContiguousEntry, HopperGemmKernel):
@@ -1341,6 +1442,8 @@ class HopperGemmTemplate(GemmContract):
             self.kernel = HopperMaskedFp8GemmKernel(schedule)
         elif self.m_grouped:
             self.kernel = HopperMGroupedFp8GemmKernel(schedule)
+        elif self.split_k:
+            self.kernel = HopperSplitKFp8GemmKernel(schedule)
         elif self.block_scaled:
             self.kernel = HopperFp8GemmKernel(schedule)
         else:

@@ -18,10 +18,11 @@ class TileOrder:
     producer, the MMA issuer and the epilogue walk the same tiles without talking to each other."""
 
     @cute.jit
-    def _persistent_clusters(self, d, grouped: bool, max_active_clusters):
+    def _persistent_clusters(self, d, grouped: bool, max_active_clusters, units_per_tile=None):
         """Clusters to launch (host side), the grid rule the runtime computes too: cluster tiles
         of D (every group counted full when D has a group mode: masked_m and group sizes stay on
-        the GPU, and idle clusters exit at once), at most max_active_clusters, at least 1."""
+        the GPU, and idle clusters exit at once; times `units_per_tile` work units each when
+        given: split K), at most max_active_clusters, at least 1."""
         tm, tn = self.tile_shape_mnk[0], self.tile_shape_mnk[1]
         cm, cn = self.cluster_shape_mn
         tiles_m = (d.shape[0] + tm - 1) // tm
@@ -29,6 +30,8 @@ class TileOrder:
         cluster_tiles = ((tiles_m + cm - 1) // cm) * ((tiles_n + cn - 1) // cn)
         if cutlass.const_expr(grouped):
             cluster_tiles = cluster_tiles * d.shape[2]
+        if cutlass.const_expr(units_per_tile is not None):
+            cluster_tiles = cluster_tiles * units_per_tile
         return cutlass.max(cutlass.min(cluster_tiles, max_active_clusters), 1)
 
     def _launch_persistent(self, kernel_call, clusters, stream):

@@ -1,0 +1,95 @@
+"""The global workspace of split-K FP8 GEMM kernels: per-tile arrival counters and fp32 partial tiles.
+
+A split-K kernel (epilogue ``split_k_tma_store``) shares each CTA tile's K blocks among
+``K_SPLITS`` CTAs. Each writes its fp32 partial tile into ``split_partials`` and counts itself in
+the tile's int32 slot of ``split_counters``; the CTA that brings the count to ``K_SPLITS`` adds the
+partials in split order, stores the tile and sets the counter back to zero. So the counters must
+be zero before a launch and are zero after it, and one workspace serves every launch on a stream
+(two launches running at once on different streams need different workspaces).
+
+Sizes, over the cluster-padded tile grid (a cluster's CTAs past M or N take part too):
+``TILES = align(⌈M/tile_m⌉, cluster_m) · align(⌈N/tile_n⌉, cluster_n)`` counters and
+``PARTIALS = TILES · K_SPLITS · tile_m · tile_n`` floats. Integrators launching the cubins
+themselves allocate these (counters zeroed once) and pass ``K_SPLITS`` with them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from . import heuristics, ops
+from .manifest import KernelManifest
+from .params import ceil_div
+
+_lock = threading.Lock()
+# (device index, stream handle) -> (counters int32, partials fp32), grown on demand, never freed
+# while in use: a CUDA graph captured with a workspace keeps its addresses.
+_workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
+# (kernel, device, stream, M, N, K, requested splits) -> (operands, extents) of a launch: the
+# heuristic's split count and the workspace views cost tens of µs of Python per call otherwise.
+_launches: dict[tuple, tuple[dict[str, Any], dict[str, int]]] = {}
+_LAUNCH_CACHE_SIZE = 1024
+
+
+def workspace_extents(manifest: KernelManifest, m: int, n: int, k_splits: int) -> tuple[int, int]:
+    """(TILES, PARTIALS) a launch of ``manifest`` on an M x N output with ``k_splits`` needs."""
+    rule = manifest.grid
+    tiles_m = ceil_div(ceil_div(int(m), rule.tile_m), rule.cluster_m) * rule.cluster_m
+    tiles_n = ceil_div(ceil_div(int(n), rule.tile_n), rule.cluster_n) * rule.cluster_n
+    tiles = tiles_m * tiles_n
+    return tiles, tiles * int(k_splits) * rule.tile_m * rule.tile_n
+
+
+def workspace(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counters (zeroed once) and partials of at least the given sizes for launches on ``stream``
+    of ``device``. A workspace that must grow is replaced; the old one is kept alive, since a
+    captured CUDA graph may still use its addresses."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), int(stream))
+    with _lock:
+        have = _workspaces.get(key)
+        if have is not None and have[0].numel() >= tiles and have[1].numel() >= partials:
+            return have
+        if have is not None:
+            _retired.append(have)
+        grow_tiles = max(tiles, have[0].numel() if have is not None else 0)
+        grow_partials = max(partials, have[1].numel() if have is not None else 0)
+        counters = torch.zeros(grow_tiles, dtype=torch.int32, device=device)
+        partial_buffer = torch.empty(grow_partials, dtype=torch.float32, device=device)
+        _workspaces[key] = (counters, partial_buffer)
+        return counters, partial_buffer
+
+
+def launch_arguments(
+    loaded: Any, device: torch.device, stream: int, m: int, n: int, k: int, k_splits: int = 0
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The workspace operands and the ``K_SPLITS`` extent of one launch of the split-K kernel
+    ``loaded``: ``k_splits`` (< 1: the tuning table's count for this kernel and shape, else the
+    heuristic's for this GPU), normalised so that no split is empty."""
+    key = (loaded.name, str(device), int(stream), int(m), int(n), int(k), int(k_splits))
+    cached = _launches.get(key)
+    if cached is not None:
+        return cached
+    requested = k_splits
+    if requested < 1:
+        requested = heuristics.tuned_split_count(
+            loaded.manifest.op, loaded.name, m, n, k, ops.catalogue().build_dir
+        ) or heuristics.split_k_count(loaded.manifest, m, n, k, loaded.device.sm_count)
+    splits = heuristics.normalize_splits(k, requested)
+    tiles, partials = workspace_extents(loaded.manifest, m, n, splits)
+    counters, partial_buffer = workspace(device, stream, tiles, partials)
+    result = (
+        {"split_counters": counters[:tiles], "split_partials": partial_buffer[:partials]},
+        {"K_SPLITS": int(splits)},
+    )
+    with _lock:
+        if len(_launches) >= _LAUNCH_CACHE_SIZE:
+            _launches.clear()
+        _launches[key] = result
+    return result
+
+
+__all__ = ["launch_arguments", "workspace", "workspace_extents"]
