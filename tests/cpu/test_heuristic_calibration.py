@@ -88,9 +88,9 @@ def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
     worst = max(regrets, key=regrets.get)
     geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
     # Measured with the model of this commit over the 21 DeepGEMM shapes (kernel durations of
-    # every kernel, split-K ones at 2-12 splits; split_fixup_s fitted on them): geometric mean
-    # 1.025, worst 1.138 (128x576x7168: 64x64 tiles at 6 splits against 64x32 at 3).
-    assert regrets[worst] < 1.15, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
+    # every kernel, split-K ones at 2-12 splits; the latency floor and split_fixup_s fitted on
+    # them): geometric mean 1.025, worst 1.103.
+    assert regrets[worst] < 1.12, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
 

@@ -1,9 +1,12 @@
 """Run every built kernel of the chosen ops once on a small multi-tile problem, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu/sanitize_kernels.py [--op OP ...] [--pattern S]
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
+        python3 tests/gpu/sanitize_kernels.py [--op OP ...] [--pattern S]
     compute-sanitizer --tool synccheck python3 tests/gpu/sanitize_kernels.py --op fp8_gemm_nt --pattern c2x1
 
-(`--report-api-errors no`: the loader counts a kernel's parameters by calling cuFuncGetParamInfo
+(`PYTORCH_NO_CUDA_MEMORY_CACHING=1`: every tensor its own allocation, so that memcheck sees a
+read past a small tensor such as SFB, which torch's caching allocator would place inside a larger
+block. `--report-api-errors no`: the loader counts a kernel's parameters by calling cuFuncGetParamInfo
 until it answers CUDA_ERROR_INVALID_VALUE, and cuda-bindings probes optional driver entry points
 at import; the sanitizer would otherwise report those expected API errors beside kernel errors.)
 Only kernels that run on the GPU present are run (sm_100a kernels are skipped on Hopper).
@@ -46,9 +49,11 @@ def run_bf16(name: str) -> None:
 
 
 def run_fp8(name: str) -> None:
-    # K = 7 blocks: a split-K kernel runs 3 splits of 3, 3 and 1 blocks.
+    # K = 7 blocks: a split-K kernel runs 3 splits of 3, 3 and 1 blocks. N = 1000: a 1x2 cluster of
+    # 160-wide tiles has a CTA whose tile starts past the last 128-column SFB block (run with
+    # PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that a read past SFB leaves its allocation).
     qa, sa = _fp8(300, 896)
-    qb, sb = _block_scaled(torch.randn(456, 896, device="cuda", dtype=torch.bfloat16))
+    qb, sb = _block_scaled(torch.randn(1000, 896, device="cuda", dtype=torch.bfloat16))
     fp8_ops.fp8_gemm_nt(qa, sa, qb, sb, kernel=name, k_splits=3 if "_episk_" in name else None)
 
 

@@ -87,19 +87,20 @@ class CostModel:
     per_row_scale_multicast_slowdown: float = 1.03
     # Seconds a block-scaled tile spends per 128-wide K block at least, whatever its size (wait,
     # WGMMA chain, promotion), by the WGMMA accumulators it cycles through: the floor that bounds
-    # small-M tiles. Measured on an H200, 64x16 tiles at M=64, N=576, K=7168 took 0.23 µs per
-    # block with two accumulators and 0.20 µs with four; the constants keep those ratios, scaled
-    # to rank the 21 DeepGEMM shapes' measured kernels best (fitted on them: in-sample).
+    # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
+    # take ~100 ns per K block after a fixed ~2.4 µs (K from 512 to 16384). The constants are
+    # fitted, monotonic in the accumulator count, to rank the 21 DeepGEMM shapes' measured kernels
+    # best (docs/perf/2026-11-30-h200-fp8-kernel-timings.json: in-sample).
     block_latency_s: Mapping[int, float] = dataclasses.field(
-        default_factory=lambda: {1: 0.152e-6, 2: 0.138e-6, 3: 0.126e-6, 4: 0.12e-6}
+        default_factory=lambda: {1: 0.18e-6, 2: 0.16e-6, 3: 0.13e-6, 4: 0.1e-6}
     )
     # Split K: what each wave of work units pays for the split beyond its share of K (the partial
     # tile written, the release fence and the counting atomic, the last CTA's acquire, its own
     # pipeline fill). Fitted on kernel durations of every split-K kernel at 2-12 splits on the 21
-    # DeepGEMM shapes (docs/perf/2026-11-30-h200-fp8-kernel-timings.json, in-sample): 64x32 tiles
-    # at M=64, N=576, K=7168 measured 7.6 µs at 3 splits against 8.0 µs for the best unsplit
+    # DeepGEMM shapes (docs/perf/2026-11-30-h200-fp8-kernel-timings.json, in-sample): 64x16 tiles
+    # at M=64, N=576, K=7168 measured 6.9 µs at 3 splits against 8.0 µs for the best unsplit
     # kernel, and splitting lost wherever the tiles already filled the GPU.
-    split_fixup_s: float = 4e-6
+    split_fixup_s: float = 3e-6
 
     @property
     def flops_per_sm(self) -> float:

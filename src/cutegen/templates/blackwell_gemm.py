@@ -563,6 +563,8 @@ class BlackwellFp8GemmKernel(TileOrder):
                 # This thread's row of D (the identity tensor's m coordinate of its first element);
                 # rows past M read a valid row's scale and are clipped by the TMA store.
                 row = cutlass.min(tTR_cC[(None, None, None, None, None, *tile_coord)][0][0], last_row)
+                # In range: Blackwell clusters are one tile wide along N (the cta_pair_shape rule),
+                # so no tile starts past N (the Hopper template clamps for its 1x2 clusters).
                 n_block = tile_n * tn // SCALE_BLOCK
                 sfb_group = cutlass.max(group, 0)
                 promoted.fill(0.0)

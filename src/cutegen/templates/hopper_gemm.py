@@ -514,11 +514,18 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _tile_sfb_blocks(self, mSFB, tile_n):
         """(nb0, nb1, boundary): the 128-column SFB blocks an N tile spans (a tile spans at most
-        two; nb1 = nb0 for per-row SFB) and the tile column where nb1 begins."""
+        two; nb1 = nb0 for per-row SFB) and the tile column where nb1 begins.
+
+        A CTA of a cluster whose tile lies wholly past N (its stores are clipped) may start past
+        the last SFB block (e.g. 160-wide tiles in 1x2 clusters at N = 7168: tile 45 starts at
+        column 7200, SFB has 56 blocks): its blocks are clamped to the last one, so that it never
+        reads past SFB (it did, 512 bytes at K = 16384, and faulted where that crossed the end of
+        a mapping)."""
         n0 = tile_n * self.tile_shape_mnk[1]
         nb0 = n0 // SCALE_BLOCK
         nb1 = nb0
         if cutlass.const_expr(not self.sfb_per_row):
+            nb0 = cutlass.min(nb0, mSFB.shape[0] - 1)
             nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
         # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
         boundary = (nb0 + 1) * SCALE_BLOCK - n0
