@@ -230,44 +230,21 @@ class GemmContract:
 
     def grid_rule(self) -> dict:
         s = self.schedule
+        tiles = {"tile_m": s.tile_m, "tile_n": s.tile_n, "cluster_m": s.cluster_m, "cluster_n": s.cluster_n}
+        cluster_tiles = (
+            f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
+        )
         if self.split_k:
             # K_SPLITS work units per cluster tile.
-            units = (
-                f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m})"
-                f" * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n}) * K_SPLITS"
-            )
-            return {
-                "kind": "blocks",
-                "tile_m": s.tile_m,
-                "tile_n": s.tile_n,
-                "cluster_m": s.cluster_m,
-                "cluster_n": s.cluster_n,
-                "blocks": [str(s.cluster_m), str(s.cluster_n), f"max(min({units}, max_active_clusters), 1)"],
-            }
-        if self.masked or self.k_grouped:
+            units = f"{cluster_tiles} * K_SPLITS"
+        elif self.masked or self.k_grouped:
             # Every group counted full (the host never reads masked_m or the group sizes); idle
             # clusters exit at once. The tile fields feed the heuristic.
-            cluster_tiles = (
-                f"G * ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m})"
-                f" * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
-            )
-            return {
-                "kind": "blocks",
-                "tile_m": s.tile_m,
-                "tile_n": s.tile_n,
-                "cluster_m": s.cluster_m,
-                "cluster_n": s.cluster_n,
-                "blocks": [str(s.cluster_m), str(s.cluster_n), f"max(min({cluster_tiles}, max_active_clusters), 1)"],
-            }
-        return {
-            "kind": "persistent_clusters",
-            "tile_m": s.tile_m,
-            "tile_n": s.tile_n,
-            "cluster_m": s.cluster_m,
-            "cluster_n": s.cluster_n,
-            "extent_m": "M",
-            "extent_n": "N",
-        }
+            units = f"G * {cluster_tiles}"
+        else:
+            return {"kind": "persistent_clusters", **tiles, "extent_m": "M", "extent_n": "N"}
+        clusters = f"max(min({units}, max_active_clusters), 1)"
+        return {"kind": "blocks", **tiles, "blocks": [str(s.cluster_m), str(s.cluster_n), clusters]}
 
     def launch_facts(self) -> dict:
         s = self.schedule
