@@ -23,6 +23,7 @@ SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x32x128_c1x2_mca_s14_wg1_r40x232_episk_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
     "cutegen_sm90a_fp8wgrad_e4m3_e4m3_f32_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
@@ -35,6 +36,8 @@ SCHEDULES = (
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfue8m0_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
 )
 GROUPS = 3
+# Split-K kernels: the split count passed (the DSL's host code only multiplies the grid by it).
+K_SPLITS = 3
 # (M, N, K, padding of each leading dimension in elements, max active clusters)
 PROBLEMS = ((1000, 776, 640, 16, 66), (4096, 4096, 4096, 0, 132), (1, 128, 128, 64, 3))
 
@@ -164,6 +167,15 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
                 ap.CPointer(operands["workspace"].ptr),
             ]
             extents = {"M": m, "N": n, "KT": kt, "KB": kb, "G": GROUPS, "W": 32 * 132}
+        if schedule.epilogue.splits_k:  # per-tile counters, fp32 partial tiles, the split count
+            tiles, partials = 64, 64 * K_SPLITS * schedule.tile_m * schedule.tile_n
+            operands["split_counters"] = OperandInfo(0x7F8000000000, (tiles,), (1,), "i32")
+            operands["split_partials"] = OperandInfo(0x7F9000000000, (partials,), (1,), "f32")
+            args += [
+                ap.CPointer(operands["split_counters"].ptr), ap.CPointer(operands["split_partials"].ptr),
+                ap.CScalar(K_SPLITS),
+            ]
+            extents.update(TILES=tiles, PARTIALS=partials, K_SPLITS=K_SPLITS)
     else:
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]
