@@ -10,18 +10,10 @@ import pytest
 from cutegen.runtime import heuristics
 from cutegen.schedules import Epilogue, Op, parse_name, procedural_name, violations
 
-from test_heuristic_calibration import H200_SMS, manifest_from_name
+from test_heuristic_calibration import H200_SMS, manifest_from_name, split_k_manifest_from_name
 
 SPLIT = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x64x128_c1x2_mca_s8_wg1_r40x232_episk_rm_g8"
 PLAIN = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x64x128_c1x2_mca_s8_wg1_r40x232_epitma_rm_g8"
-
-
-def split_manifest(name: str = SPLIT):
-    """A split-K kernel's manifest fields the heuristic and the workspace read."""
-    return dataclasses.replace(
-        manifest_from_name(name),
-        grid=dataclasses.replace(manifest_from_name(name).grid, kind="blocks", blocks=["1", "2", "1"]),
-    )
 
 
 def kernel_splits(k_blocks: int, k_splits: int) -> list[tuple[int, int]]:
@@ -52,7 +44,7 @@ def test_names_and_rule():
 def test_workspace_extents_cover_the_cluster_padded_grid():
     from cutegen.runtime import split_k
 
-    m = split_manifest()
+    m = split_k_manifest_from_name(SPLIT)
     # 64x64 tiles in 1x2 clusters: N = 576 has 9 tile columns, padded to 10.
     tiles, partials = split_k.workspace_extents(m, 64, 576, 7)
     assert tiles == 1 * 10 and partials == tiles * 7 * 64 * 64
@@ -61,7 +53,7 @@ def test_workspace_extents_cover_the_cluster_padded_grid():
 
 
 def test_heuristic_splits_small_m_and_not_large_m():
-    split, plain = split_manifest(), manifest_from_name(PLAIN)
+    split, plain = split_k_manifest_from_name(SPLIT), manifest_from_name(PLAIN)
     # N = 576 at M = 64: 9 tiles for 132 SMs; the model splits K.
     small = heuristics.score(split, 64, 576, 7168, H200_SMS)
     assert small.k_splits > 1
@@ -82,7 +74,7 @@ def test_heuristic_splits_small_m_and_not_large_m():
 def test_tuning_table_entries_fix_the_split_count():
     from cutegen.runtime.errors import ArtifactError
 
-    split, plain = split_manifest(), manifest_from_name(PLAIN)
+    split, plain = split_k_manifest_from_name(SPLIT), manifest_from_name(PLAIN)
     table = {"fp8_gemm_nt": {"64,576,7168": f"{SPLIT}@3", "64,2112,7168": PLAIN}}
     assert heuristics.parse_tuned(f"{SPLIT}@3") == (SPLIT, 3)
     assert heuristics.parse_tuned(PLAIN) == (PLAIN, None)

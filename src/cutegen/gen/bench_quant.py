@@ -2,9 +2,9 @@
 
 Same method as `cutegen.gen.bench`: fresh random inputs (normal values times magnitudes spanning
 1e-6 .. 1e4), warm-up, then each call timed alone (by its kernels' durations or by CUDA events:
-`cutegen bench --timer`) with the L2 flushed before it; medians. Bandwidth counts bytes read + written: input, q and scales. The copy anchor is a
-device-to-device copy of half that many bytes (so it reads and writes the same total), timed the
-same way. Ratios within one run are what to compare.
+`cutegen bench --timer`) with the L2 flushed before it; medians. Bandwidth counts bytes read +
+written: input, q and scales. The copy anchor is a device-to-device copy of half that many bytes
+(so it reads and writes the same total), timed the same way. Ratios within one run are what to compare.
 
 Cases (the anchors of ``docs``/the brief): per-token 1x128 on x [24064, 7168] bf16; the grouped
 transposed per-token quantize of the same x split into the MoE groups

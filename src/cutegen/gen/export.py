@@ -33,6 +33,7 @@ Nothing here imports the CuTe DSL.
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import hashlib
 import json
@@ -632,11 +633,8 @@ def op_groups(views: Sequence[KernelView]) -> list[OpGroup]:
         groups.setdefault(v.manifest.op, []).append(v)
     out = []
     for op, kernels in sorted(groups.items()):
-        counts: dict[Any, int] = {}
-        for k in kernels:
-            counts[k.signature_key] = counts.get(k.signature_key, 0) + 1
-        # The most common signature; ties go to the first kernel's (stable).
-        common = max(counts, key=lambda key: (counts[key], -[k.signature_key for k in kernels].index(key)))
+        # The most common signature; ties go to the one seen first (most_common is stable).
+        common = collections.Counter(k.signature_key for k in kernels).most_common(1)[0][0]
         out.append(OpGroup(op, kernels, [k for k in kernels if k.signature_key == common]))
     return out
 

@@ -21,8 +21,7 @@ multicast:
 * Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
   `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
   tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'
-  traffic;
-  the best S is the kernel's score (`Score.k_splits`) and what the runtime launches with
+  traffic; the best S is the kernel's score (`Score.k_splits`) and what the runtime launches with
   (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
   it whatever the count), so the same tile without split K always ranks first.
 
@@ -487,9 +486,9 @@ __all__ = [
     "normalize_splits",
     "parse_tuned",
     "score",
+    "shape_key",
     "split_k_count",
     "splits_k",
     "tuned_split_count",
-    "shape_key",
     "tuning_path",
 ]

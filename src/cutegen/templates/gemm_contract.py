@@ -221,7 +221,8 @@ class GemmContract:
             ops.append({"name": "m_indices", "dtype": "i32", "shape": ["M"], "contiguous_mode": 0, "align_bytes": 4})
         if self.split_k:
             # One counter per CTA tile of the cluster-padded tile grid (zero before a launch, left
-            # zero after it) and K_SPLITS fp32 partial tiles per CTA tile: see split_k_workspace().
+            # zero after it) and K_SPLITS fp32 partial tiles per CTA tile: see
+            # cutegen.runtime.split_k.workspace_extents().
             ops += [
                 {"name": "split_counters", "dtype": "i32", "shape": ["TILES"], "contiguous_mode": 0, "align_bytes": 4},
                 {"name": "split_partials", "dtype": "f32", "shape": ["PARTIALS"], "contiguous_mode": 0, "align_bytes": 16},
