@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import re
 import subprocess
@@ -589,3 +590,27 @@ def test_scale_stages_start_on_tma_aligned_boundaries():
     for s in wgrad:
         ab = s.tile_k * (s.tile_m + s.tile_n)  # one byte per e4m3 element
         assert s.stage_bytes == ab + 4 * (128 + 128)
+
+
+def test_sfb_boundaries_cover_every_tile_position():
+    """The main loop is compiled once per column where a tile's second SFB block can begin; the
+    runtime boundary of every tile of every valid width (128 - start mod 128, start = j·tile_n)
+    must be one of those, and the chunk test `8·chunk < boundary` must match the per-column
+    test for the columns 0, 2, 4, 6 of a thread within each 8-column chunk."""
+    from cutegen.schedules.spec import SCALE_BLOCK, sfb_boundaries
+
+    assert sfb_boundaries(192) == (128, 64)
+    assert sfb_boundaries(160) == (128, 96, 64, 32)
+    assert sfb_boundaries(128) == sfb_boundaries(64) == sfb_boundaries(16) == (128,)
+    for tile_n in range(16, 257, 16):
+        if tile_n - math.gcd(tile_n, SCALE_BLOCK) > SCALE_BLOCK:
+            continue  # three SFB blocks: rejected by scale_blocks_per_tile
+        candidates = sfb_boundaries(tile_n)
+        for j in range(2 * SCALE_BLOCK):
+            boundary = SCALE_BLOCK - (j * tile_n) % SCALE_BLOCK
+            if SCALE_BLOCK % tile_n == 0:
+                assert boundary >= tile_n  # one block: no boundary inside the tile
+                continue
+            assert boundary in candidates, (tile_n, j, boundary)
+            for col in range(tile_n):
+                assert (col < boundary) == (8 * (col // 8) < boundary)

@@ -55,6 +55,7 @@ TIE_TOLERANCE = 0.005
 # Split counts the model considers for split-K kernels, and the fewest K blocks a split keeps.
 MAX_K_SPLITS = 16
 MIN_SPLIT_BLOCKS = 2
+CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +71,11 @@ class CostModel:
     operand_bandwidth: float = 10e12
     # What one SM can pull on its own (bounds the share of a nearly idle GPU).
     sm_bandwidth_cap: float = 200e9
-    # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 144, 160)
-    # select one of two per-row scale products per 8-column chunk while promoting; measured on
-    # an H200 their main loop runs ~1.1-1.25x slower than a 128-wide tile's; 1.25 ranks the 21
-    # DeepGEMM shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
-    split_scale_block_slowdown: float = 1.25
+    # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 144, 160,
+    # 192) form two scale products per row; each chunk's is chosen at compile time (one copy of
+    # the main loop per boundary column). Any factor from 1.03 to 1.08 ranks the 21 DeepGEMM
+    # shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
+    split_scale_block_slowdown: float = 1.05
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
     # (sfa·sfb per element); a tile computed in one wave per math warpgroup (tile_m = 64 x
     # warpgroups) leaves the tensor cores idle for it, and measured on an H200 its main loop runs
@@ -100,6 +101,14 @@ class CostModel:
     # at M=64, N=576, K=7168 measured 6.9 µs at 3 splits against 8.0 µs for the best unsplit
     # kernel, and splitting lost wherever the tiles already filled the GPU.
     split_fixup_s: float = 3e-6
+    # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
+    # wave: before a tile's first K block its producer and math warps read the tile's group from
+    # m_indices in global memory, and after the last they zero its padding rows and store it.
+    # It favours fewer, wider tiles (160, 192 columns), most where K is short. Fitted on kernel
+    # durations of every contiguous kernel on DeepGEMM's six shapes
+    # (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json, in-sample); 3-6 µs rank them
+    # alike, more than those steps take alone.
+    grouped_tile_overhead_s: float = 4e-6
 
     @property
     def flops_per_sm(self) -> float:
@@ -263,7 +272,8 @@ def _score(
     if manifest.schedule.get("scale", "none") != "none":
         ring = manifest.wgmma_accumulators
         latency = ceil_div(k, SCALE_BLOCK) * model.block_latency_s.get(ring, model.block_latency_s[1])
-    estimated = waves * max(compute, memory, latency)
+    tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
+    estimated = waves * (max(compute, memory, latency) + tile_overhead)
     if splits_k(manifest):
         # Every work unit writes its partial tile and counts itself, and the last of a tile reads
         # the other S - 1 alone, at one SM's rate. Each wave of units pays that.

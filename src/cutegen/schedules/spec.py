@@ -7,6 +7,7 @@ schedules is instant on any machine.
 from __future__ import annotations
 
 import dataclasses
+import math
 import enum
 from typing import Any
 
@@ -224,6 +225,17 @@ def scale_stage_elems(rows: int) -> int:
     ``rows`` rounded up so that the next stage starts 128-byte aligned (112 -> 128, 144 -> 160)."""
     per_line = TMA_SMEM_ALIGN_BYTES // 4
     return -(-rows // per_line) * per_line
+
+
+def sfb_boundaries(tile_n: int) -> tuple[int, ...]:
+    """Where in an N tile the second 128-column SFB block begins, over every tile position:
+    tile j starts at column j·tile_n, so its boundary is 128 - (j·tile_n mod 128). Largest
+    first: (128, 64) for 192-wide tiles, (128, 96, 64, 32) for 160, eight values for 112 and
+    144; (128,) for tiles that divide 128 and so lie in one block wherever they start."""
+    if SCALE_BLOCK % tile_n == 0:
+        return (SCALE_BLOCK,)
+    step = math.gcd(tile_n, SCALE_BLOCK)
+    return tuple(range(SCALE_BLOCK, 0, -step))
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -47,6 +47,7 @@ from cutegen.schedules.spec import (
     ScaleFormat,
     Schedule,
     scale_stage_elems,
+    sfb_boundaries,
 )
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
@@ -88,8 +89,10 @@ class HopperGemmKernel(TileOrder):
     multiple of 128 = tile_k): each stage also holds the tile's column of SFA (tile_m fp32, loaded
     by TMA with A from the MN-major, TMA-aligned SFA [M, ⌈K/128⌉]; each stage's column starts
     128-byte aligned); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math threads (one
-    or two values per K block: a tile spans at most two 128-column scale blocks), or, for the
-    weight gradient, staged per row of B by TMA like SFA. The tile's rows are computed in
+    or two values per K block: a tile spans at most two 128-column scale blocks, and the main
+    loop is compiled once per column where the second block can begin, so that each accumulator
+    chunk's scale is fixed at compile time), or, for the weight gradient, staged per row of B by
+    TMA like SFA. The tile's rows are computed in
     `waves` of 64 rows per math warpgroup (tile_m=256 with two warpgroups: two waves). Per K
     block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
     (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
@@ -172,6 +175,10 @@ class HopperGemmKernel(TileOrder):
         self.split_k = s.epilogue.splits_k
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
+        # The column where a two-block tile's second SFB block begins takes few values (tile j
+        # starts at j·tile_n): each gets its own copy of the main loop with the block of every
+        # accumulator chunk fixed at compile time (see `_block_scaled_tile`).
+        self.sfb_boundaries = sfb_boundaries(s.tile_n)
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
         # wave's WGMMAs into one accumulator that is promoted before the next wave.
         self.waves = s.waves
@@ -457,12 +464,15 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _mainloop_block_scaled(
         self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
+        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None, boundary_at=None,
     ):
         """Block-scaled mainloop: per 128-wide K block, WGMMA into `acc` from zero, then
         promoted += acc · sfa[row] · sfb[column block] in fp32 registers, wave by wave (see the
-        class docstring). Returns the advanced pipeline state (the caller must rebind it)."""
+        class docstring). `boundary_at`: the tile's SFB boundary when known at compile time.
+        Returns the advanced pipeline state (the caller must rebind it)."""
         nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
+        if cutlass.const_expr(boundary_at is not None):
+            boundary = boundary_at
         promoted.fill(0.0)
         mma_state = read_state.clone()
         for k_tile in range(k_tile_cnt):
@@ -480,34 +490,79 @@ class HopperGemmKernel(TileOrder):
         self, tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
         k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty: bool,
     ):
+        """One tile's block-scaled main loop (`_block_scaled_tile_at`). A tile spanning two SFB
+        blocks takes the copy of the loop compiled for its boundary column, chosen by the chain
+        if boundary == b0 … else … over `sfb_boundaries` (the last one unconditional: tiles wholly
+        past N, whose stores are clipped, take it whatever their boundary). With the boundary a
+        constant, each accumulator chunk's scale is fixed at compile time; a run-time boundary
+        costs a compare and a select per chunk and row in every promotion, which made 112- to
+        192-wide tiles slower than 128-wide ones. Returns the advanced pipeline state."""
+        if cutlass.const_expr(self.single_sfb_block or self.sfb_per_row):
+            read_state = self._block_scaled_tile_at(
+                tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty, None,
+            )
+        else:
+            _, _, boundary = self._tile_sfb_blocks(mSFB, tile_n)
+            read_state = self._block_scaled_tile_from(
+                0, boundary, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty,
+            )
+        return read_state
+
+    @cute.jit
+    def _block_scaled_tile_from(
+        self, case: int, boundary, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty: bool,
+    ):
+        """The boundary chain of `_block_scaled_tile` from candidate `case` on. Each branch
+        builds its own tiled MMA: a field set inside a dynamic branch must not be read after it."""
+        args = (accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe)
+        rest = (k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty)
+        candidate = self.sfb_boundaries[case]
+        if cutlass.const_expr(case == len(self.sfb_boundaries) - 1):
+            read_state = self._block_scaled_tile_at(self._make_tiled_mma(), *args, read_state, *rest, candidate)
+        else:
+            if boundary == candidate:
+                read_state = self._block_scaled_tile_at(self._make_tiled_mma(), *args, read_state, *rest, candidate)
+            else:
+                read_state = self._block_scaled_tile_from(case + 1, boundary, *args, read_state, *rest)
+        return read_state
+
+    @cute.jit
+    def _block_scaled_tile_at(
+        self, tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
+        k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty: bool, boundary_at,
+    ):
         """One tile's block-scaled main loop: through the ring of WGMMA accumulators `accs` when
         the schedule has more than one, else wave by wave. The ring needs len(accs) - 1 K blocks
         to fill; a tile with fewer (`may_be_empty`: possibly none, then its sum is zero; deeper
-        rings: any short K) takes the wave-by-wave loop. Returns the advanced pipeline state
-        (the caller must rebind it)."""
+        rings: any short K) takes the wave-by-wave loop. `boundary_at`: the tile's SFB boundary
+        as a constant, or None (one SFB block, or per-row SFB). Returns the advanced pipeline
+        state (the caller must rebind it)."""
         depth = len(accs)
         if cutlass.const_expr(depth == 1):
             read_state = self._mainloop_block_scaled(
                 tiled_mma, accs[0], promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-                k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB, boundary_at,
             )
         elif cutlass.const_expr(depth == 2 and not may_be_empty):
             read_state = self._mainloop_accumulator_ring(
                 accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-                k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+                k_tile_cnt, num_k_blocks, tile_n, group, sSFB, boundary_at,
             )
         else:
             if k_tile_cnt >= max(depth - 1, 1):
                 read_state = self._mainloop_accumulator_ring(
                     accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-                    k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+                    k_tile_cnt, num_k_blocks, tile_n, group, sSFB, boundary_at,
                 )
             else:
                 # A tiled MMA of this region sets its own ACCUMULATE field (a field set inside a
                 # dynamic branch must not be read after it).
                 read_state = self._mainloop_block_scaled(
                     self._make_tiled_mma(), accs[0], promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe,
-                    read_state, k_tile_cnt, num_k_blocks, tile_n, group, sSFB,
+                    read_state, k_tile_cnt, num_k_blocks, tile_n, group, sSFB, boundary_at,
                 )
         return read_state
 
@@ -534,7 +589,7 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _mainloop_accumulator_ring(
         self, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
-        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None,
+        k_tile_cnt, num_k_blocks, tile_n, group=None, sSFB=None, boundary_at=None,
     ):
         """Block-scaled mainloop of single-wave tiles through a ring of D = len(accs) WGMMA
         accumulators (at least D - 1 K blocks): block kb + D - 1 is issued into the free
@@ -548,6 +603,8 @@ class HopperGemmKernel(TileOrder):
         # dynamic branch, and a field set there must not be read after it.
         tiled_mma = self._make_tiled_mma()
         nb0, nb1, boundary = self._tile_sfb_blocks(mSFB, tile_n)
+        if cutlass.const_expr(boundary_at is not None):
+            boundary = boundary_at
         promoted.fill(0.0)
         mma_state = read_state.clone()
         # A block's scales are read when its WGMMAs are issued, D - 1 blocks ahead of its
@@ -770,14 +827,19 @@ class HopperGemmKernel(TileOrder):
         # WGMMA accumulator layout (PTX ISA, m64nNk32 D fragment): element i of a thread is column
         # c0 + 8*(i//4) + i%2 with c0 = coords[0] even; the SFB boundary is a multiple of 16, so
         # the block of element i is decided per 8-column chunk i//4: c0 + 8*(i//4) < boundary.
+        # With c0 < 8 and the boundary a multiple of 8 that is c0 + 8*(i//4) < boundary exactly when
+        # 8*(i//4) < boundary: a constant when the boundary is (`_block_scaled_tile`).
         c0 = coords[0][1]
         for i in cutlass.range_constexpr(cute.size(acc)):
             scale = p0[i]
             if cutlass.const_expr(self.sfb_per_row):
                 scale = p0[i] * sfb_col[i]
             elif cutlass.const_expr(not self.single_sfb_block):
-                # (the same predicate for the 4 elements of a chunk: computed once)
-                scale = p0[i] if c0 + 8 * (i // 4) < boundary else p1[i]
+                if cutlass.const_expr(isinstance(boundary, int)):
+                    scale = p0[i] if cutlass.const_expr(8 * (i // 4) < boundary) else p1[i]
+                else:
+                    # (the same predicate for the 4 elements of a chunk: computed once)
+                    scale = p0[i] if c0 + 8 * (i // 4) < boundary else p1[i]
             promoted_w[i] = promoted_w[i] + acc[i] * scale
         return read_state
 
