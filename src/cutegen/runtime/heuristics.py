@@ -73,9 +73,9 @@ class CostModel:
     sm_bandwidth_cap: float = 200e9
     # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 144, 160,
     # 192) form two scale products per row; each chunk's is chosen at compile time (one copy of
-    # the main loop per boundary column). Any factor from 1.03 to 1.08 ranks the 21 DeepGEMM
+    # the main loop per boundary column). Any factor from 1.0 to 1.03 ranks the 21 DeepGEMM
     # shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
-    split_scale_block_slowdown: float = 1.05
+    split_scale_block_slowdown: float = 1.03
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
     # (sfa·sfb per element); a tile computed in one wave per math warpgroup (tile_m = 64 x
     # warpgroups) leaves the tensor cores idle for it, and measured on an H200 its main loop runs
@@ -106,9 +106,9 @@ class CostModel:
     # m_indices in global memory, and after the last they zero its padding rows and store it.
     # It favours fewer, wider tiles (160, 192 columns), most where K is short. Fitted on kernel
     # durations of every contiguous kernel on DeepGEMM's six shapes
-    # (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json, in-sample); 3-6 µs rank them
+    # (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json, in-sample); 6-12 µs rank them
     # alike, more than those steps take alone.
-    grouped_tile_overhead_s: float = 4e-6
+    grouped_tile_overhead_s: float = 6e-6
 
     @property
     def flops_per_sm(self) -> float:

@@ -352,12 +352,40 @@ class Schedule:
         return self.epilogue_stages * em * en * self.c_dtype.bytes
 
     @property
+    def epilogue_subtiles(self) -> int:
+        """Sub-tiles (`epi_tile`) that make up one output tile."""
+        em, en = self.epi_tile
+        return (self.tile_m // em) * (self.tile_n // en) if em and en else 0
+
+    @property
+    def epilogue_whole_tile(self) -> bool:
+        """Whether the Hopper epilogue stages the whole output tile in shared memory (one buffer
+        per sub-tile: two barriers per tile instead of two per sub-tile, see the template): for
+        16-bit outputs of single-wave tiles (tile_m = 64 x math warpgroups), when it fits beside
+        this schedule's operand stages. `stages = "auto"` takes the most stages that fit with the
+        EPILOGUE_STAGES ring first, so staging the whole tile never costs an operand stage.
+        Measured on an H200 (docs/perf/NOTES.md): 128-row tiles 1.00-1.11x faster with it; 256-row
+        tiles in 2-CTA clusters 0.96-0.98x (faster at K = 512, slower at K >= 7168), so two-wave
+        tiles keep the ring."""
+        if self.arch != Arch.SM90A or self.op.is_quantize or self.c_dtype.bytes != 2:
+            return False
+        if self.waves != 1:
+            return False
+        em, en = self.epi_tile
+        whole = self.epilogue_subtiles * em * en * self.c_dtype.bytes
+        fixed = SMEM_RESERVED_BYTES + 2 * SMEM_BUFFER_ALIGN_BYTES
+        return self.stages * self.stage_bytes + whole + fixed <= SM90_SMEM_OPT_IN_BYTES
+
+    @property
     def epilogue_stages(self) -> int:
-        """Sub-tiles in the epilogue's shared-memory ring: EPILOGUE_STAGES, or F32_EPILOGUE_STAGES
-        for fp32 outputs (weight gradients), whose tiles need the room for operand stages;
+        """Sub-tile buffers of the epilogue in shared memory: every sub-tile of the tile when
+        `epilogue_whole_tile`, else a ring of EPILOGUE_STAGES, or F32_EPILOGUE_STAGES for fp32
+        outputs (weight gradients), whose tiles need the room for operand stages;
         SM100_EPILOGUE_STAGES for Blackwell's 128-row sub-tiles."""
         if self.arch == Arch.SM100A:
             return SM100_EPILOGUE_STAGES
+        if self.epilogue_whole_tile:
+            return self.epilogue_subtiles
         return F32_EPILOGUE_STAGES if self.c_dtype == DType.F32 else EPILOGUE_STAGES
 
     @property

@@ -81,9 +81,11 @@ class HopperGemmKernel(TileOrder):
       - warpgroups 1..math_warpgroups — **math (consumers)**: raise their budget to
         `consumer_regs`, issue WGMMA on each stage (warpgroup w owns rows
         [64·(w-1)·tile_m/(64·math_warpgroups) …) of the tile), keep one WGMMA batch in flight,
-        release the previous stage, then run the epilogue: fp32 → bf16 in registers, stmatrix into a
-        swizzled shared-memory ring of `epilogue_stages` sub-tiles, one elected warp issues the TMA
-        store of each sub-tile.
+        release the previous stage, then run the epilogue: fp32 → bf16 in registers, stmatrix into
+        swizzled shared-memory sub-tile buffers, one elected warp issues their TMA stores. With a
+        buffer per sub-tile (`Schedule.epilogue_whole_tile`) the whole tile is written between two
+        barriers and stored as one bulk group; otherwise the sub-tiles cycle through a ring of
+        `epilogue_stages` buffers with two barriers each.
 
     Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; K a
     multiple of 128 = tile_k): each stage also holds the tile's column of SFA (tile_m fp32, loaded
@@ -116,13 +118,15 @@ class HopperGemmKernel(TileOrder):
         consumers = every math warp of every CTA that receives the stage through multicast: the
         empty barrier expects `mcast_size · 4 · math_warpgroups` warp arrivals, where
         mcast_size = cluster_m + cluster_n − 1 (the CTAs that write into this CTA's stage).
-      - **epilogue store** (PipelineTmaStore, `epilogue_stages` slots): producer = the math threads
-        (commit groups of TMA stores), drained with `producer_tail` before exit.
+      - **epilogue store** (PipelineTmaStore): producer = the math threads (commit groups of TMA
+        stores: one per sub-tile in a ring of `epilogue_stages` slots, or one per tile when the
+        whole tile is staged), drained with `producer_tail` before exit.
 
     Barriers: mbarriers of the mainloop pipeline (full and empty, per stage) initialised by
     warp 0 and made visible cluster-wide (init arrive/wait) before first use; named barrier
-    EPILOGUE_BARRIER_ID over the math threads around each epilogue sub-tile (smem written →
-    fence.proxy.async → TMA store issued → buffer reusable).
+    EPILOGUE_BARRIER_ID over the math threads around each epilogue sub-tile, or around the
+    whole tile (previous stores have read the buffers → smem written → fence.proxy.async → TMA
+    stores issued).
 
     Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
@@ -147,6 +151,7 @@ class HopperGemmKernel(TileOrder):
         self.ab_stage = s.stages
         self.epi_stage = s.epilogue_stages
         self.epi_tile = s.epi_tile
+        self.epi_subtiles = s.epilogue_subtiles
         self.producer_regs = s.producer_regs
         self.consumer_regs = s.consumer_regs
         self.num_mcast_ctas_a = s.cluster_n
@@ -1345,8 +1350,11 @@ class HopperGemmKernel(TileOrder):
             epilogue_barrier = pipeline.NamedBarrier(
                 barrier_id=EPILOGUE_BARRIER_ID, num_threads=self.num_mma_threads
             )
+            # Whole-tile epilogue (a buffer per sub-tile): one bulk group per tile, and the
+            # buffers are free again once that group has been read (wait for 0 pending).
+            whole_tile = self.epi_stage >= self.epi_subtiles
             store_pipeline = pipeline.PipelineTmaStore.create(
-                num_stages=self.epi_stage,
+                num_stages=1 if whole_tile else self.epi_stage,
                 producer_group=pipeline.CooperativeGroup(
                     pipeline.Agent.Thread, self.num_mma_threads
                 ),
@@ -1419,22 +1427,44 @@ class HopperGemmKernel(TileOrder):
                 epi_tile_shape = tCgC_epi.shape[1]
                 epi_tile_layout = cute.make_layout(epi_tile_shape, stride=(epi_tile_shape[1], 1))
                 num_prev_epi_tiles = tiles_done * epi_tile_num
-                for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                    for v in cutlass.range_constexpr(size_tRS_rD):
-                        tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
-                    tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                    epi_buffer = (num_prev_epi_tiles + epi_idx) % self.epi_stage
-                    cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_buffer)])
-                    # Make the stmatrix writes visible to the TMA unit before the store.
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    epilogue_barrier.arrive_and_wait()
-                    gmem_coord = epi_tile_layout.get_hier_coord(epi_idx)
+                if cutlass.const_expr(whole_tile):
+                    # The previous tile's stores have read the buffers (issued a main loop ago,
+                    # so this rarely waits); then every sub-tile goes to its own buffer, one
+                    # barrier, and one warp issues all the stores as one bulk group.
                     if warp_idx == self.epi_store_warp_id:
-                        if write_tile != 0:
-                            cute.copy(tma_atom_c, bSG_sD[(None, epi_buffer)], bSG_gD[(None, gmem_coord)])
-                        store_pipeline.producer_commit()
                         store_pipeline.producer_acquire()
                     epilogue_barrier.arrive_and_wait()
+                    for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                        for v in cutlass.range_constexpr(size_tRS_rD):
+                            tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
+                        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_idx)])
+                    # Make the stmatrix writes visible to the TMA unit before the stores.
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epilogue_barrier.arrive_and_wait()
+                    if warp_idx == self.epi_store_warp_id:
+                        if write_tile != 0:
+                            for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                                gmem_coord = epi_tile_layout.get_hier_coord(epi_idx)
+                                cute.copy(tma_atom_c, bSG_sD[(None, epi_idx)], bSG_gD[(None, gmem_coord)])
+                        store_pipeline.producer_commit()
+                else:
+                    for epi_idx in cutlass.range_constexpr(epi_tile_num):
+                        for v in cutlass.range_constexpr(size_tRS_rD):
+                            tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
+                        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                        epi_buffer = (num_prev_epi_tiles + epi_idx) % self.epi_stage
+                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_buffer)])
+                        # Make the stmatrix writes visible to the TMA unit before the store.
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epilogue_barrier.arrive_and_wait()
+                        gmem_coord = epi_tile_layout.get_hier_coord(epi_idx)
+                        if warp_idx == self.epi_store_warp_id:
+                            if write_tile != 0:
+                                cute.copy(tma_atom_c, bSG_sD[(None, epi_buffer)], bSG_gD[(None, gmem_coord)])
+                            store_pipeline.producer_commit()
+                            store_pipeline.producer_acquire()
+                        epilogue_barrier.arrive_and_wait()
 
                 tiles_done += 1
                 t += tile_stride
