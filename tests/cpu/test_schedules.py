@@ -614,3 +614,32 @@ def test_sfb_boundaries_cover_every_tile_position():
             assert boundary in candidates, (tile_n, j, boundary)
             for col in range(tile_n):
                 assert (col < boundary) == (8 * (col // 8) < boundary)
+
+
+def test_whole_tile_epilogue_only_where_it_costs_no_stage():
+    """Single-wave Hopper tiles with 16-bit outputs stage the whole output tile when it fits
+    beside their operand stages; two-wave tiles, fp32 outputs and Blackwell keep their rings,
+    and no default schedule has fewer operand stages than the ring would give it."""
+    from cutegen.schedules.loader import AUTO_MAX_STAGES
+    from cutegen.schedules.spec import EPILOGUE_STAGES, SM90_SMEM_OPT_IN_BYTES
+
+    by_tile = {}
+    for s in default_schedules():
+        if s.op.is_quantize:
+            continue
+        assert s.smem_bytes <= SM90_SMEM_OPT_IN_BYTES
+        if s.epilogue_whole_tile:
+            assert s.arch.value == "sm_90a" and s.c_dtype.bytes == 2 and s.waves == 1
+            assert s.epilogue_stages == s.epilogue_subtiles
+            # With the ring instead, one more operand stage would not fit either (or the schedule
+            # already has at least the most stages "auto" gives).
+            em, en = s.epi_tile
+            ring = EPILOGUE_STAGES * em * en * s.c_dtype.bytes
+            whole = s.epilogue_subtiles * em * en * s.c_dtype.bytes
+            with_ring_and_one_more = s.smem_bytes - whole + ring + s.stage_bytes
+            assert with_ring_and_one_more > SM90_SMEM_OPT_IN_BYTES or s.stages >= AUTO_MAX_STAGES
+        by_tile[(s.op.value, s.tile_m, s.tile_n)] = s.epilogue_whole_tile
+    assert by_tile[("fp8_gemm_nt", 128, 128)] and by_tile[("fp8_gemm_nt", 128, 192)]
+    assert not by_tile[("fp8_gemm_nt", 256, 128)]  # two waves: measured slower in 2-CTA clusters
+    assert not by_tile[("fp8_wgrad_gemm_nt", 256, 128)]  # fp32 output
+    assert by_tile[("m_grouped_fp8_gemm_nt_contiguous", 128, 192)]
