@@ -830,21 +830,17 @@ class HopperGemmKernel(TileOrder):
             pipe.consumer_release(read_state)
             read_state.advance()
         # WGMMA accumulator layout (PTX ISA, m64nNk32 D fragment): element i of a thread is column
-        # c0 + 8*(i//4) + i%2 with c0 = coords[0] even; the SFB boundary is a multiple of 16, so
-        # the block of element i is decided per 8-column chunk i//4: c0 + 8*(i//4) < boundary.
-        # With c0 < 8 and the boundary a multiple of 8 that is c0 + 8*(i//4) < boundary exactly when
-        # 8*(i//4) < boundary: a constant when the boundary is (`_block_scaled_tile`).
-        c0 = coords[0][1]
+        # c0 + 8*(i//4) + i%2 with c0 = coords[0] even and < 8; the SFB boundary is a multiple of
+        # 16, so element i lies before it exactly when its 8-column chunk does: 8*(i//4) <
+        # boundary, which `_block_scaled_tile` makes a compile-time constant.
+        if cutlass.const_expr(not self.single_sfb_block and not self.sfb_per_row):
+            assert isinstance(boundary, int), "two-block tiles promote with a constant boundary"
         for i in cutlass.range_constexpr(cute.size(acc)):
             scale = p0[i]
             if cutlass.const_expr(self.sfb_per_row):
                 scale = p0[i] * sfb_col[i]
             elif cutlass.const_expr(not self.single_sfb_block):
-                if cutlass.const_expr(isinstance(boundary, int)):
-                    scale = p0[i] if cutlass.const_expr(8 * (i // 4) < boundary) else p1[i]
-                else:
-                    # (the same predicate for the 4 elements of a chunk: computed once)
-                    scale = p0[i] if c0 + 8 * (i // 4) < boundary else p1[i]
+                scale = p0[i] if cutlass.const_expr(8 * (i // 4) < boundary) else p1[i]
             promoted_w[i] = promoted_w[i] + acc[i] * scale
         return read_state
 
