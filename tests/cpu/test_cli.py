@@ -156,6 +156,19 @@ def test_show(capsys, tmp_path):
     assert "mma_ctas" not in out
 
 
+def test_show_epilogue_buffers(capsys, tmp_path):
+    """`show` says whether the epilogue stages the whole tile or cycles a ring of sub-tiles."""
+    whole = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x192x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8"
+    ring = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_epitma_rm_g8"
+    rc, out, err = run(capsys, "show", whole, "--build-dir", str(tmp_path))
+    assert rc == 0, err
+    assert "epilogue_bytes          49152 (6 sub-tile buffers: the whole tile)" in out
+    assert "wgmma_accumulators      1" in out
+    rc, out, err = run(capsys, "show", ring, "--build-dir", str(tmp_path))
+    assert rc == 0, err
+    assert "epilogue_bytes          32768 (4 sub-tile buffers: a ring)" in out
+
+
 def test_show_blackwell(capsys, tmp_path):
     name = "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8"
     rc, out, err = run(capsys, "show", name, "--build-dir", str(tmp_path))

@@ -139,8 +139,11 @@ def derived_facts(s: Schedule) -> dict[str, Any]:
         "smem_bytes": s.smem_bytes,
         "stage_bytes": s.stage_bytes,
         "epilogue_bytes": s.epilogue_bytes,
+        "epilogue_buffers": s.epilogue_stages,
+        "epilogue_whole_tile": s.epilogue_whole_tile,
         "barrier_bytes": s.barrier_bytes,
         "epi_tile": [em, en],
+        "wgmma_accumulators": s.wgmma_accumulators,
         "accumulators_per_thread": s.accumulators_per_thread,
         "threads_per_cta": s.threads_per_cta,
         "cluster_size": s.cluster_size,
@@ -149,6 +152,15 @@ def derived_facts(s: Schedule) -> dict[str, Any]:
         "tmem_accumulator_stages": s.tmem_accumulator_stages,
         "tmem_columns": s.tmem_columns,
     }
+
+
+def _epilogue_buffers(d: dict[str, Any]) -> str:
+    """' (N sub-tile buffers: the whole tile | a ring)' for `show`; nothing without an epilogue."""
+    n = d["epilogue_buffers"]
+    if not d["epilogue_bytes"]:
+        return ""
+    kind = "the whole tile" if d["epilogue_whole_tile"] else "a ring"
+    return f" ({n} sub-tile buffer{'s' if n != 1 else ''}: {kind})"
 
 
 def _safe_derived(s: Schedule) -> dict[str, Any] | None:
@@ -363,9 +375,10 @@ def cmd_show(args: argparse.Namespace) -> int:
                 f"{d['epilogue_bytes']} + reserved {fixed}",
                 f"  {'stage_bytes':<24}{d['stage_bytes']}",
                 f"  {'epi_tile':<24}{d['epi_tile'][0]}x{d['epi_tile'][1]}",
-                f"  {'epilogue_bytes':<24}{d['epilogue_bytes']}",
+                f"  {'epilogue_bytes':<24}{d['epilogue_bytes']}{_epilogue_buffers(d)}",
                 f"  {'barrier_bytes':<24}{d['barrier_bytes']}",
                 f"  {'accumulators_per_thread':<24}{d['accumulators_per_thread']}",
+                f"  {'wgmma_accumulators':<24}{d['wgmma_accumulators']}",
                 f"  {'threads_per_cta':<24}{d['threads_per_cta']}",
                 f"  {'cluster_size':<24}{d['cluster_size']}",
             ]
