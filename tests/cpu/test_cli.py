@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import types
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from cutegen.gen import cli
 from cutegen.gen.cli import main
 from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Param
 from cutegen.schedules import all_expanded, default_schedules, procedural_name
+from schedule_files import ONE_CTA_CLUSTER, bf16_family  # noqa: E402
 
 NAMES = [procedural_name(s) for s in default_schedules(op="bf16_gemm_nt")]
 NAME = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
@@ -33,32 +33,11 @@ def with_invalid(tmp_path, monkeypatch):
     """Make the CLI read a schedule file with valid and invalid points."""
     p = tmp_path / "mixed.toml"
     p.write_text(
-        textwrap.dedent(
-            """
-            [[family]]
-            name = "mixed"
-            [family.base]
-            arch = "sm_90a"
-            op = "bf16_gemm_nt"
-            a_dtype = "bf16"
-            b_dtype = "bf16"
-            c_dtype = "bf16"
-            acc_dtype = "f32"
-            scale = "none"
-            tile_k = 64
-            stages = "auto"
-            producer_regs = 40
-            consumer_regs = 232
-            epilogue = "tma_store"
-            raster = "along_m"
-            group_size = 8
-            cluster_m = 1
-            cluster_n = 1
-            multicast = "none"
-            [family.sweep]
-            tile = [ {tile_m = 128, tile_n = 128, math_warpgroups = 2},
-                     {tile_m = 96, tile_n = 128, math_warpgroups = 2} ]
-            """
+        bf16_family(
+            "mixed",
+            sweep="tile = [ {tile_m = 128, tile_n = 128, math_warpgroups = 2},\n"
+            "         {tile_m = 96, tile_n = 128, math_warpgroups = 2} ]",
+            base_extra=ONE_CTA_CLUSTER,
         )
     )
     monkeypatch.setattr(cli, "_load", lambda arch, op: all_expanded(arch, op, paths=[p]))

@@ -46,6 +46,7 @@ from cutegen.runtime.params import (
 )
 from cutegen.schedules.predicates import OP_ARCHS
 from toolchain import cuda_include
+from schedule_files import ONE_CTA_CLUSTER, bf16_family
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -1143,30 +1144,11 @@ def test_cli_verify_real_build(capsys, real_build):
     assert out.count(" ok") >= len(REPRESENTATIVE)
 
 
-SCHEDULES_TOML = """\
-[[family]]
-name = "extra_family"
-[family.base]
-arch = "sm_90a"
-op = "bf16_gemm_nt"
-a_dtype = "bf16"
-b_dtype = "bf16"
-c_dtype = "bf16"
-acc_dtype = "f32"
-scale = "none"
-tile_k = 64
-stages = "auto"
-producer_regs = 40
-consumer_regs = 232
-epilogue = "tma_store"
-raster = "along_m"
-group_size = 8
-cluster_m = 1
-cluster_n = 1
-multicast = "none"
-[family.sweep]
-tile = [ {tile_m = 64, tile_n = 192, math_warpgroups = 1}, {tile_m = 128, tile_n = 96, math_warpgroups = 2} ]
-"""
+SCHEDULES_TOML = bf16_family(
+    "extra_family",
+    sweep="tile = [ {tile_m = 64, tile_n = 192, math_warpgroups = 1}, {tile_m = 128, tile_n = 96, math_warpgroups = 2} ]",
+    base_extra=ONE_CTA_CLUSTER,
+)
 EXTRA = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x192x64_c1x1_mc0_s6_wg1_r40x232_epitma_rm_g8"
 
 

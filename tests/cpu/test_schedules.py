@@ -39,6 +39,7 @@ from cutegen.schedules import (
 )
 from cutegen.schedules import predicates as preds
 from cutegen.schedules.spec import SM90_SMEM_OPT_IN_BYTES
+from schedule_files import bf16_family  # noqa: E402
 
 EXPECTED_DEFAULT_NAMES = sorted(
     f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_epitma_rm_g8"
@@ -398,22 +399,7 @@ def test_parse_name_message_names_the_part():
 
 # ---- schedule files ----------------------------------------------------------------------------
 
-BASE_TOML = """
-arch = "sm_90a"
-op = "bf16_gemm_nt"
-a_dtype = "bf16"
-b_dtype = "bf16"
-c_dtype = "bf16"
-acc_dtype = "f32"
-scale = "none"
-tile_k = 64
-stages = "auto"
-producer_regs = 40
-consumer_regs = 232
-epilogue = "tma_store"
-raster = "along_m"
-group_size = 8
-"""
+
 
 
 def write(tmp_path: Path, body: str, name: str = "s.toml") -> Path:
@@ -423,11 +409,7 @@ def write(tmp_path: Path, body: str, name: str = "s.toml") -> Path:
 
 
 def family(base_extra: str = "", sweep: str = "", name: str = "fam") -> str:
-    return (
-        f'[[family]]\nname = "{name}"\ndescription = "test"\n'
-        f"[family.base]\n{BASE_TOML}{base_extra}\n"
-        + (f"[family.sweep]\n{sweep}\n" if sweep else "")
-    )
+    return bf16_family(name, sweep, base_extra)
 
 
 GOOD_SWEEP = """
