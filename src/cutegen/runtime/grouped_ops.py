@@ -36,9 +36,9 @@ import torch
 
 from . import fp8_ops, ops
 from .errors import InputError, KernelLoadError
+from .heuristics import CONTIGUOUS_OP as OP
 from .launch import launch
 
-OP = "m_grouped_fp8_gemm_nt_contiguous"
 # Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.
 M_ALIGNMENT = 128
 

@@ -17,7 +17,9 @@ multicast:
   shared by the CTAs working in a wave, capped by what one SM can pull.
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
-* ``estimated time = waves * max(compute, memory, latency)``.
+* Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
+  tile's group lookup, padding rows and store), which favours fewer, wider tiles.
+* ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``.
 * Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
   `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
   tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'

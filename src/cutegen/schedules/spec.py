@@ -192,9 +192,10 @@ EPILOGUE_STAGES = 4
 # (64 + 2 x 64) fits under consumer_regs=232 without local memory.
 DOUBLE_ACCUMULATOR_REGISTERS = 192
 # Deepest accumulator ring, for tiles with at most DEEP_RING_MAX_ACCUMULATORS accumulators per
-# thread (64x16, 64x32): their K loop is bound by the latency of a block's chain of dependent
-# WGMMAs, and three chains in flight instead of one measured 1.12-1.16x faster on an H200; the
-# 64x64 tile measured 0.87x with four accumulators, so wider tiles keep two.
+# thread (64x16, 64x32): their K loop is bound by each block's latency (stage wait, WGMMAs, wait,
+# promotion), and three blocks in flight instead of one measured 1.12-1.16x faster on an H200
+# (splitting a block's WGMMAs over two accumulators did not help: NOTES.md); the 64x64 tile
+# measured 0.87x with four accumulators, so wider tiles keep two.
 MAX_WGMMA_ACCUMULATORS = 4
 DEEP_RING_MAX_ACCUMULATORS = 16
 # Three 8 KiB fp32 sub-tiles: what lets a 256x128 weight-gradient tile keep 4 operand stages.

@@ -151,7 +151,8 @@ class HopperGemmKernel(TileOrder):
         self.ab_stage = s.stages
         self.epi_stage = s.epilogue_stages
         self.epi_tile = s.epi_tile
-        self.epi_subtiles = s.epilogue_subtiles
+        # A buffer per sub-tile (the whole output tile) or a ring (`Schedule.epilogue_whole_tile`).
+        self.epi_whole_tile = s.epilogue_whole_tile
         self.producer_regs = s.producer_regs
         self.consumer_regs = s.consumer_regs
         self.num_mcast_ctas_a = s.cluster_n
@@ -599,8 +600,8 @@ class HopperGemmKernel(TileOrder):
         """Block-scaled mainloop of single-wave tiles through a ring of D = len(accs) WGMMA
         accumulators (at least D - 1 K blocks): block kb + D - 1 is issued into the free
         accumulator before block kb is waited for and promoted, so D - 1 blocks' WGMMAs are in
-        flight while the math threads promote. Small tiles are bound by the latency of a block's
-        chain of dependent WGMMAs, not by the tensor cores, and overlap D - 1 chains.
+        flight while the math threads promote. Small tiles are bound by each block's latency
+        (stage wait, WGMMAs, wait, promotion), not by the tensor cores, and overlap D - 1 blocks.
         Block b lives in accs[b % D]; its scales in slot b % D of a register ring.
         Returns the advanced pipeline state (the caller must rebind it)."""
         depth = len(accs)
@@ -843,6 +844,14 @@ class HopperGemmKernel(TileOrder):
                 scale = p0[i] if cutlass.const_expr(8 * (i // 4) < boundary) else p1[i]
             promoted_w[i] = promoted_w[i] + acc[i] * scale
         return read_state
+
+    @cute.jit
+    def _convert_subtile(self, tRS_rAcc, tRS_rD, tRS_rD_out, size_tRS_rD, epi_idx):
+        """Epilogue sub-tile `epi_idx` of the tile's fp32 sum, converted to the output type into
+        `tRS_rD_out` (registers), ready for the stmatrix into its shared-memory buffer."""
+        for v in cutlass.range_constexpr(size_tRS_rD):
+            tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
+        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
 
     def _scale_vector_tma(self, scales, rows: int):
         """TMA load of one K block's column of `rows` fp32 scales (contiguous along M or N)."""
@@ -1348,9 +1357,8 @@ class HopperGemmKernel(TileOrder):
             )
             # Whole-tile epilogue (a buffer per sub-tile): one bulk group per tile, and the
             # buffers are free again once that group has been read (wait for 0 pending).
-            whole_tile = self.epi_stage >= self.epi_subtiles
             store_pipeline = pipeline.PipelineTmaStore.create(
-                num_stages=1 if whole_tile else self.epi_stage,
+                num_stages=1 if self.epi_whole_tile else self.epi_stage,
                 producer_group=pipeline.CooperativeGroup(
                     pipeline.Agent.Thread, self.num_mma_threads
                 ),
@@ -1423,7 +1431,8 @@ class HopperGemmKernel(TileOrder):
                 epi_tile_shape = tCgC_epi.shape[1]
                 epi_tile_layout = cute.make_layout(epi_tile_shape, stride=(epi_tile_shape[1], 1))
                 num_prev_epi_tiles = tiles_done * epi_tile_num
-                if cutlass.const_expr(whole_tile):
+                convert_args = (tRS_rAcc, tRS_rD, tRS_rD_out, size_tRS_rD)
+                if cutlass.const_expr(self.epi_whole_tile):
                     # The previous tile's stores have read the buffers (issued a main loop ago,
                     # so this rarely waits); then every sub-tile goes to its own buffer, one
                     # barrier, and one warp issues all the stores as one bulk group.
@@ -1431,9 +1440,7 @@ class HopperGemmKernel(TileOrder):
                         store_pipeline.producer_acquire()
                     epilogue_barrier.arrive_and_wait()
                     for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                        for v in cutlass.range_constexpr(size_tRS_rD):
-                            tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
-                        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                        self._convert_subtile(*convert_args, epi_idx)
                         cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_idx)])
                     # Make the stmatrix writes visible to the TMA unit before the stores.
                     cute.arch.fence_proxy("async.shared", space="cta")
@@ -1446,9 +1453,7 @@ class HopperGemmKernel(TileOrder):
                         store_pipeline.producer_commit()
                 else:
                     for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                        for v in cutlass.range_constexpr(size_tRS_rD):
-                            tRS_rD[v] = tRS_rAcc[epi_idx * size_tRS_rD + v]
-                        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                        self._convert_subtile(*convert_args, epi_idx)
                         epi_buffer = (num_prev_epi_tiles + epi_idx) % self.epi_stage
                         cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_buffer)])
                         # Make the stmatrix writes visible to the TMA unit before the store.
