@@ -202,14 +202,14 @@ def test_per_block_bit_exact(qops, dtype):
 # Grouped transposed
 
 
-def run_grouped(qops, x, sizes, num_blocks=None, poison=True):
+def run_grouped(qops, x, sizes, num_blocks=None, poison=True, kernel=None):
     gs = torch.tensor(sizes, dtype=torch.int32, device="cuda")
     s_rows = qops.grouped_num_blocks_bound(x.shape[0], len(sizes)) if num_blocks is None else num_blocks
     q = torch.full((128 * x.shape[1] * s_rows,), POISON, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     s = torch.full((s_rows, x.shape[1]), -1, dtype=torch.int32, device="cuda").view(torch.float32)
     if not poison:
-        return qops.grouped_transposed_quant_fp8(x, gs, num_blocks=num_blocks)
-    qops.grouped_transposed_quant_fp8(x, gs, out=q, out_scales=s)
+        return qops.grouped_transposed_quant_fp8(x, gs, num_blocks=num_blocks, kernel=kernel)
+    qops.grouped_transposed_quant_fp8(x, gs, out=q, out_scales=s, kernel=kernel)
     return q, s
 
 
@@ -225,11 +225,34 @@ def run_grouped(qops, x, sizes, num_blocks=None, poison=True):
 )
 def test_grouped_bit_exact_small(qops, sizes, hidden):
     x = data(sum(sizes), hidden, seed=len(sizes))
-    for num_blocks in (None, sum(ref.ceil_div(m, 128) for m in sizes)):
-        q, s = run_grouped(qops, x, sizes, num_blocks)
-        want_q, want_s = ref.grouped_transposed_quant_fp8_ref(x, sizes, num_blocks=s.shape[0])
-        assert_same_bytes(q, want_q, f"{sizes} H={hidden} q (S={s.shape[0]})")
-        assert_same_bytes(s, want_s, f"{sizes} H={hidden} scales (S={s.shape[0]})")
+    for kernel in qops.quant_kernels(qops.OP_GROUPED, "bf16", "fp32"):
+        for num_blocks in (None, sum(ref.ceil_div(m, 128) for m in sizes)):
+            q, s = run_grouped(qops, x, sizes, num_blocks, kernel=kernel)
+            want_q, want_s = ref.grouped_transposed_quant_fp8_ref(x, sizes, num_blocks=s.shape[0])
+            assert_same_bytes(q, want_q, f"{kernel} {sizes} H={hidden} q (S={s.shape[0]})")
+            assert_same_bytes(s, want_s, f"{kernel} {sizes} H={hidden} scales (S={s.shape[0]})")
+
+
+def test_grouped_no_tokens(qops):
+    # T = 0 with a caller's bound S > 0: S blocks of zero tokens, without a launch.
+    x = torch.empty(0, 64, dtype=torch.bfloat16, device="cuda")
+    q, s = run_grouped(qops, x, [0, 0, 0], num_blocks=2)
+    want_q, want_s = ref.grouped_transposed_quant_fp8_ref(x, [0, 0, 0], num_blocks=2)
+    assert_same_bytes(q, want_q, "T=0 q")
+    assert_same_bytes(s, want_s, "T=0 scales")
+
+
+def test_grouped_sizes_past_t_read_as_zeros(qops):
+    # Group sizes stay on the GPU and are not checked against T: tokens past T read as zeros,
+    # including in a block that is whole by its group size (group 1's first block here).
+    x = data(200, 72, seed=11)
+    sizes = [128, 160]
+    padded = torch.cat([x, torch.zeros(sum(sizes) - x.shape[0], 72, dtype=x.dtype, device=x.device)])
+    want_q, want_s = ref.grouped_transposed_quant_fp8_ref(padded, sizes, num_blocks=3)
+    for kernel in qops.quant_kernels(qops.OP_GROUPED, "bf16", "fp32"):
+        q, s = run_grouped(qops, x, sizes, num_blocks=3, kernel=kernel)
+        assert_same_bytes(q, want_q, f"{kernel} q")
+        assert_same_bytes(s, want_s, f"{kernel} scales")
 
 
 def test_grouped_moe_configuration(qops):
@@ -239,9 +262,10 @@ def test_grouped_moe_configuration(qops):
     exact = sum(ref.ceil_div(m, 128) for m in MOE_GROUPS)
     assert exact == 188
     want_q, want_s = ref.grouped_transposed_quant_fp8_ref(x, MOE_GROUPS, num_blocks=exact)
-    q, s = run_grouped(qops, x, MOE_GROUPS, num_blocks=exact)
-    assert_same_bytes(q, want_q, "MoE q")
-    assert_same_bytes(s, want_s, "MoE scales")
+    for kernel in qops.quant_kernels(qops.OP_GROUPED, "bf16", "fp32"):
+        q, s = run_grouped(qops, x, MOE_GROUPS, num_blocks=exact, kernel=kernel)
+        assert_same_bytes(q, want_q, f"MoE q ({kernel})")
+        assert_same_bytes(s, want_s, f"MoE scales ({kernel})")
     # the default bound (no host knowledge of the sizes): the same bytes, then zero blocks
     q2, s2 = run_grouped(qops, x, MOE_GROUPS)
     assert s2.shape[0] == 195

@@ -655,7 +655,8 @@ class GroupedTransposedQuantKernel:
     Per tile:
       1. load: thread ``t`` loads 16 bytes (8 hidden columns) of tokens ``t//8 + 32*i``,
          i = 0..3 (4 x 128-bit loads in flight; tokens past the group or past T and columns
-         past H read as 0);
+         past H read as 0; a tile with none of those loads from one address plus multiples of
+         the row stride, without predicates);
       2. ``st.shared.v4`` into a [128 tokens][32 words] buffer with an XOR swizzle: the 16-byte
          chunk c of token row t lives at chunk ``c ^ ((t >> 4) & 7)``;
       3. the next tile's loads are issued into the freed registers (so they are in flight during
@@ -760,15 +761,39 @@ class GroupedTransposedQuantKernel:
     @cute.jit
     def _load_tile(self, mX, frags, tidx, h0, tok0, count):
         chunk = tidx % self.chunks
-        col_ok = h0 + chunk * 8 < mX.shape[1]
-        for i in cutlass.range_constexpr(self.loads):
-            t = tidx // self.chunks + i * self.rows_per_load
-            tok = tok0 + t
-            if col_ok & (t < count) & (tok < mX.shape[0]):
-                src = cute.local_tile(mX, (1, 8), (tok, h0 // 8 + chunk))
-                cute.autovec_copy(src[0, None], frags[i])
-            else:
-                frags[i].fill(0)
+        t0 = tidx // self.chunks
+        # Group sizes live on the GPU and are not checked against T, hence the last term.
+        whole = (
+            (count == self.tile_t)
+            & (h0 + self.tile_h <= mX.shape[1])
+            & (tok0 + self.tile_t <= mX.shape[0])
+        )
+        if whole:
+            # Every row and column of the tile is real (the common case): one address, the
+            # other rows at constant multiples of the row stride, no predicates, no zero fill.
+            row_bytes = Int64(mX.stride[0]) * 2
+            first = mX.iterator.toint() + Int64(tok0 + t0) * row_bytes + (h0 + chunk * 8) * 2
+            for i in cutlass.range_constexpr(self.loads):
+                src = cute.make_tensor(
+                    cute.make_ptr(
+                        cutlass.BFloat16,
+                        cute.assume(first + row_bytes * (i * self.rows_per_load), divby=VEC_BYTES),
+                        cute.AddressSpace.gmem,
+                        assumed_align=VEC_BYTES,
+                    ),
+                    cute.make_layout(8),
+                )
+                cute.autovec_copy(src, frags[i])
+        else:
+            col_ok = h0 + chunk * 8 < mX.shape[1]
+            for i in cutlass.range_constexpr(self.loads):
+                t = t0 + i * self.rows_per_load
+                tok = tok0 + t
+                if col_ok & (t < count) & (tok < mX.shape[0]):
+                    src = cute.local_tile(mX, (1, 8), (tok, h0 // 8 + chunk))
+                    cute.autovec_copy(src[0, None], frags[i])
+                else:
+                    frags[i].fill(0)
 
     @cute.kernel
     def kernel(
