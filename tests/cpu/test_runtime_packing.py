@@ -339,6 +339,22 @@ def test_operand_info_refuses_cpu_tensors():
         operand_info(torch.zeros(4, 8, dtype=torch.bfloat16), "a")
 
 
+def test_launch_cache_key_tells_tensors_apart():
+    torch = pytest.importorskip("torch")
+    from cutegen.runtime.launch import _operands_key
+
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    key = _operands_key({"a": x})
+    assert key == _operands_key({"a": x})
+    for other in (x[1:], x.t(), x.view(torch.float16), x.clone(), x[:, :4]):
+        assert _operands_key({"a": other}) != key
+    assert _operands_key({"b": x}) != key
+    record = (0x1000, (4, 8), (8, 1), "bf16")
+    assert _operands_key({"a": record}) == (("a", OperandInfo(0x1000, (4, 8), (8, 1), "bf16")),)
+    with pytest.raises(InputError, match="'a'"):
+        _operands_key({"a": 3.0})
+
+
 # ------------------------------------------------------------------------------------------------
 # Grid
 

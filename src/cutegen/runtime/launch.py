@@ -185,6 +185,20 @@ def prepare(
     )
 
 
+def _operands_key(operands: Mapping[str, Any]) -> tuple:
+    """The launch-cache key of the operands: a tensor's (name, address, shape, strides, dtype,
+    device) read straight off it, any other record as its `OperandInfo`. Cheaper per call than
+    building an `OperandInfo` per tensor; an entry exists only for operands that passed
+    `operand_info`'s checks, and the device is part of the key, so a hit needs no re-check."""
+    parts = []
+    for name, value in operands.items():
+        if hasattr(value, "data_ptr") and hasattr(value, "stride"):
+            parts.append((name, value.data_ptr(), value.shape, value.stride(), value.dtype, value.device))
+        else:
+            parts.append((name, operand_info(value, name)))
+    return tuple(parts)
+
+
 def _cache(kernel: LoadedKernel) -> "collections.OrderedDict[Any, PreparedLaunch]":
     cache = kernel.launch_cache
     if cache is None:
@@ -203,12 +217,12 @@ def launch(
     Nothing is launched when the grid rule's M or N extent is 0. Returns the prepared launch
     (grid, packed params) for inspection.
     """
-    ordinal = kernel.device.ordinal
-    infos = {name: operand_info(value, name, ordinal) for name, value in operands.items()}
-    key = (tuple(sorted(infos.items())), tuple(sorted(extents.items())) if extents else ())
+    key = (_operands_key(operands), tuple(sorted(extents.items())) if extents else ())
     cache = _cache(kernel)
     prepared = cache.get(key)
     if prepared is None:
+        ordinal = kernel.device.ordinal
+        infos = {name: operand_info(value, name, ordinal) for name, value in operands.items()}
         prepared = prepare(kernel, infos, extents)
         cache[key] = prepared
         if len(cache) > LAUNCH_CACHE_SIZE:
