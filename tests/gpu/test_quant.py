@@ -234,7 +234,7 @@ def test_grouped_bit_exact_small(qops, sizes, hidden):
 
 
 def test_grouped_no_tokens(qops):
-    # T = 0 with a caller's bound S > 0: S blocks of zero tokens, without a launch.
+    # T = 0 with a caller's bound S > 0: S blocks of zero tokens (the kernel reads no token).
     x = torch.empty(0, 64, dtype=torch.bfloat16, device="cuda")
     q, s = run_grouped(qops, x, [0, 0, 0], num_blocks=2)
     want_q, want_s = ref.grouped_transposed_quant_fp8_ref(x, [0, 0, 0], num_blocks=2)

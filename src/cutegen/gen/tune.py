@@ -49,7 +49,7 @@ def _runner(
     run takes "NAME" or, for a split-K fp8_gemm_nt kernel, "NAME@SPLITS"."""
     import torch
 
-    from cutegen.runtime import fp8_ops, k_grouped_ops, ops
+    from cutegen.runtime import fp8_ops, heuristics, k_grouped_ops, ops
 
     def nothing() -> None:
         return None
@@ -67,8 +67,8 @@ def _runner(
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
         def run(entry: str):
-            name, _, splits = entry.partition("@")
-            return fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name, k_splits=int(splits) if splits else None)
+            name, splits = heuristics.parse_tuned(entry)
+            return fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out=out, kernel=name, k_splits=splits)
 
         return run, (lambda: out), nothing
     if op == "fp8_wgrad_gemm_nt":

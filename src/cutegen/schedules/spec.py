@@ -7,8 +7,8 @@ schedules is instant on any machine.
 from __future__ import annotations
 
 import dataclasses
-import math
 import enum
+import math
 from typing import Any
 
 

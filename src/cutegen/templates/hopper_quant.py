@@ -103,18 +103,24 @@ def _quantize_vec(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor):
     out.store((xf * inv).to(cutlass.Float8E4M3FN))
 
 
-@cute.jit
-def _store_flat16(mQ: cute.Tensor, offset: Int64, frag: cute.Tensor):
-    """16 e4m3 bytes to the flat tensor mQ at element `offset` (a multiple of 16): one 128-bit store."""
-    dst = cute.make_tensor(
+def _vec16_at(dtype, base: Int64, offset_bytes: Int64) -> cute.Tensor:
+    """The 16 bytes of global memory at ``base + offset_bytes`` (both 16-byte aligned) as a
+    tensor of `dtype`: one 128-bit access."""
+    return cute.make_tensor(
         cute.make_ptr(
-            cutlass.Float8E4M3FN,
-            mQ.iterator.toint() + cute.assume(offset, divby=VEC_BYTES),
+            dtype,
+            base + cute.assume(offset_bytes, divby=VEC_BYTES),
             cute.AddressSpace.gmem,
             assumed_align=VEC_BYTES,
         ),
-        cute.make_layout(VEC_BYTES),
+        cute.make_layout(VEC_BYTES * 8 // dtype.width),
     )
+
+
+@cute.jit
+def _store_flat16(mQ: cute.Tensor, offset: Int64, frag: cute.Tensor):
+    """16 e4m3 bytes to the flat tensor mQ at element `offset` (a multiple of 16): one 128-bit store."""
+    dst = _vec16_at(cutlass.Float8E4M3FN, mQ.iterator.toint(), offset)
     cute.autovec_copy(frag, dst)
 
 
@@ -772,17 +778,10 @@ class GroupedTransposedQuantKernel:
             # Every row and column of the tile is real (the common case): one address, the
             # other rows at constant multiples of the row stride, no predicates, no zero fill.
             row_bytes = Int64(mX.stride[0]) * 2
-            first = mX.iterator.toint() + Int64(tok0 + t0) * row_bytes + (h0 + chunk * 8) * 2
+            first = Int64(tok0 + t0) * row_bytes + (h0 + chunk * 8) * 2
             for i in cutlass.range_constexpr(self.loads):
-                src = cute.make_tensor(
-                    cute.make_ptr(
-                        cutlass.BFloat16,
-                        cute.assume(first + row_bytes * (i * self.rows_per_load), divby=VEC_BYTES),
-                        cute.AddressSpace.gmem,
-                        assumed_align=VEC_BYTES,
-                    ),
-                    cute.make_layout(8),
-                )
+                row = first + row_bytes * (i * self.rows_per_load)
+                src = _vec16_at(cutlass.BFloat16, mX.iterator.toint(), row)
                 cute.autovec_copy(src, frags[i])
         else:
             col_ok = h0 + chunk * 8 < mX.shape[1]
