@@ -99,8 +99,10 @@ class HopperGemmKernel(TileOrder):
     block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
     (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
     them and promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it
-    releases the stage. The two math warpgroups own different rows, so one can promote while the
-    other's WGMMAs run on the tensor cores. Single-wave tiles whose registers allow it cycle
+    releases the stage and, before promoting that wave, probes the next stage's full barrier
+    with a try-wait (the next block's wait is skipped when it has arrived); the next block's SFB
+    is loaded one block ahead, and the K loop is unrolled twice. The two math warpgroups own
+    different rows, so one can promote while the other's WGMMAs run on the tensor cores. Single-wave tiles whose registers allow it cycle
     through a ring of D = `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row
     tiles, up to 4 for small ones): block kb+D-1's WGMMAs are issued before the warpgroup waits
     for block kb (wait_group(D-1)) and promotes it.
@@ -481,15 +483,54 @@ class HopperGemmKernel(TileOrder):
             boundary = boundary_at
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        for k_tile in range(k_tile_cnt):
-            # The SFB loads go out before the stage wait: their latency hides behind it.
-            sfb0, sfb1 = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+        # Block k_tile + 1's SFB is loaded while block k_tile runs, so the global load's latency
+        # is never between a stage's arrival and its WGMMAs (block 0's exists: every tile this
+        # loop runs has K >= 128, and padding tiles of the contiguous op read their clamped
+        # group's).
+        sfb0_next, sfb1_next = self._block_sfb(mSFB, 0, nb0, nb1, group)
+        next_stage_ready = cutlass.Boolean(False)
+        # Unrolled twice: the loop's pipeline-state and address updates of two blocks share one
+        # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below). Not with
+        # per-row SFB: those tiles then spill (weight gradient 256x128: 8 local loads and stores).
+        for k_tile in cutlass.range(k_tile_cnt, unroll=1 if self.sfb_per_row else 2):
+            sfb0 = sfb0_next
+            sfb1 = sfb1_next
+            sfb0_next, sfb1_next = self._block_sfb(
+                mSFB, cutlass.min(k_tile + 1, k_tile_cnt - 1), nb0, nb1, group
+            )
             for wave in cutlass.range_constexpr(self.waves):
-                mma_state = self._issue_wave(tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave)
-                read_state = self._wait_and_promote(
-                    acc, promoted, tCcC, sSFA, sSFB, pipe, read_state, sfb0, sfb1, boundary, wave, 0
+                mma_state = self._issue_wave(
+                    tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
                 )
+                p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave)
+                warpgroup.wait_group(0)
+                last_wave = wave == self.waves - 1
+                if cutlass.const_expr(last_wave and not self.sfb_per_row):
+                    pipe.consumer_release(read_state)
+                    read_state.advance()
+                    next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
+                read_state = self._promote_wave(
+                    acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave,
+                    released=not self.sfb_per_row,
+                )
+                if cutlass.const_expr(last_wave and self.sfb_per_row):
+                    # Per-row SFB is read from the stage by the promotion, so the stage is
+                    # released (and the next one probed) only after it.
+                    next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
         return read_state
+
+    @cute.jit
+    def _peek_next_stage(self, pipe, state, k_tile, k_tile_cnt):
+        """Whether the stage of `state` (block k_tile + 1 of this tile) has arrived, probed with
+        a try-wait issued before the promotion so that its latency hides behind the FFMAs
+        (DeepGEMM's 1D2D kernel has the same order); the next wave-0 issue skips its wait when
+        it is true. Not probed after the tile's last block: the next tile's first stage is often
+        still loading, and a try-wait that finds its phase incomplete suspends the warp (for up
+        to a system-dependent time) before the promotion: probing it made K <= 4096 1-3% slower."""
+        ready = cutlass.Boolean(False)
+        if k_tile + 1 < k_tile_cnt:
+            ready = pipe.consumer_try_wait(state)
+        return ready
 
     @cute.jit
     def _block_scaled_tile(
@@ -749,12 +790,15 @@ class HopperGemmKernel(TileOrder):
         return sfb0, sfb1
 
     @cute.jit
-    def _issue_wave(self, tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave: int):
+    def _issue_wave(
+        self, tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave: int, stage_ready=None
+    ):
         """Issue the WGMMAs of one wave (this warpgroup's 64 rows of row block `wave`) of the
         stage of `mma_state` into `acc` (from zero) as one commit group. The first wave waits
-        for the stage; the last advances the state, which is returned."""
+        for the stage (unless `stage_ready`, a try-wait's result, says it has arrived); the last
+        advances the state, which is returned."""
         if cutlass.const_expr(wave == 0):
-            pipe.consumer_wait(mma_state)
+            pipe.consumer_wait(mma_state, stage_ready)
         warpgroup.fence()
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         for kb in cutlass.range_constexpr(num_k_blocks):
@@ -813,11 +857,13 @@ class HopperGemmKernel(TileOrder):
         return p0, p1
 
     @cute.jit
-    def _promote_wave(self, acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave: int):
+    def _promote_wave(
+        self, acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave: int, released=False
+    ):
         """promoted[wave] += acc · scale for the completed wave of the block of `read_state`, with
         the scales of `_wave_scales` (times each column's SFB, read from the stage, when SFB is
         per row); after the last wave the stage is handed back to the producer and the state
-        advanced. Returns the state."""
+        advanced, unless the caller has done so (`released`). Returns the state."""
         promoted_w = promoted[(None, wave, 0)]
         coords = tCcC[(None, wave, 0)]
         sfb_col = None
@@ -827,7 +873,7 @@ class HopperGemmKernel(TileOrder):
             sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 sfb_col[i] = sSFB[(coords[i][1], 0, read_state.index)]
-        if cutlass.const_expr(wave == self.waves - 1):
+        if cutlass.const_expr(wave == self.waves - 1 and not released):
             pipe.consumer_release(read_state)
             read_state.advance()
         # WGMMA accumulator layout (PTX ISA, m64nNk32 D fragment): element i of a thread is column
