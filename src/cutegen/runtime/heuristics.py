@@ -58,6 +58,7 @@ TIE_TOLERANCE = 0.005
 MAX_K_SPLITS = 16
 MIN_SPLIT_BLOCKS = 2
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
+K_GROUPED_OP = "k_grouped_fp8_gemm_nt_contiguous"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +80,20 @@ class CostModel:
     # shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
     split_scale_block_slowdown: float = 1.03
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
-    # (sfa·sfb per element); a tile computed in one wave per math warpgroup (tile_m = 64 x
-    # warpgroups) leaves the tensor cores idle for it, and measured on an H200 its main loop runs
-    # ~1.08x slower than a two-wave 256-row tile's (cutegen tune --timings-out, 12 dense + 4
-    # k-grouped shapes; docs/perf/NOTES.md).
-    single_wave_per_row_scale_slowdown: float = 1.08
-    # The same ops gain nothing from TMA multicast: with a 2-CTA cluster sharing A or B they
-    # measured 2-4% slower than 1x1 clusters on most shapes (same timings files).
-    per_row_scale_multicast_slowdown: float = 1.03
+    # (sfa·sfb per element). A tile computed in one wave per math warpgroup (tile_m = 64 x
+    # warpgroups) whose main loop reads each block's column scales only after the WGMMA wait
+    # (`_rolled_per_row_loop`: 1x1 clusters, k-grouped tiles not a multiple of 128 wide) leaves
+    # the tensor cores idle for that; the others read them while the WGMMAs run.
+    # 128x128 in a 1x1 cluster measured ~1.12x the time of the same tile in a 2x1 cluster.
+    rolled_per_row_loop_slowdown: float = 1.12
+    # Two-wave per-row tiles (256 rows: the columns are read after the wait, the loop is rolled)
+    # against single-wave tiles that read them early.
+    two_wave_per_row_scale_slowdown: float = 1.05
+    # Per-row-scaled kernels in a 2-CTA cluster sharing A or B, against a 1x1 cluster: below 1,
+    # as those are the kernels that read their column scales early. The three per-row factors
+    # were fitted on docs/perf/2026-11-30-h200-wgrad-kernel-timings.json (12 dense + 4 k-grouped
+    # shapes, `cutegen tune --timings-out`; in-sample; tests/cpu/test_heuristic_calibration.py).
+    per_row_scale_multicast_slowdown: float = 0.97
     # Seconds a block-scaled tile spends per 128-wide K block at least, whatever its size (wait,
     # WGMMA chain, promotion), by the WGMMA accumulators it cycles through: the floor that bounds
     # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
@@ -181,6 +188,17 @@ def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
     return _per_row_scales(manifest) and manifest.grid.tile_m <= rows_per_wave
 
 
+def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
+    """A single-wave per-row-scaled kernel whose main loop reads each K block's column scales
+    after the WGMMA wait, rolled: the Hopper template reads them while the WGMMAs run only in a
+    multicast cluster, and not for k-grouped tiles that are not a multiple of 128 wide (those
+    spilled), see `_mainloop_block_scaled` in templates/hopper_gemm.py."""
+    rule = manifest.grid
+    multicast_cluster = rule.cluster_m * rule.cluster_n > 1
+    k_grouped_narrow = manifest.op == K_GROUPED_OP and rule.tile_n % SCALE_BLOCK != 0
+    return _single_wave_per_row_scales(manifest) and (not multicast_cluster or k_grouped_narrow)
+
+
 def splits_k(manifest: KernelManifest) -> bool:
     """A kernel that shares each tile's K blocks among CTAs (launched with a split count)."""
     return manifest.schedule.get("epilogue") == "split_k_tma_store"
@@ -265,8 +283,10 @@ def _score(
     compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
     if _straddles_scale_blocks(manifest, tn):
         compute *= model.split_scale_block_slowdown
-    if _single_wave_per_row_scales(manifest):
-        compute *= model.single_wave_per_row_scale_slowdown
+    if _rolled_per_row_loop(manifest):
+        compute *= model.rolled_per_row_loop_slowdown
+    elif _per_row_scales(manifest) and not _single_wave_per_row_scales(manifest):
+        compute *= model.two_wave_per_row_scale_slowdown
     if mc_a * mc_b > 1 and _per_row_scales(manifest):
         compute *= model.per_row_scale_multicast_slowdown
     memory = tile_bytes / sm_bandwidth

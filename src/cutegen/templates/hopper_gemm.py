@@ -490,9 +490,21 @@ class HopperGemmKernel(TileOrder):
         sfb0_next, sfb1_next = self._block_sfb(mSFB, 0, nb0, nb1, group)
         next_stage_ready = cutlass.Boolean(False)
         # Unrolled twice: the loop's pipeline-state and address updates of two blocks share one
-        # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below). Not with
-        # per-row SFB: those tiles then spill (weight gradient 256x128: 8 local loads and stores).
-        for k_tile in cutlass.range(k_tile_cnt, unroll=1 if self.sfb_per_row else 2):
+        # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below).
+        # Per-row SFB (weight gradients): a single-wave tile in a multicast cluster reads its
+        # thread's 32 column scales from the stage while the WGMMAs run, so it too is done with
+        # the stage before the promotion, and is unrolled: 128x128 in 2x1 and 1x2 clusters
+        # 1.04-1.08x (dense), 1.11-1.17x (k-grouped). The same code in a 1x1 cluster measured
+        # 0.94x (ptxas schedules that kernel differently), so it keeps the rolled loop and reads
+        # the columns after the wait, as two-wave tiles must (no room for the columns; unrolled,
+        # 256x128 spilled: 8 local loads and stores), and so do k-grouped 112-wide tiles (which
+        # spilled with the columns held: 2 local loads and stores).
+        multicast = self.num_mcast_ctas_a * self.num_mcast_ctas_b > 1
+        k_grouped_narrow = self.k_grouped and self.tile_shape_mnk[1] % SCALE_BLOCK != 0
+        early_columns = self.sfb_per_row and self.waves == 1 and multicast and not k_grouped_narrow
+        stage_done_before_promotion = not self.sfb_per_row or early_columns
+        unroll = 2 if stage_done_before_promotion else 1
+        for k_tile in cutlass.range(k_tile_cnt, unroll=unroll):
             sfb0 = sfb0_next
             sfb1 = sfb1_next
             sfb0_next, sfb1_next = self._block_sfb(
@@ -503,17 +515,20 @@ class HopperGemmKernel(TileOrder):
                     tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
                 )
                 p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave)
+                sfb_col = None
+                if cutlass.const_expr(early_columns):
+                    sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
                 warpgroup.wait_group(0)
                 last_wave = wave == self.waves - 1
-                if cutlass.const_expr(last_wave and not self.sfb_per_row):
+                if cutlass.const_expr(last_wave and stage_done_before_promotion):
                     pipe.consumer_release(read_state)
                     read_state.advance()
                     next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
                 read_state = self._promote_wave(
                     acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave,
-                    released=not self.sfb_per_row,
+                    released=stage_done_before_promotion, sfb_col=sfb_col,
                 )
-                if cutlass.const_expr(last_wave and self.sfb_per_row):
+                if cutlass.const_expr(last_wave and not stage_done_before_promotion):
                     # Per-row SFB is read from the stage by the promotion, so the stage is
                     # released (and the next one probed) only after it.
                     next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
@@ -857,8 +872,19 @@ class HopperGemmKernel(TileOrder):
         return p0, p1
 
     @cute.jit
+    def _stage_sfb_columns(self, tCcC, sSFB, state, wave: int):
+        """This thread's per-column SFB of wave `wave`, read from the stage of `state` (one per
+        accumulator element; elements of one column share their load)."""
+        coords = tCcC[(None, wave, 0)]
+        sfb_col = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
+        for i in cutlass.range_constexpr(cute.size(coords)):
+            sfb_col[i] = sSFB[(coords[i][1], 0, state.index)]
+        return sfb_col
+
+    @cute.jit
     def _promote_wave(
-        self, acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave: int, released=False
+        self, acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave: int, released=False,
+        sfb_col=None,
     ):
         """promoted[wave] += acc · scale for the completed wave of the block of `read_state`, with
         the scales of `_wave_scales` (times each column's SFB, read from the stage, when SFB is
@@ -866,13 +892,10 @@ class HopperGemmKernel(TileOrder):
         advanced, unless the caller has done so (`released`). Returns the state."""
         promoted_w = promoted[(None, wave, 0)]
         coords = tCcC[(None, wave, 0)]
-        sfb_col = None
-        if cutlass.const_expr(self.sfb_per_row):
+        if cutlass.const_expr(self.sfb_per_row and sfb_col is None):
             # One scale per column (row of B); identical columns share one load. Read after the
             # wait: holding a thread's 32 column scales across it would cost 32 registers.
-            sfb_col = cute.make_rmem_tensor(cute.size(acc), cutlass.Float32)
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                sfb_col[i] = sSFB[(coords[i][1], 0, read_state.index)]
+            sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
         if cutlass.const_expr(wave == self.waves - 1 and not released):
             pipe.consumer_release(read_state)
             read_state.advance()
