@@ -91,7 +91,8 @@ def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
     geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
     # Measured with the model of this commit over the 21 DeepGEMM shapes (kernel durations of
     # every kernel, split-K ones at 2-12 splits; the latency floor, split_fixup_s and the
-    # two-block factor fitted on them): geometric mean 1.026, worst 1.110.
+    # two-block factor fitted on an earlier build's timings; these, of the build with the probed
+    # next stage, re-measured without refitting): geometric mean 1.029, worst 1.110.
     assert regrets[worst] < 1.12, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
