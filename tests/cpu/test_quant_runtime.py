@@ -384,3 +384,18 @@ def test_bench_quant_render_without_a_gpu():
     text = bench_quant.render({"rows": rows, "copy_gbs": 0.4}, {"gpu": "H200", "date": "today"})
     assert "| per_token_quant_fp8 | x [8, 128] bf16 | cutegen (fp32, k-major) | 12.5 |" in text
     assert "RuntimeError: x" in text and "H200" in text
+
+
+def test_bench_quant_keeps_the_faster_of_two_copy_timings(monkeypatch):
+    from cutegen.gen import bench_quant
+
+    rows = [
+        bench_quant._row("per_token_quant_fp8", "x [8, 128] bf16", "copy (same bytes)", 12.0, 4000),
+        bench_quant._row("grouped_transposed_quant_fp8", "x [8, 128] bf16", "copy (same bytes)", 9.0, 4000),
+    ]
+    timings = iter([10.0, 11.0])
+    monkeypatch.setattr(bench_quant, "_copy_us", lambda nbytes, reps: next(timings))
+    bench_quant._retime_copy(rows, "per_token_quant_fp8", reps=3)
+    bench_quant._retime_copy(rows, "grouped_transposed_quant_fp8", reps=3)
+    assert rows[0]["us"] == 10.0 and rows[0]["gbs"] == 4000 / 10.0 / 1e3
+    assert rows[1]["us"] == 9.0

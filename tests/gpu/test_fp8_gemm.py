@@ -167,6 +167,33 @@ def test_split_k_cuda_graph_and_bad_splits(ops, fp8):
         fp8.fp8_gemm_nt(qa, sfa, qb, sb, kernel=names[0], k_splits=0)
 
 
+def test_split_k_workspace_growth_and_release(ops, fp8):
+    """A larger problem grows the stream's workspace (the old one is retired, not freed); after
+    `release_retired_workspaces` both the small and the large problem still compute right."""
+    from cutegen.runtime import split_k
+
+    name = next(x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" in x)
+    small = make_problem(64, 256, 1024, seed=11)
+    large = make_problem(200, 2048, 2048, seed=12)
+    results = {}
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()  # a stream of its own: its workspace starts at the small size
+    with torch.cuda.stream(stream):
+        for label, (a, b, qa, sa, qb, sb) in (("small", small), ("large", large), ("small again", small)):
+            out = poisoned(a.shape[0], b.shape[0])
+            fp8.fp8_gemm_nt(qa, fp8.to_mn_major_tma_aligned(sa), qb, sb, out=out, kernel=name, k_splits=4)
+            stream.synchronize()
+            check(out, a, b, qa, sa, qb, sb, f"{name} {label}")
+            results[label] = out
+        assert split_k._retired, "the larger problem should have replaced the workspace"
+        assert split_k.release_retired_workspaces() > 0 and not split_k._retired
+        for label, (a, b, qa, sa, qb, sb) in (("small", small), ("large", large)):
+            out = poisoned(a.shape[0], b.shape[0])
+            fp8.fp8_gemm_nt(qa, fp8.to_mn_major_tma_aligned(sa), qb, sb, out=out, kernel=name, k_splits=4)
+            stream.synchronize()
+            assert torch.equal(out, results[label]), f"{name} {label}: differs after the release"
+
+
 def test_to_mn_major_tma_aligned(fp8):
     sa = torch.randn(37, 5, device="cuda")
     aligned = fp8.to_mn_major_tma_aligned(sa)

@@ -26,7 +26,8 @@ from .params import ceil_div
 
 _lock = threading.Lock()
 # (device index, stream handle) -> (counters int32, partials fp32), grown on demand, never freed
-# while in use: a CUDA graph captured with a workspace keeps its addresses.
+# while in use: a CUDA graph captured with a workspace keeps its addresses. Replaced ones wait in
+# `_retired` until `release_retired_workspaces`.
 _workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 # (kernel, device, stream, M, N, K, requested splits) -> (operands, extents) of a launch: the
@@ -92,4 +93,16 @@ def launch_arguments(
     return result
 
 
-__all__ = ["launch_arguments", "workspace", "workspace_extents"]
+def release_retired_workspaces() -> int:
+    """Free the workspaces that growth replaced (kept until now because a captured CUDA graph
+    may still use their addresses): call it when no graph captured before the last growth will
+    be replayed. Forgets the cached launch arguments too, which may still view them. Returns
+    the bytes released to torch's allocator."""
+    with _lock:
+        released = sum(c.numel() * c.element_size() + p.numel() * p.element_size() for c, p in _retired)
+        _retired.clear()
+        _launches.clear()
+    return released
+
+
+__all__ = ["launch_arguments", "release_retired_workspaces", "workspace", "workspace_extents"]
