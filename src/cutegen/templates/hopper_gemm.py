@@ -102,8 +102,8 @@ class HopperGemmKernel(TileOrder):
     releases the stage and, before promoting that wave, probes the next stage's full barrier
     with a try-wait (the next block's wait is skipped when it has arrived); the next block's SFB
     is loaded one block ahead, and the K loop is unrolled twice. The two math warpgroups own
-    different rows, so one can promote while the other's WGMMAs run on the tensor cores. Single-wave tiles whose registers allow it cycle
-    through a ring of D = `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row
+    different rows, so one can promote while the other's WGMMAs run on the tensor cores.
+    Single-wave tiles whose registers allow it cycle through a ring of D = `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row
     tiles, up to 4 for small ones): block kb+D-1's WGMMAs are issued before the warpgroup waits
     for block kb (wait_group(D-1)) and promotes it (two-accumulator rings of tiles within one
     SFB block probe the next block's stage before the promotion, like the waves above).
@@ -925,14 +925,15 @@ class HopperGemmKernel(TileOrder):
         sfb_col=None,
     ):
         """promoted[wave] += acc · scale for the completed wave of the block of `read_state`, with
-        the scales of `_wave_scales` (times each column's SFB, read from the stage, when SFB is
-        per row); after the last wave the stage is handed back to the producer and the state
-        advanced, unless the caller has done so (`released`). Returns the state."""
+        the scales of `_wave_scales` (times each column's SFB when SFB is per row: `sfb_col` when
+        the caller read it earlier, else read from the stage here); after the last wave the stage
+        is handed back to the producer and the state advanced, unless the caller has done so
+        (`released`). Returns the state."""
         promoted_w = promoted[(None, wave, 0)]
         coords = tCcC[(None, wave, 0)]
         if cutlass.const_expr(self.sfb_per_row and sfb_col is None):
             # One scale per column (row of B); identical columns share one load. Read after the
-            # wait: holding a thread's 32 column scales across it would cost 32 registers.
+            # wait: two-wave tiles have no room to hold a thread's 32 column scales across it.
             sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
         if cutlass.const_expr(wave == self.waves - 1 and not released):
             pipe.consumer_release(read_state)
