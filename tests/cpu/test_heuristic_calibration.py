@@ -56,6 +56,7 @@ def manifest_from_name(name: str) -> KernelManifest:
         schedule=s.to_dict(),
         toolchain={},
         wgmma_accumulators=s.wgmma_accumulators,
+        column_scales_early=s.column_scales_early,
     )
 
 

@@ -217,6 +217,7 @@ def _make_manifest(schedule: Schedule, art: dict, sass_summary) -> KernelManifes
         },
         registers=sass_summary.registers if sass_summary else None,
         wgmma_accumulators=schedule.wgmma_accumulators,
+        column_scales_early=schedule.column_scales_early,
     )
 
 

@@ -58,7 +58,6 @@ TIE_TOLERANCE = 0.005
 MAX_K_SPLITS = 16
 MIN_SPLIT_BLOCKS = 2
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
-K_GROUPED_OP = "k_grouped_fp8_gemm_nt_contiguous"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,13 +189,9 @@ def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
 
 def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
     """A single-wave per-row-scaled kernel whose main loop reads each K block's column scales
-    after the WGMMA wait, rolled: the Hopper template reads them while the WGMMAs run only in a
-    multicast cluster, and not for k-grouped tiles that are not a multiple of 128 wide (those
-    spilled), see `_mainloop_block_scaled` in templates/hopper_gemm.py."""
-    rule = manifest.grid
-    multicast_cluster = rule.cluster_m * rule.cluster_n > 1
-    k_grouped_narrow = manifest.op == K_GROUPED_OP and rule.tile_n % SCALE_BLOCK != 0
-    return _single_wave_per_row_scales(manifest) and (not multicast_cluster or k_grouped_narrow)
+    after the WGMMA wait, rolled (its manifest's `column_scales_early` is false; the rule is
+    `Schedule.column_scales_early`)."""
+    return _single_wave_per_row_scales(manifest) and not manifest.column_scales_early
 
 
 def splits_k(manifest: KernelManifest) -> bool:

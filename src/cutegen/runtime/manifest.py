@@ -142,6 +142,10 @@ class KernelManifest:
     # WGMMA accumulators a block-scaled main loop cycles through (1 for other kernels); the
     # heuristic's per-K-block latency floor depends on it.
     wgmma_accumulators: int = 1
+    # Per-row-scaled kernels whose main loop reads the column scales while the WGMMAs run
+    # (`Schedule.column_scales_early`); the heuristic charges the others. False in manifests
+    # written before the field existed, whose kernels all read them after the wait.
+    column_scales_early: bool = False
     schema: int = SCHEMA_VERSION
 
     @property
@@ -188,6 +192,7 @@ class KernelManifest:
                 toolchain=dict(data["toolchain"]),
                 registers=data.get("registers"),
                 wgmma_accumulators=int(data.get("wgmma_accumulators", 1)),
+                column_scales_early=bool(data.get("column_scales_early", False)),
                 schema=schema,
             )
         except (KeyError, TypeError) as exc:

@@ -458,6 +458,26 @@ class Schedule:
         return min(deepest, fitting)
 
     @property
+    def column_scales_early(self) -> bool:
+        """Whether the Hopper main loop of a per-row-scaled op (weight gradients: one SFB per row
+        of B) reads each K block's column scales from the stage while the block's WGMMAs run,
+        hands the stage back before the promotion and unrolls its K loop twice, instead of
+        reading them after the WGMMA wait in a rolled loop. Single-wave tiles in multicast
+        clusters only. Measured on an H200 (docs/perf/NOTES.md): 128x128 in 2x1 and 1x2 clusters
+        1.04-1.08x (dense), 1.11-1.17x (k-grouped); the same code in a 1x1 cluster 0.94x (ptxas
+        schedules that kernel differently); two-wave tiles have no room for a thread's 32 column
+        scales (256x128 spilled unrolled: 8 local loads and stores), and k-grouped tiles not a
+        multiple of 128 wide spilled with them held (2 local loads and stores)."""
+        k_grouped_narrow = self.op.is_k_grouped and self.tile_n % SCALE_BLOCK != 0
+        return (
+            self.arch == Arch.SM90A
+            and self.op.scales_b_per_row
+            and self.waves == 1
+            and self.cluster_size > 1
+            and not k_grouped_narrow
+        )
+
+    @property
     def block_scaled_gemm(self) -> bool:
         """A GEMM with fp32 block scales (promotes per K block), as opposed to a quantize op."""
         return self.block_scaled and not self.op.is_quantize

@@ -94,8 +94,8 @@ class HopperGemmKernel(TileOrder):
     or two values per K block: a tile spans at most two 128-column scale blocks, and the main
     loop is compiled once per column where the second block can begin, so that each accumulator
     chunk's scale is fixed at compile time), or, for the weight gradient, staged per row of B by
-    TMA like SFA. The tile's rows are computed in
-    `waves` of 64 rows per math warpgroup (tile_m=256 with two warpgroups: two waves). Per K
+    TMA like SFA. The tile's rows are computed in `waves` of 64 rows per math warpgroup
+    (tile_m=256 with two warpgroups: two waves). Per K
     block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
     (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
     them and promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it
@@ -103,9 +103,10 @@ class HopperGemmKernel(TileOrder):
     with a try-wait (the next block's wait is skipped when it has arrived); the next block's SFB
     is loaded one block ahead, and the K loop is unrolled twice. The two math warpgroups own
     different rows, so one can promote while the other's WGMMAs run on the tensor cores.
-    Single-wave tiles whose registers allow it cycle through a ring of D = `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row
-    tiles, up to 4 for small ones): block kb+D-1's WGMMAs are issued before the warpgroup waits
-    for block kb (wait_group(D-1)) and promotes it (two-accumulator rings of tiles within one
+    Single-wave tiles whose registers allow it cycle through a ring of D =
+    `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row tiles, up to 4 for small
+    ones): block kb+D-1's WGMMAs are issued before the warpgroup waits for block kb
+    (wait_group(D-1)) and promotes it (two-accumulator rings of tiles within one
     SFB block probe the next block's stage before the promotion, like the waves above).
 
     k-grouped weight gradient (`k_grouped_fp8_gemm_nt_contiguous`): the tile sequence runs over
@@ -194,6 +195,8 @@ class HopperGemmKernel(TileOrder):
         # Single-wave tiles may cycle through a ring of WGMMA accumulators: block kb+D-1's WGMMAs
         # are issued before block kb is promoted, so D-1 blocks are always in flight.
         self.wgmma_accumulators = s.wgmma_accumulators
+        # Per-row SFB read from the stage while the WGMMAs run (`Schedule.column_scales_early`).
+        self.column_scales_early = s.column_scales_early
         self.group_size = s.group_size
         # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
         self.masked_tile_rows = s.tile_m
@@ -491,18 +494,11 @@ class HopperGemmKernel(TileOrder):
         sfb0_next, sfb1_next = self._block_sfb(mSFB, 0, nb0, nb1, group)
         next_stage_ready = cutlass.Boolean(False)
         # Unrolled twice: the loop's pipeline-state and address updates of two blocks share one
-        # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below).
-        # Per-row SFB (weight gradients): a single-wave tile in a multicast cluster reads its
-        # thread's 32 column scales from the stage while the WGMMAs run, so it too is done with
-        # the stage before the promotion, and is unrolled: 128x128 in 2x1 and 1x2 clusters
-        # 1.04-1.08x (dense), 1.11-1.17x (k-grouped). The same code in a 1x1 cluster measured
-        # 0.94x (ptxas schedules that kernel differently), so it keeps the rolled loop and reads
-        # the columns after the wait, as two-wave tiles must (no room for the columns; unrolled,
-        # 256x128 spilled: 8 local loads and stores), and so do k-grouped 112-wide tiles (which
-        # spilled with the columns held: 2 local loads and stores).
-        multicast = self.num_mcast_ctas_a * self.num_mcast_ctas_b > 1
-        k_grouped_narrow = self.k_grouped and self.tile_shape_mnk[1] % SCALE_BLOCK != 0
-        early_columns = self.sfb_per_row and self.waves == 1 and multicast and not k_grouped_narrow
+        # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below). Per-row
+        # SFB (weight gradients) is read from the stage by the promotion, after the wait, unless
+        # the schedule reads it while the WGMMAs run (`Schedule.column_scales_early`); only then
+        # is the stage done with before the promotion and the loop unrolled.
+        early_columns = self.column_scales_early
         stage_done_before_promotion = not self.sfb_per_row or early_columns
         unroll = 2 if stage_done_before_promotion else 1
         for k_tile in cutlass.range(k_tile_cnt, unroll=unroll):
@@ -522,9 +518,9 @@ class HopperGemmKernel(TileOrder):
                 warpgroup.wait_group(0)
                 last_wave = wave == self.waves - 1
                 if cutlass.const_expr(last_wave and stage_done_before_promotion):
-                    pipe.consumer_release(read_state)
-                    read_state.advance()
-                    next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
+                    read_state, next_stage_ready = self._release_and_probe(
+                        pipe, read_state, None, k_tile, k_tile_cnt
+                    )
                 read_state = self._promote_wave(
                     acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave,
                     released=stage_done_before_promotion, sfb_col=sfb_col,
@@ -534,6 +530,18 @@ class HopperGemmKernel(TileOrder):
                     # released (and the next one probed) only after it.
                     next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
         return read_state
+
+    @cute.jit
+    def _release_and_probe(self, pipe, read_state, next_state, k_tile, k_tile_cnt):
+        """Hand the stage of `read_state` back to the producer, advance the state, and probe the
+        stage of `next_state` (None: the advanced `read_state`), block k_tile + 1, before the
+        promotion (`_peek_next_stage`). Returns (state, whether the probed stage has arrived)."""
+        pipe.consumer_release(read_state)
+        read_state.advance()
+        probed = next_state
+        if cutlass.const_expr(next_state is None):
+            probed = read_state
+        return read_state, self._peek_next_stage(pipe, probed, k_tile, k_tile_cnt)
 
     @cute.jit
     def _peek_next_stage(self, pipe, state, k_tile, k_tile_cnt):
@@ -815,9 +823,7 @@ class HopperGemmKernel(TileOrder):
             (scales[4 * slot + 2], scales[4 * slot + 3]),
         )
         warpgroup.wait_group(pending)
-        pipe.consumer_release(read_state)
-        read_state.advance()
-        ready = self._peek_next_stage(pipe, next_state, issued_k_tile, k_tile_cnt)
+        read_state, ready = self._release_and_probe(pipe, read_state, next_state, issued_k_tile, k_tile_cnt)
         read_state = self._promote_wave(
             acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, 0, released=True
         )
