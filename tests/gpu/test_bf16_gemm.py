@@ -78,6 +78,19 @@ def test_every_kernel_runs(ops, gemm_kernels, m, n, k):
         assert_matches(fresh, ref, f"{name} (new output)")
 
 
+@pytest.mark.parametrize("m", [1, 16, 17, 40, 63, 65, 100, 191])
+def test_64_row_kernels_at_ragged_small_m(ops, gemm_kernels, m):
+    """Every 64-row kernel where the last (or only) tile ends inside its rows."""
+    a, b = inputs(m, 200, 448, seed=5)
+    ref = reference(a, b)
+    names = [x for x in gemm_kernels if "_64x" in x]
+    assert names, "the catalogue has no 64-row bf16 kernel"
+    for name in names:
+        out = poisoned(m, 200)
+        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
+        assert_matches(out, ref, f"{name} at M={m}")
+
+
 def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kernels, tmp_path):
     """A catalogue entry built for another architecture is refused with a clear message."""
     import json

@@ -118,6 +118,25 @@ def test_every_kernel_runs(ops, fp8, m, n, k):
         check(out, a, b, qa, sa, qb, sb, name)
 
 
+# Decode-sized M: the last (or only) 64-row tile ends at every 16-row step of its rows and on
+# their edges; the rows of A past M are out of bounds of its TMA box (zero-filled).
+RAGGED_SMALL_M = [1, 16, 17, 40, 63, 65, 100, 191]
+
+
+@pytest.mark.parametrize("m", RAGGED_SMALL_M)
+def test_64_row_kernels_at_ragged_small_m(ops, fp8, m):
+    n, k = 200, 896
+    a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=11)
+    sfa = fp8.to_mn_major_tma_aligned(sa)
+    names = [x for x in ops.runnable_kernels(OP, scale="f32") if "_64x" in x]
+    assert names, "the catalogue has no 64-row fp8_gemm_nt kernel"
+    for name in names:
+        for splits in (1, 3) if "_episk_" in name else (None,):
+            out = poisoned(m, n)
+            fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name, k_splits=splits)
+            check(out, a, b, qa, sa, qb, sb, f"{name} at M={m}, {splits} splits")
+
+
 SPLIT_SHAPES = [(1, 576, 7168), (64, 2112, 7168), (128, 200, 896), (333, 4096, 1664), (64, 576, 256)]
 
 
