@@ -9,6 +9,8 @@ Importing this module imports the CuTe DSL; only the generator does that.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -52,6 +54,9 @@ from cutegen.schedules.spec import (
 
 # Named barrier 0 is __syncthreads; 1 is the math warpgroups' epilogue barrier.
 EPILOGUE_BARRIER_ID = 1
+# Rows of one box of A's tail tensor map (see `a_tail_slices` in __init__): a multiple of the
+# 128-byte swizzle atom's 8 rows, so a slice of a stage's A buffer keeps the stage's layout.
+A_TAIL_SLICE_ROWS = 16
 
 
 @dsl_user_op
@@ -66,6 +71,28 @@ def _opaque(x: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
     )
 
 
+class StageLoads(NamedTuple):
+    """What the producer needs, besides A, to load a stage of one tile: B, SFA and per-row SFB
+    (their TMA atoms, partitions and multicast), and the tile's coordinates."""
+
+    tma_atom_b: Any
+    tBgB_k: Any
+    tBsB: Any
+    b_mcast_mask: Any
+    load_desc_b: Any
+    tma_atom_sfa: Any
+    tSFAgSFA: Any
+    tSFAsSFA: Any
+    tma_atom_sfb: Any
+    tSFBgSFB: Any
+    tSFBsSFB: Any
+    ab_first_block: Any  # A and B are addressed from here (the split's first K block)
+    first_block: Any  # the scales from here (the k-grouped op's group start, the split's)
+    tile_m: Any
+    tile_n: Any
+    group: Any
+
+
 class HopperGemmKernel(TileOrder):
     """Persistent warp-specialised WGMMA GEMM with TMA loads, TMA multicast and a TMA-store epilogue.
 
@@ -76,8 +103,12 @@ class HopperGemmKernel(TileOrder):
     Warp roles (threads = 128 · (1 + math_warpgroups)):
       - warpgroup 0, warp 0 — **TMA producer**: walks the same tile sequence as the math warpgroups
         and, per K block, waits for a free stage, then issues the TMA loads of A and B into it
-        (multicast to the peer CTA of the cluster for the shared operand). Warpgroup 0 lowers its
-        register budget to `producer_regs` with setmaxnreg; its warps 1–3 idle.
+        (multicast to the peer CTA of the cluster for the shared operand). In the dense GEMMs with
+        64-row tiles, the tile that holds row M - 1 when M ends inside it loads A through a second
+        tensor map of 16-row boxes, only the slices that start before M, never multicast (a tile
+        past M loads no A): rows past M in a TMA box cost time even though they are zero-filled.
+        Warpgroup 0 lowers its register budget to `producer_regs` with setmaxnreg; its warps 1–3
+        idle.
       - warpgroups 1..math_warpgroups — **math (consumers)**: raise their budget to
         `consumer_regs`, issue WGMMA on each stage (warpgroup w owns rows
         [64·(w-1)·tile_m/(64·math_warpgroups) …) of the tile), keep one WGMMA batch in flight,
@@ -118,7 +149,8 @@ class HopperGemmKernel(TileOrder):
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
-        arrive per stage with the transaction byte count of A+B, completed by the TMA unit);
+        arrive per stage with the transaction byte count of A+B, completed by the TMA unit; the
+        tail tile above arrives with its own count, the A slices it loads plus B and SFA);
         consumers = every math warp of every CTA that receives the stage through multicast: the
         empty barrier expects `mcast_size · 4 · math_warpgroups` warp arrivals, where
         mcast_size = cluster_m + cluster_n − 1 (the CTAs that write into this CTA's stage).
@@ -135,8 +167,8 @@ class HopperGemmKernel(TileOrder):
     Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
     `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse. A CTA
-    whose tile lies past M or N still loads (zeros) and takes part in multicast, and its stores are
-    clipped, so the cluster's barriers stay balanced.
+    whose tile lies past M or N still loads (zeros; no A for the 64-row dense tiles) and takes part
+    in multicast, and its stores are clipped, so the cluster's barriers stay balanced.
     """
 
     def __init__(self, schedule: Schedule):
@@ -164,6 +196,19 @@ class HopperGemmKernel(TileOrder):
         self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
         self.raster_along_m = s.raster == Raster.ALONG_M
+        # 64-row tiles of the dense GEMMs load the tile that holds row M - 1, when M ends inside
+        # it, through a second tensor map of A with A_TAIL_SLICE_ROWS-row boxes, skipping the
+        # slices that start at or past M; every other tile loads one whole box (multicast where
+        # the schedule says). Rows of a box past M are zero-filled by the TMA unit at ~3 ns per
+        # row per box on an H200: with M < 64 every K block paid for up to 63 of them (up to 2.5x
+        # the time of M = 64), while four small boxes instead of one cost 1.15-1.27x on whole
+        # tiles (NOTES.md). Rows of skipped slices keep stale data; they only feed accumulator rows
+        # past M, which are never stored. The tail tile's stages arrive with their own byte count
+        # in one arrive-and-expect (a peer's multicast B may land before it; see
+        # `_produce_tail_tile`). Only 64-row tiles: wider ones serve M of 128 and more, where one
+        # partial tile matters little.
+        dense = not (s.op.is_m_grouped or s.op.is_masked or s.op.is_k_grouped)
+        self.a_tail_slices = s.tile_m // A_TAIL_SLICE_ROWS if dense and s.tile_m == 64 else 0
         self.block_scaled = s.scale != ScaleFormat.NONE
         # M-grouped (MoE, contiguous layout): B and SFB have a group mode; m_indices maps rows to
         # groups, and a tile takes the group of its first row (segments are tile-aligned).
@@ -214,6 +259,11 @@ class HopperGemmKernel(TileOrder):
             sm90_utils.get_smem_layout_atom(k_major, self.a_dtype, tk), self.a_dtype
         )
         a_staged = cute.tile_to_shape(a_atom, (tm, tk, self.ab_stage), order=(0, 1, 2))
+        # The same bytes as a_tail_slices slices per stage: slice j of stage i is buffer
+        # i·a_tail_slices + j (the swizzle atom spans 8 rows: a slice is a contiguous run).
+        a_tail_staged = cute.tile_to_shape(
+            a_atom, (A_TAIL_SLICE_ROWS, tk, max(self.a_tail_slices, 1) * self.ab_stage), order=(0, 1, 2)
+        )
         b_atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(k_major, self.b_dtype, tk), self.b_dtype
         )
@@ -224,7 +274,7 @@ class HopperGemmKernel(TileOrder):
             self.c_dtype,
         )
         epi_staged = cute.tile_to_shape(c_atom, (em, en, self.epi_stage), order=(0, 1, 2))
-        return a_staged, b_staged, epi_staged
+        return a_staged, a_tail_staged, b_staged, epi_staged
 
     def _make_tiled_mma(self):
         return sm90_utils.make_trivial_tiled_mma(
@@ -308,6 +358,9 @@ class HopperGemmKernel(TileOrder):
                 {"name": "split_partials", "kind": "pointer", "operand": "split_partials"},
                 {"name": "k_splits", "kind": "scalar", "dtype": "i32", "expr": "K_SPLITS"},
             ]
+        if self.a_tail_slices:
+            # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
+            params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
         return params
 
     # ---- host side --------------------------------------------------------------------------
@@ -331,7 +384,7 @@ class HopperGemmKernel(TileOrder):
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
-        a_staged, b_staged, epi_staged = self._make_smem_layouts()
+        a_staged, a_tail_staged, b_staged, epi_staged = self._make_smem_layouts()
         self.smem_swizzles = {
             "a": str(a_staged.inner),
             "b": str(b_staged.inner),
@@ -340,6 +393,14 @@ class HopperGemmKernel(TileOrder):
 
         a_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_a_mcast else cpasync.CopyBulkTensorTileG2SOp()
         b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_b_mcast else cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_a_tail = None
+        if cutlass.const_expr(self.a_tail_slices > 0):
+            tma_atom_a_tail, _ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(),
+                a,
+                cute.slice_(a_tail_staged, (None, None, 0)),
+                (A_TAIL_SLICE_ROWS, tk),
+            )
         tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
             a_op,
             a,
@@ -433,7 +494,9 @@ class HopperGemmKernel(TileOrder):
             k_splits,
             a.iterator if self.k_grouped else None,
             b.iterator if self.k_grouped else None,
+            tma_atom_a_tail,
             a_staged,
+            a_tail_staged,
             b_staged,
             sfa_staged,
             sfb_staged,
@@ -1010,6 +1073,84 @@ class HopperGemmKernel(TileOrder):
         return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block, k_blocks
 
     @cute.jit
+    def _produce_whole_tile(
+        self, pipe, state, k_tiles, tma_atom_a, tAgA_k, tAsA, a_mcast_mask, load_desc_a, loads: StageLoads
+    ):
+        """The producer's K loop for a tile whose A box lies within M: each stage gets the
+        pipeline's acquire (its arrive expects every operand's bytes), one A box (multicast where
+        the schedule says), B and the scales. Returns the advanced state."""
+        for _ in range(k_tiles):
+            pipe.producer_acquire(state)
+            barrier = pipe.producer_get_barrier(state)
+            cute.copy(
+                tma_atom_a,
+                tAgA_k[(None, loads.ab_first_block + state.count)],
+                tAsA[(None, state.index)],
+                tma_bar_ptr=barrier,
+                mcast_mask=a_mcast_mask,
+                tma_desc_ptr=load_desc_a,
+            )
+            self._load_b_and_scales(state, barrier, loads)
+            pipe.producer_commit(state)
+            state.advance()
+        return state
+
+    @cute.jit
+    def _produce_tail_tile(
+        self, pipe, state, k_tiles, slices_in, tx_bytes, tma_atom_a_tail, tAgA_tail, tAsA_tail,
+        loads: StageLoads,
+    ):
+        """The producer's K loop for the tile that holds row M - 1 when M ends inside it: A as
+        its first `slices_in` A_TAIL_SLICE_ROWS-row slices (none for a tile past M), never
+        multicast. Each stage's arrive expects `tx_bytes`, those slices' bytes with the other
+        operands', in one arrive-and-expect after the empty wait (a peer's multicast B may land
+        before it). Returns the advanced state."""
+        for _ in range(k_tiles):
+            pipe.sync_object_empty.wait(state.index, state.phase)
+            barrier = pipe.producer_get_barrier(state)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(barrier, tx_bytes)
+            for j in cutlass.range_constexpr(self.a_tail_slices):
+                if j < slices_in:
+                    cute.copy(
+                        tma_atom_a_tail,
+                        tAgA_tail[
+                            (None, loads.tile_m * self.a_tail_slices + j, loads.ab_first_block + state.count)
+                        ],
+                        tAsA_tail[(None, state.index * self.a_tail_slices + j)],
+                        tma_bar_ptr=barrier,
+                    )
+            self._load_b_and_scales(state, barrier, loads)
+            pipe.producer_commit(state)
+            state.advance()
+        return state
+
+    @cute.jit
+    def _load_b_and_scales(self, state, barrier, loads: StageLoads):
+        """Issue a stage's loads of B, SFA and (weight gradients) per-row SFB."""
+        cute.copy(
+            loads.tma_atom_b,
+            loads.tBgB_k[(None, loads.ab_first_block + state.count)],
+            loads.tBsB[(None, state.index)],
+            tma_bar_ptr=barrier,
+            mcast_mask=loads.b_mcast_mask,
+            tma_desc_ptr=loads.load_desc_b,
+        )
+        if cutlass.const_expr(self.block_scaled):
+            if cutlass.const_expr(self.masked):
+                sfa_src = loads.tSFAgSFA[(None, loads.tile_m, state.count, loads.group)]
+            else:
+                sfa_src = loads.tSFAgSFA[(None, loads.tile_m, loads.first_block + state.count)]
+            cute.copy(loads.tma_atom_sfa, sfa_src, loads.tSFAsSFA[(None, state.index)], tma_bar_ptr=barrier)
+        if cutlass.const_expr(self.sfb_per_row):
+            cute.copy(
+                loads.tma_atom_sfb,
+                loads.tSFBgSFB[(None, loads.tile_n, loads.first_block + state.count)],
+                loads.tSFBsSFB[(None, state.index)],
+                tma_bar_ptr=barrier,
+            )
+
+    @cute.jit
     def _split_k_fixup(
         self, promoted, split, tile, k_splits, counters_ptr, partials_ptr, arrivals_ptr, barrier, mtid
     ):
@@ -1166,7 +1307,9 @@ class HopperGemmKernel(TileOrder):
         k_splits,
         a_base_ptr,
         b_base_ptr,
+        tma_atom_a_tail,
         a_smem_layout_staged: cute.ComposedLayout,
+        a_tail_layout_staged: cute.ComposedLayout,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
         sfb_smem_layout_staged: cute.Layout,
@@ -1181,6 +1324,8 @@ class HopperGemmKernel(TileOrder):
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_c)
+            if cutlass.const_expr(self.a_tail_slices > 0):
+                cpasync.prefetch_descriptor(tma_atom_a_tail)
             if cutlass.const_expr(self.block_scaled):
                 cpasync.prefetch_descriptor(tma_atom_sfa)
             if cutlass.const_expr(self.sfb_per_row):
@@ -1197,9 +1342,9 @@ class HopperGemmKernel(TileOrder):
 
         a_smem_layout = cute.slice_(a_smem_layout_staged, (None, None, 0))
         b_smem_layout = cute.slice_(b_smem_layout_staged, (None, None, 0))
-        tma_copy_bytes = cute.size_in_bytes(self.a_dtype, a_smem_layout) + cute.size_in_bytes(
-            self.b_dtype, b_smem_layout
-        )
+        a_tile_bytes = cute.size_in_bytes(self.a_dtype, a_smem_layout)
+        a_slice_bytes = A_TAIL_SLICE_ROWS * tk * self.a_dtype.width // 8
+        tma_copy_bytes = a_tile_bytes + cute.size_in_bytes(self.b_dtype, b_smem_layout)
         if cutlass.const_expr(self.block_scaled):
             tma_copy_bytes += tm * 4
         if cutlass.const_expr(self.sfb_per_row):
@@ -1222,6 +1367,7 @@ class HopperGemmKernel(TileOrder):
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
+        sA_tail = storage.sA.get_tensor(a_tail_layout_staged.outer, swizzle=a_tail_layout_staged.inner)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         sC = storage.sC.get_tensor(
             epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner
@@ -1290,6 +1436,18 @@ class HopperGemmKernel(TileOrder):
             cute.group_modes(sA, 0, 2),
             cute.group_modes(gA_mk, 0, 2),
         )
+        tAsA_tail = None
+        tAgA_tail = None
+        if cutlass.const_expr(self.a_tail_slices > 0):
+            # (16, bK, RestM16, RestK): the tail tile's slices, never multicast.
+            gA_tail = cute.local_tile(mA_mk, (A_TAIL_SLICE_ROWS, tk), (None, None))
+            tAsA_tail, tAgA_tail = cpasync.tma_partition(
+                tma_atom_a_tail,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(sA_tail, 0, 2),
+                cute.group_modes(gA_tail, 0, 2),
+            )
         b_cta_layout = cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape)
         tBsB, tBgB = cpasync.tma_partition(
             tma_atom_b,
@@ -1395,46 +1553,35 @@ class HopperGemmKernel(TileOrder):
                 # A and B are addressed from the split's first K block (their descriptors start at
                 # the group's for the k-grouped op; everything else starts at block 0).
                 ab_first_block = first_block if self.split_k else cutlass.Int32(0)
+                # The tile that holds row M - 1 when M ends inside it loads only its A slices that
+                # start before M, through the tail map (`_produce_tail_tile`); a tile past M (the
+                # idle CTA of a 2x1 cluster at M <= 64) loads no A. The pair of a 1x2 A-multicast
+                # cluster shares the tile, so both take the same path. Whole tiles load one box.
+                stage_loads = StageLoads(
+                    tma_atom_b, tBgB_k, tBsB, b_mcast_mask, load_desc_b, tma_atom_sfa, tSFAgSFA,
+                    tSFAsSFA, tma_atom_sfb, tSFBgSFB, tSFBsSFB, ab_first_block, first_block,
+                    tile_m, tile_n, group,
+                )
                 producer_state.reset_count()
-                for k_tile in range(tile_k_tiles):
-                    mainloop_pipeline.producer_acquire(producer_state)
-                    barrier = mainloop_pipeline.producer_get_barrier(producer_state)
-                    cute.copy(
-                        tma_atom_a,
-                        tAgA_k[(None, ab_first_block + producer_state.count)],
-                        tAsA[(None, producer_state.index)],
-                        tma_bar_ptr=barrier,
-                        mcast_mask=a_mcast_mask,
-                        tma_desc_ptr=load_desc_a,
-                    )
-                    cute.copy(
-                        tma_atom_b,
-                        tBgB_k[(None, ab_first_block + producer_state.count)],
-                        tBsB[(None, producer_state.index)],
-                        tma_bar_ptr=barrier,
-                        mcast_mask=b_mcast_mask,
-                        tma_desc_ptr=load_desc_b,
-                    )
-                    if cutlass.const_expr(self.block_scaled):
-                        if cutlass.const_expr(self.masked):
-                            sfa_src = tSFAgSFA[(None, tile_m, producer_state.count, group)]
-                        else:
-                            sfa_src = tSFAgSFA[(None, tile_m, first_block + producer_state.count)]
-                        cute.copy(
-                            tma_atom_sfa,
-                            sfa_src,
-                            tSFAsSFA[(None, producer_state.index)],
-                            tma_bar_ptr=barrier,
+                if cutlass.const_expr(self.a_tail_slices > 0):
+                    rows_in = mA_mk.shape[0] - tile_m * tm
+                    if rows_in < tm:
+                        slices_in = (cutlass.max(rows_in, 0) + A_TAIL_SLICE_ROWS - 1) // A_TAIL_SLICE_ROWS
+                        producer_state = self._produce_tail_tile(
+                            mainloop_pipeline, producer_state, tile_k_tiles, slices_in,
+                            tma_copy_bytes - a_tile_bytes + slices_in * a_slice_bytes,
+                            tma_atom_a_tail, tAgA_tail, tAsA_tail, stage_loads,
                         )
-                    if cutlass.const_expr(self.sfb_per_row):
-                        cute.copy(
-                            tma_atom_sfb,
-                            tSFBgSFB[(None, tile_n, first_block + producer_state.count)],
-                            tSFBsSFB[(None, producer_state.index)],
-                            tma_bar_ptr=barrier,
+                    else:
+                        producer_state = self._produce_whole_tile(
+                            mainloop_pipeline, producer_state, tile_k_tiles, tma_atom_a, tAgA_k, tAsA,
+                            a_mcast_mask, load_desc_a, stage_loads,
                         )
-                    mainloop_pipeline.producer_commit(producer_state)
-                    producer_state.advance()
+                else:
+                    producer_state = self._produce_whole_tile(
+                        mainloop_pipeline, producer_state, tile_k_tiles, tma_atom_a, tAgA_k, tAsA,
+                        a_mcast_mask, load_desc_a, stage_loads,
+                    )
                 t += tile_stride
             mainloop_pipeline.producer_tail(producer_state)
 
