@@ -395,6 +395,25 @@ def test_bench_report_option_is_passed_on(monkeypatch, tmp_path):
         bench.set_timer("wall")
 
 
+def test_bench_decode_option_and_table(monkeypatch):
+    """`--decode` reaches bench.main and the command line; decode rows (no DeepGEMM numbers) render
+    with the cuBLAS comparison only."""
+    from cutegen.gen import bench
+
+    seen = {}
+    monkeypatch.setattr(bench, "main", lambda **kwargs: seen.update(kwargs) or 0)
+    assert main(["bench", "--op", "fp8_gemm_nt", "--decode"]) == 0
+    assert seen["decode"] is True and "--decode" in seen["command"]
+    assert main(["bench", "--op", "fp8_gemm_nt"]) == 0 and seen["decode"] is False
+    assert {m for m, _, _ in bench.DECODE_SHAPES} == {1, 16, 32} and len(bench.DECODE_SHAPES) == 21
+    assert not any(shape in bench.DEEPGEMM_FP8_TFLOPS for shape in bench.DECODE_SHAPES)
+    row = {"shape": [1, 4096, 7168], "kernel": "x_sff32_64x32x128_c1x1_r40", "ours_us": 13.7, "ours_tflops": 4.3,
+           "cublas_us": 22.0, "cublas_tflops": 2.7, "deepgemm_tflops": None, "b_gbs": 2150.0}
+    text = bench.render_fp8([row], dict(ENV), 4200.0, "fp8_gemm_nt at decode-sized M")
+    assert text.startswith("# fp8_gemm_nt at decode-sized M on ")
+    assert "vs DeepGEMM" not in text.splitlines()[-1] and "vs cuBLAS blockwise: 1.593" in text
+
+
 def test_report_method_names_the_timer():
     from cutegen.gen import report
 

@@ -682,12 +682,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = " ".join([
         f"{PROG} bench", *(f"--op {o}" for o in args.op or ()),
         *(["--json-out", args.json_out] if args.json_out else []), *(["--report", report_dir] if report_dir else []),
-        *(["--every-kernel"] if args.every_kernel else []), f"--timer {args.timer}",
+        *(["--every-kernel"] if args.every_kernel else []), *(["--decode"] if args.decode else []),
+        f"--timer {args.timer}",
     ])
     ops = tuple(args.op) if args.op else OPS
     set_timer(args.timer)
     return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command,
-                      every_kernel=args.every_kernel)
+                      every_kernel=args.every_kernel, decode=args.decode)
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -821,6 +822,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write the Markdown report with plots into DIR (as `cutegen report`; needs matplotlib)")
     bn.add_argument("--every-kernel", action="store_true",
                     help="quantize: also time every other runnable kernel of each case, forced by name")
+    bn.add_argument("--decode", action="store_true",
+                    help="fp8_gemm_nt: also time M = 1, 16 and 32 at DeepGEMM's (N, K) pairs beside cuBLAS "
+                         "blockwise (results JSON and printout; not in the report)")
     bn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
                     help="kernel: the calls' GPU kernel durations as CUPTI records them, as DeepGEMM's own "
                          "benchmark timed its numbers (default); event: CUDA events around each call")
