@@ -261,9 +261,11 @@ class HopperGemmKernel(TileOrder):
         a_staged = cute.tile_to_shape(a_atom, (tm, tk, self.ab_stage), order=(0, 1, 2))
         # The same bytes as a_tail_slices slices per stage: slice j of stage i is buffer
         # i·a_tail_slices + j (the swizzle atom spans 8 rows: a slice is a contiguous run).
-        a_tail_staged = cute.tile_to_shape(
-            a_atom, (A_TAIL_SLICE_ROWS, tk, max(self.a_tail_slices, 1) * self.ab_stage), order=(0, 1, 2)
-        )
+        a_tail_staged = None
+        if self.a_tail_slices:
+            a_tail_staged = cute.tile_to_shape(
+                a_atom, (A_TAIL_SLICE_ROWS, tk, self.a_tail_slices * self.ab_stage), order=(0, 1, 2)
+            )
         b_atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(k_major, self.b_dtype, tk), self.b_dtype
         )
@@ -1309,7 +1311,7 @@ class HopperGemmKernel(TileOrder):
         b_base_ptr,
         tma_atom_a_tail,
         a_smem_layout_staged: cute.ComposedLayout,
-        a_tail_layout_staged: cute.ComposedLayout,
+        a_tail_layout_staged,
         b_smem_layout_staged: cute.ComposedLayout,
         sfa_smem_layout_staged: cute.Layout,
         sfb_smem_layout_staged: cute.Layout,
@@ -1367,7 +1369,6 @@ class HopperGemmKernel(TileOrder):
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
-        sA_tail = storage.sA.get_tensor(a_tail_layout_staged.outer, swizzle=a_tail_layout_staged.inner)
         sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
         sC = storage.sC.get_tensor(
             epi_smem_layout_staged.outer, swizzle=epi_smem_layout_staged.inner
@@ -1439,7 +1440,8 @@ class HopperGemmKernel(TileOrder):
         tAsA_tail = None
         tAgA_tail = None
         if cutlass.const_expr(self.a_tail_slices > 0):
-            # (16, bK, RestM16, RestK): the tail tile's slices, never multicast.
+            # (16, bK, RestM16, RestK): the tail tile's slices, never multicast, into sA's bytes.
+            sA_tail = storage.sA.get_tensor(a_tail_layout_staged.outer, swizzle=a_tail_layout_staged.inner)
             gA_tail = cute.local_tile(mA_mk, (A_TAIL_SLICE_ROWS, tk), (None, None))
             tAsA_tail, tAgA_tail = cpasync.tma_partition(
                 tma_atom_a_tail,
