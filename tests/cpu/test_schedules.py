@@ -152,6 +152,8 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     ],
     # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
     "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
+    # BASE (bf16, 128 rows over two warpgroups) is one wave: its tma_store already stages the tile.
+    "whole_tile_epilogue_two_wave": [(bad(epilogue=Epilogue.TMA_STORE_WHOLE_TILE), "tile_m")],
 }
 
 # Blackwell (sm_100a) schedules: a one-CTA FP8 GEMM and a CTA pair.
@@ -598,10 +600,39 @@ def test_sfb_boundaries_cover_every_tile_position():
                 assert (col < boundary) == (8 * (col // 8) < boundary)
 
 
+def test_whole_tile_epilogue_schedules():
+    """The tma_store_whole_tile epilogue: the default 256x128 FP8 twins of the ring kernels,
+    same stages, the whole tile in shared memory; invalid for single-wave tiles (tma_store
+    already stages those whole) and fp32 outputs; a name tag of its own."""
+    defaults = {(s.tile_m, s.tile_n, s.cluster_m, s.cluster_n, s.epilogue): s
+                for s in default_schedules(arch="sm_90a", op="fp8_gemm_nt")}
+    whole = [s for s in defaults.values() if s.epilogue == Epilogue.TMA_STORE_WHOLE_TILE]
+    assert {(s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in whole} == {
+        (256, 128, 1, 1), (256, 128, 2, 1), (256, 128, 1, 2)
+    }
+    for s in whole:
+        ring = defaults[(s.tile_m, s.tile_n, s.cluster_m, s.cluster_n, Epilogue.TMA_STORE)]
+        assert s.waves == 2 and s.epilogue_whole_tile and not ring.epilogue_whole_tile
+        assert s.stages == ring.stages
+        assert s.smem_bytes > ring.smem_bytes
+        assert "_epitmaw_" in procedural_name(s) and "_epitma_" in procedural_name(ring)
+        assert parse_name(procedural_name(s)) == s
+    single_wave = dataclasses.replace(whole[0], tile_m=128, stages=4)
+    assert "whole_tile_epilogue_two_wave" in {v.name for v in violations(single_wave)}
+    wgrad = next(s for s in default_schedules(op="fp8_wgrad_gemm_nt") if s.tile_m == 256)
+    found = {v.name: v.reason for v in violations(dataclasses.replace(wgrad, epilogue=Epilogue.TMA_STORE_WHOLE_TILE))}
+    assert "c_dtype" in found["whole_tile_epilogue_two_wave"]
+    sm100 = next(s for s in default_schedules(arch="sm_100a"))
+    assert "epilogue_supported" in {
+        v.name for v in violations(dataclasses.replace(sm100, epilogue=Epilogue.TMA_STORE_WHOLE_TILE))
+    }
+
+
 def test_whole_tile_epilogue_only_where_it_costs_no_stage():
     """Single-wave Hopper tiles with 16-bit outputs stage the whole output tile when it fits
-    beside their operand stages; two-wave tiles, fp32 outputs and Blackwell keep their rings,
-    and no default schedule has fewer operand stages than the ring would give it."""
+    beside their operand stages; two-wave tiles (unless their epilogue is tma_store_whole_tile),
+    fp32 outputs and Blackwell keep their rings, and no single-wave default schedule has fewer
+    operand stages than the ring would give it."""
     from cutegen.schedules.loader import AUTO_MAX_STAGES
     from cutegen.schedules.spec import EPILOGUE_STAGES, SM90_SMEM_OPT_IN_BYTES
 
@@ -611,8 +642,13 @@ def test_whole_tile_epilogue_only_where_it_costs_no_stage():
             continue
         assert s.smem_bytes <= SM90_SMEM_OPT_IN_BYTES
         if s.epilogue_whole_tile:
-            assert s.arch.value == "sm_90a" and s.c_dtype.bytes == 2 and s.waves == 1
+            assert s.arch.value == "sm_90a" and s.c_dtype.bytes == 2
+            assert (s.waves == 1) == (s.epilogue != Epilogue.TMA_STORE_WHOLE_TILE)
             assert s.epilogue_stages == s.epilogue_subtiles
+            if s.waves > 1:
+                # Two-wave tiles stage the whole tile by choice, at the cost of stages if need be.
+                by_tile[(s.op.value, s.tile_m, s.tile_n, "whole")] = (s.cluster_m, s.cluster_n)
+                continue
             # With the ring instead, one more operand stage would not fit either (or the schedule
             # already has at least the most stages "auto" gives).
             em, en = s.epi_tile
@@ -622,6 +658,8 @@ def test_whole_tile_epilogue_only_where_it_costs_no_stage():
             assert with_ring_and_one_more > SM90_SMEM_OPT_IN_BYTES or s.stages >= AUTO_MAX_STAGES
         by_tile[(s.op.value, s.tile_m, s.tile_n)] = s.epilogue_whole_tile
     assert by_tile[("fp8_gemm_nt", 128, 128)] and by_tile[("fp8_gemm_nt", 128, 192)]
-    assert not by_tile[("fp8_gemm_nt", 256, 128)]  # two waves: measured slower in 2-CTA clusters
+    # Two waves: the ring at long K (tma_store), the whole tile for short K (tma_store_whole_tile).
+    assert not by_tile[("fp8_gemm_nt", 256, 128)]
+    assert ("fp8_gemm_nt", 256, 128, "whole") in by_tile
     assert not by_tile[("fp8_wgrad_gemm_nt", 256, 128)]  # fp32 output
     assert by_tile[("m_grouped_fp8_gemm_nt_contiguous", 128, 192)]

@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Callable
 
-from cutegen.gen.report import GEMM_OPS
+from cutegen.gen.report import GEMM_OPS, short_kernel
 
 BF16_SHAPES = [
     (4096, 4096, 4096),
@@ -301,7 +301,7 @@ def render_fp8(rows: list[dict], env: dict, copy_gbs: float, title: str = "fp8_g
             vs_cublas.append(rc)
         if rd:
             vs_dg.append(rd)
-        short = r["kernel"].split("_sff32_")[-1].split("_r40")[0]
+        short = short_kernel(r["kernel"])
         lines.append(
             f"| {', '.join(map(str, r['shape']))} | {short} | {r['ours_us']:.1f} | {r['ours_tflops']:.0f} | "
             f"{cb and f'{cb:.0f}' or 'n/a'} | {rc and f'{rc:.2f}' or 'n/a'} | {dg or 'n/a'} | "

@@ -17,6 +17,10 @@ multicast:
   shared by the CTAs working in a wave, capped by what one SM can pull.
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
+* Two-wave kernels that stage the whole output tile (epilogue ``tma_store_whole_tile``): compute
+  times `CostModel.whole_tile_short_k_factor` (below 1) where K has at most
+  `CostModel.whole_tile_max_k_blocks` blocks, else `CostModel.whole_tile_long_k_factor`, so they
+  rank before their ring twins at short K only.
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``.
@@ -117,6 +121,13 @@ class CostModel:
     # (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json, in-sample); 6-12 µs rank them
     # alike, more than those steps take alone.
     grouped_tile_overhead_s: float = 6e-6
+    # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`)
+    # against the same tile moving it through a ring of sub-tiles: faster where K has at most
+    # `whole_tile_max_k_blocks` blocks, slower above (256x128 on an H200: 1.03-1.10x at K <= 1024,
+    # 1.00-1.03x at K = 1536-2048, 0.97-0.98x at K >= 7168 in 2-CTA clusters; docs/perf/NOTES.md).
+    whole_tile_max_k_blocks: int = 16
+    whole_tile_short_k_factor: float = 0.97
+    whole_tile_long_k_factor: float = 1.03
 
     @property
     def flops_per_sm(self) -> float:
@@ -192,6 +203,11 @@ def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
     after the WGMMA wait, rolled (its manifest's `column_scales_early` is false; the rule is
     `Schedule.column_scales_early`)."""
     return _single_wave_per_row_scales(manifest) and not manifest.column_scales_early
+
+
+def _whole_tile_epilogue(manifest: KernelManifest) -> bool:
+    """A two-wave tile whose epilogue stages the whole output tile (`tma_store_whole_tile`)."""
+    return manifest.schedule.get("epilogue") == "tma_store_whole_tile"
 
 
 def splits_k(manifest: KernelManifest) -> bool:
@@ -284,6 +300,9 @@ def _score(
         compute *= model.two_wave_per_row_scale_slowdown
     if mc_a * mc_b > 1 and _per_row_scales(manifest):
         compute *= model.per_row_scale_multicast_slowdown
+    if _whole_tile_epilogue(manifest):
+        short_k = ceil_div(k, SCALE_BLOCK) <= model.whole_tile_max_k_blocks
+        compute *= model.whole_tile_short_k_factor if short_k else model.whole_tile_long_k_factor
     memory = tile_bytes / sm_bandwidth
     latency = 0.0
     if manifest.schedule.get("scale", "none") != "none":

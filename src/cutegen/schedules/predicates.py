@@ -80,7 +80,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
 
 # Epilogues each architecture's templates implement.
 ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
-    Arch.SM90A: frozenset({Epilogue.TMA_STORE, Epilogue.SPLIT_K_TMA_STORE}),
+    Arch.SM90A: frozenset({Epilogue.TMA_STORE, Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.SPLIT_K_TMA_STORE}),
     Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
 }
 
@@ -652,6 +652,24 @@ def split_k_only_dense_fp8(s: Schedule) -> str | None:
     if not s.epilogue.splits_k or s.op == Op.FP8_GEMM_NT:
         return None
     return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
+
+
+@_rule()
+def whole_tile_epilogue_two_wave(s: Schedule) -> str | None:
+    """The tma_store_whole_tile epilogue is for two-wave (256-row) tiles with a 16-bit output:
+    single-wave tiles already stage their whole tile with tma_store when it fits (the same
+    kernel under two names otherwise), and fp32 outputs take a ring of sub-tiles."""
+    if s.epilogue != Epilogue.TMA_STORE_WHOLE_TILE:
+        return None
+    if s.c_dtype.bytes != 2:
+        return f"epilogue={s.epilogue.value}: needs a 16-bit output, c_dtype={s.c_dtype.value}"
+    if s.waves < 2:
+        return (
+            f"epilogue={s.epilogue.value}: tile_m={s.tile_m} with {s.math_warpgroups} math "
+            f"warpgroup(s) is computed in one wave, and its tma_store epilogue already stages the "
+            f"whole tile when it fits; use tma_store"
+        )
+    return None
 
 
 @_rule(ops=_QUANT_OPS)

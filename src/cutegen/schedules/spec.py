@@ -148,6 +148,15 @@ class Multicast(str, enum.Enum):
 class Epilogue(str, enum.Enum):
     """How the accumulator reaches global memory.
 
+    ``tma_store``: the tile goes through shared memory to TMA stores, sub-tile by sub-tile; a
+    single-wave Hopper tile stages the whole tile there when it fits (`Schedule.epilogue_whole_tile`).
+
+    ``tma_store_whole_tile``: the same, with the whole tile staged for two-wave (256-row) Hopper
+    tiles too, which `tma_store` moves through a ring of sub-tile buffers. Two barriers per tile
+    instead of two per sub-tile: faster where K is short (a tile's main loop is then short
+    beside its store), slower at long K (measured on an H200, docs/perf/NOTES.md), so the
+    runtime's cost model prefers it only at short K.
+
     ``split_k_tma_store``: the K blocks of a tile are split over several CTAs (the split count is
     a launch argument); each CTA writes its fp32 partial sum to a global workspace and the last one
     to finish a tile adds the others' and stores the tile with TMA. Small-M problems whose few
@@ -155,11 +164,14 @@ class Epilogue(str, enum.Enum):
     """
 
     TMA_STORE = "tma_store"
+    TMA_STORE_WHOLE_TILE = "tma_store_whole_tile"
     SPLIT_K_TMA_STORE = "split_k_tma_store"
 
     @property
     def tag(self) -> str:
-        return {"tma_store": "epitma", "split_k_tma_store": "episk"}[self.value]
+        return {
+            "tma_store": "epitma", "tma_store_whole_tile": "epitmaw", "split_k_tma_store": "episk",
+        }[self.value]
 
     @property
     def splits_k(self) -> bool:
@@ -366,10 +378,13 @@ class Schedule:
         this schedule's operand stages. `stages = "auto"` takes the most stages that fit with the
         EPILOGUE_STAGES ring first, so staging the whole tile never costs an operand stage.
         Measured on an H200 (docs/perf/NOTES.md): 128-row tiles 1.00-1.11x faster with it; 256-row
-        tiles in 2-CTA clusters 0.96-0.98x (faster at K = 512, slower at K >= 7168), so two-wave
-        tiles keep the ring."""
+        (two-wave) tiles 1.03-1.10x faster at K <= 1024 but 0.97-0.98x at K >= 7168 in 2-CTA
+        clusters, so they keep the ring unless the epilogue is `tma_store_whole_tile` (whose
+        fit the `smem_fits` rule checks)."""
         if self.arch != Arch.SM90A or self.op.is_quantize or self.c_dtype.bytes != 2:
             return False
+        if self.epilogue == Epilogue.TMA_STORE_WHOLE_TILE:
+            return True
         if self.waves != 1:
             return False
         em, en = self.epi_tile

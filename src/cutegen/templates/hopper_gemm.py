@@ -114,9 +114,10 @@ class HopperGemmKernel(TileOrder):
         [64·(w-1)·tile_m/(64·math_warpgroups) …) of the tile), keep one WGMMA batch in flight,
         release the previous stage, then run the epilogue: fp32 → bf16 in registers, stmatrix into
         swizzled shared-memory sub-tile buffers, one elected warp issues their TMA stores. With a
-        buffer per sub-tile (`Schedule.epilogue_whole_tile`) the whole tile is written between two
-        barriers and stored as one bulk group; otherwise the sub-tiles cycle through a ring of
-        `epilogue_stages` buffers with two barriers each.
+        buffer per sub-tile (`Schedule.epilogue_whole_tile`: single-wave tiles where it fits, and
+        two-wave tiles of the `tma_store_whole_tile` epilogue) the whole tile is written between
+        two barriers and stored as one bulk group; otherwise the sub-tiles cycle through a ring
+        of `epilogue_stages` buffers with two barriers each.
 
     Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; K a
     multiple of 128 = tile_k): each stage also holds the tile's column of SFA (tile_m fp32, loaded
