@@ -31,8 +31,10 @@ multicast:
   (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
   it whatever the count), so the same tile without split K always ranks first.
 
-Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
-cluster, then to the name, so the choice is total and stable. The constants in `CostModel` are the
+Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the multicast
+that shares the operand with more bytes in all (B where N >= M, else A: 128x4096x7168, 64x64 tiles,
+measured 16.7 µs in a 2x1 cluster against 18.3 in a 1x2 one), then to the smaller cluster, then to
+the name, so the choice is total and stable. The constants in `CostModel` are the
 H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16 dense, 4.3 TB/s copy) with an
 assumed L2 reuse factor for operand traffic; they rank candidates, they do not predict times.
 
@@ -158,6 +160,8 @@ class Score:
     source: str = "model"
     # Work units per tile: the K split count a split-K kernel is launched with (else 1).
     k_splits: int = 1
+    # Its useful multicast shares the operand with more bytes in all (B where N >= M, else A).
+    shares_larger_operand: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -331,6 +335,7 @@ def _score(
         estimated_us=estimated * 1e6,
         useful_multicast=mc_a * mc_b,
         k_splits=k_splits,
+        shares_larger_operand=(mc_b > 1 and n >= m) or (mc_a > 1 and m > n),
     )
 
 
@@ -347,6 +352,7 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             s.estimated_us if not tied else 0.0,
             -(s.tile_m * s.tile_n),
             -s.useful_multicast,
+            0 if s.shares_larger_operand else 1,
             s.cluster_m * s.cluster_n,
             s.name,
         )
