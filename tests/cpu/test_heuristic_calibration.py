@@ -94,7 +94,7 @@ def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
     # every kernel, split-K ones at 2-12 splits; the latency floor, split_fixup_s and the
     # two-block factor fitted on an earlier build's timings; these, of the build with the
     # whole-tile 256x128 kernels and the decode-sized-M A loads, re-measured without refitting):
-    # geometric mean 1.024, worst 1.093 (64x576x7168, a split-K choice; the tie-break towards
+    # geometric mean 1.022, worst 1.093 (64x576x7168, a split-K choice; the tie-break towards
     # the multicast of the larger operand took 128x4096x7168 from 1.094 to 1.000).
     assert regrets[worst] < 1.12, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
@@ -119,7 +119,7 @@ def test_weight_gradient_choice_stays_close_to_the_fastest_measured_kernel():
         worst = max(regrets, key=regrets.get)
         geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
         # Measured with the model of this commit (whose three per-row-scale factors were fitted
-        # on these timings): dense 1.004 geometric mean, worst 1.017; k-grouped 1.002, worst 1.005.
+        # on these timings): dense 1.008 geometric mean, worst 1.023; k-grouped 1.002, worst 1.005.
         assert regrets[worst] < 1.06, f"{op} {worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
         assert geomean < 1.02, f"{op}: geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
@@ -186,8 +186,9 @@ def test_whole_tile_twins_rank_by_k():
 
 
 def test_ties_go_to_the_multicast_of_the_larger_operand():
-    """Between clusters the model scores alike, the one multicasting the operand with more bytes
-    in all: B (2x1 clusters) where N >= M, A (1x2) where M > N."""
+    """Between clusters the model scores alike, where memory or latency bounds the tile, the one
+    multicasting the operand with more bytes in all (B, 2x1 clusters, where N >= M); compute-bound
+    ties keep the cluster-size and name order (256x128 at 4096x7168x16384: 1x2 measured faster)."""
     def pair(tile: str, stages: int, wg: int) -> list[KernelManifest]:
         return [
             manifest_from_name(f"cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_{tile}x128_{c}_s{stages}_wg{wg}_r40x232_epitma_rm_g8")
@@ -195,5 +196,5 @@ def test_ties_go_to_the_multicast_of_the_larger_operand():
         ]
     small_m = heuristics.explain("fp8_gemm_nt", pair("64x64", 8, 1), 128, 4096, 7168, H200_SMS, tuning={})
     assert "_c2x1_mcb_" in small_m[0].name and small_m[0].shares_larger_operand
-    large_m = heuristics.explain("fp8_gemm_nt", pair("128x144", 6, 2), 4096, 576, 7168, H200_SMS, tuning={})
-    assert "_c1x2_mca_" in large_m[0].name and large_m[0].shares_larger_operand
+    large_m = heuristics.explain("fp8_gemm_nt", pair("256x128", 3, 2), 4096, 7168, 16384, H200_SMS, tuning={})
+    assert "_c1x2_mca_" in large_m[0].name and not large_m[0].shares_larger_operand

@@ -31,10 +31,12 @@ multicast:
   (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
   it whatever the count), so the same tile without split K always ranks first.
 
-Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the multicast
-that shares the operand with more bytes in all (B where N >= M, else A: 128x4096x7168, 64x64 tiles,
-measured 16.7 µs in a 2x1 cluster against 18.3 in a 1x2 one), then to the smaller cluster, then to
-the name, so the choice is total and stable. The constants in `CostModel` are the
+Ties (within 0.5%) go to the larger tile, then to more useful multicast, then, where memory or
+latency bounds the tile, to the multicast that shares the operand with more bytes in all (B where
+N >= M, else A: 128x4096x7168, 64x64 tiles, measured 16.7 µs in a 2x1 cluster against 18.3 in a
+1x2 one; compute-bound tiles gain nothing from it: 4096x7168x16384, 256x128, 703.7 µs in a 2x1
+cluster against 687.3 in a 1x2 one), then to the smaller cluster, then to the name, so the choice
+is total and stable. The constants in `CostModel` are the
 H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16 dense, 4.3 TB/s copy) with an
 assumed L2 reuse factor for operand traffic; they rank candidates, they do not predict times.
 
@@ -160,7 +162,8 @@ class Score:
     source: str = "model"
     # Work units per tile: the K split count a split-K kernel is launched with (else 1).
     k_splits: int = 1
-    # Its useful multicast shares the operand with more bytes in all (B where N >= M, else A).
+    # Bound by memory or latency, with a useful multicast that shares the operand with more bytes
+    # in all (B where N >= M, else A).
     shares_larger_operand: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -335,7 +338,7 @@ def _score(
         estimated_us=estimated * 1e6,
         useful_multicast=mc_a * mc_b,
         k_splits=k_splits,
-        shares_larger_operand=(mc_b > 1 and n >= m) or (mc_a > 1 and m > n),
+        shares_larger_operand=compute < max(memory, latency) and ((mc_b > 1 and n >= m) or (mc_a > 1 and m > n)),
     )
 
 
