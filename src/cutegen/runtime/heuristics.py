@@ -31,12 +31,13 @@ multicast:
   (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
   it whatever the count), so the same tile without split K always ranks first.
 
-Ties (within 0.5%) go to the larger tile, then to more useful multicast, then, where memory or
-latency bounds the tile, to the multicast that shares the operand with more bytes in all (B where
-N >= M, else A: 128x4096x7168, 64x64 tiles, measured 16.7 µs in a 2x1 cluster against 18.3 in a
-1x2 one; compute-bound tiles gain nothing from it: 4096x7168x16384, 256x128, 703.7 µs in a 2x1
-cluster against 687.3 in a 1x2 one), then to the smaller cluster, then to the name, so the choice
-is total and stable. The constants in `CostModel` are the
+Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
+cluster, then to the name, so the choice is total and stable; where memory or latency bounds the
+tile, multicast counts as useful there only when it shares the operand with more bytes in all (B
+where N >= M, else A), and such a cluster goes first: 128x4096x7168, 64x64 tiles, measured 16.7 µs
+in a 2x1 cluster against 17.9 unclustered and 18.3 in a 1x2 cluster (the 64-row tiles at M <= 128
+ran 0-10% slower with A multicast than without). Compute-bound tiles keep plain useful multicast
+(4096x7168x16384, 256x128: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one). The constants in `CostModel` are the
 H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16 dense, 4.3 TB/s copy) with an
 assumed L2 reuse factor for operand traffic; they rank candidates, they do not predict times.
 
@@ -165,6 +166,8 @@ class Score:
     # Bound by memory or latency, with a useful multicast that shares the operand with more bytes
     # in all (B where N >= M, else A).
     shares_larger_operand: bool = False
+    # Compute is the largest of its time terms.
+    compute_bound: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -339,6 +342,7 @@ def _score(
         useful_multicast=mc_a * mc_b,
         k_splits=k_splits,
         shares_larger_operand=compute < max(memory, latency) and ((mc_b > 1 and n >= m) or (mc_a > 1 and m > n)),
+        compute_bound=compute >= max(memory, latency),
     )
 
 
@@ -354,7 +358,7 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             0 if tied else 1,
             s.estimated_us if not tied else 0.0,
             -(s.tile_m * s.tile_n),
-            -s.useful_multicast,
+            -(s.useful_multicast if s.compute_bound or s.shares_larger_operand else 1),
             0 if s.shares_larger_operand else 1,
             s.cluster_m * s.cluster_n,
             s.name,
