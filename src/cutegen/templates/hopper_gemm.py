@@ -757,8 +757,11 @@ class HopperGemmKernel(TileOrder):
         # The next block's stage is probed before each promotion on two-accumulator rings of
         # tiles within one SFB block (128x128, 64x128, 64x64: 1.00-1.07x at 11 shapes); the
         # 112-wide tiles (a loop copy per SFB boundary) and four-deep rings (64x16, 64x32)
-        # measured 0.95-0.99x with it and keep the plain wait at issue.
-        probe_next_stage = depth == 2 and self.single_sfb_block
+        # measured 0.95-0.99x with it and keep the plain wait at issue. Never with per-row SFB:
+        # the probing promotion hands the stage back before promoting, and per-row SFB is read
+        # from the stage by the promotion (the default catalogue has no per-row ring; a
+        # schedule that had one computed wrong sums with the probe).
+        probe_next_stage = depth == 2 and self.single_sfb_block and not self.sfb_per_row
         next_stage_ready = cutlass.Boolean(False)
         for _ in range((k_tile_cnt - (depth - 1)) // depth):
             for j in cutlass.range_constexpr(depth):
