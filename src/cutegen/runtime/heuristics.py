@@ -32,14 +32,16 @@ multicast:
   it whatever the count), so the same tile without split K always ranks first.
 
 Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
-cluster, then to the name, so the choice is total and stable; where memory or latency bounds the
+cluster, then to the name, so the choice is total and stable. Where memory or latency bounds the
 tile, multicast counts as useful there only when it shares the operand with more bytes in all (B
 where N >= M, else A), and such a cluster goes first: 128x4096x7168, 64x64 tiles, measured 16.7 µs
 in a 2x1 cluster against 17.9 unclustered and 18.3 in a 1x2 cluster (the 64-row tiles at M <= 128
 ran 0-10% slower with A multicast than without). Compute-bound tiles keep plain useful multicast
-(4096x7168x16384, 256x128: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one). The constants in `CostModel` are the
-H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16 dense, 4.3 TB/s copy) with an
-assumed L2 reuse factor for operand traffic; they rank candidates, they do not predict times.
+(4096x7168x16384, 256x128: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one).
+
+The constants in `CostModel` are the H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16
+dense, 4.3 TB/s copy) with an assumed L2 reuse factor for operand traffic; they rank candidates,
+they do not predict times.
 
 A tuning table (JSON, ``{"bf16_gemm_nt": {"M,N,K": "kernel_name"}}``) found at
 ``$CUTEGEN_TUNING`` or ``<build_dir>/tuning.json`` takes precedence when it names one of the
@@ -128,8 +130,8 @@ class CostModel:
     grouped_tile_overhead_s: float = 6e-6
     # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`)
     # against the same tile moving it through a ring of sub-tiles: faster where K has at most
-    # `whole_tile_max_k_blocks` blocks, slower above (256x128 on an H200: 1.03-1.10x at K <= 1024,
-    # 1.00-1.03x at K = 1536-2048, 0.97-0.98x at K >= 7168 in 2-CTA clusters; docs/perf/NOTES.md).
+    # `whole_tile_max_k_blocks` blocks, slower above (256x128 on an H200: 1.03-1.11x at K <= 1024,
+    # 1.00-1.03x at K = 1536-2048, 0.96-0.98x at K >= 7168 in 2-CTA clusters; docs/perf/NOTES.md).
     whole_tile_max_k_blocks: int = 16
     whole_tile_short_k_factor: float = 0.97
     whole_tile_long_k_factor: float = 1.03
@@ -318,6 +320,9 @@ def _score(
     if manifest.schedule.get("scale", "none") != "none":
         ring = manifest.wgmma_accumulators
         latency = ceil_div(k, SCALE_BLOCK) * model.block_latency_s.get(ring, model.block_latency_s[1])
+    compute_bound = compute >= max(memory, latency)
+    # The multicast shares the operand with more bytes in all (B where N >= M, else A).
+    shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
     estimated = waves * (max(compute, memory, latency) + tile_overhead)
     if splits_k(manifest):
@@ -341,8 +346,8 @@ def _score(
         estimated_us=estimated * 1e6,
         useful_multicast=mc_a * mc_b,
         k_splits=k_splits,
-        shares_larger_operand=compute < max(memory, latency) and ((mc_b > 1 and n >= m) or (mc_a > 1 and m > n)),
-        compute_bound=compute >= max(memory, latency),
+        shares_larger_operand=not compute_bound and shares_larger,
+        compute_bound=compute_bound,
     )
 
 

@@ -378,7 +378,7 @@ class Schedule:
         this schedule's operand stages. `stages = "auto"` takes the most stages that fit with the
         EPILOGUE_STAGES ring first, so staging the whole tile never costs an operand stage.
         Measured on an H200 (docs/perf/NOTES.md): 128-row tiles 1.00-1.11x faster with it; 256-row
-        (two-wave) tiles 1.03-1.10x faster at K <= 1024 but 0.97-0.98x at K >= 7168 in 2-CTA
+        (two-wave) tiles 1.03-1.11x faster at K <= 1024 but 0.96-0.98x at K >= 7168 in 2-CTA
         clusters, so they keep the ring unless the epilogue is `tma_store_whole_tile` (whose
         fit the `smem_fits` rule checks)."""
         if self.arch != Arch.SM90A or self.op.is_quantize or self.c_dtype.bytes != 2:
