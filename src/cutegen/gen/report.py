@@ -149,11 +149,10 @@ def short_kernel(name: Any) -> str:
     a whole-tile epilogue), so that two kernels of one tile stay apart."""
     if not isinstance(name, str) or not name:
         return NA
-    m = re.search(r"(\d+x\d+x\d+_c\d+x\d+_mc[a-z0-9]+_s\d+_wg\d+)_r\d+x\d+_(epi[a-z0-9]+)", name)
-    if m:
-        return m.group(1) if m.group(2) == "epitma" else f"{m.group(1)}_{m.group(2)}"
-    m = re.search(r"\d+x\d+x\d+_c\d+x\d+_mc[a-z0-9]+_s\d+_wg\d+", name)
-    return m.group(0) if m else name
+    m = re.search(r"(\d+x\d+x\d+_c\d+x\d+_mc[a-z0-9]+_s\d+_wg\d+)(?:_r\d+x\d+_(epi[a-z0-9]+))?", name)
+    if not m:
+        return name
+    return m.group(1) if m.group(2) in (None, "epitma") else f"{m.group(1)}_{m.group(2)}"
 
 
 # ---- the results, normalised -------------------------------------------------------------------
