@@ -93,10 +93,10 @@ def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
     # Measured with the model of this commit over the 21 DeepGEMM shapes (kernel durations of
     # every kernel, split-K ones at 2-12 splits; the latency floor, split_fixup_s and the
     # two-block factor fitted on an earlier build's timings; these, of the build with the
-    # whole-tile 256x128 kernels and the decode-sized-M A loads, re-measured without refitting):
-    # geometric mean 1.020, worst 1.093 (64x576x7168, a split-K choice; the tie-break towards
-    # the multicast of the larger operand took 128x4096x7168 from 1.094 to 1.000 and
-    # 64x2112x7168 from 1.064 to 1.037).
+    # whole-tile 256x128 kernels and the decode-sized-M A loads, re-measured without refitting;
+    # then again with the per-warpgroup stores of the 256x128 short-K kernels): geometric mean
+    # 1.019, worst 1.109 (64x576x7168, a split-K choice; the tie-break towards the multicast of
+    # the larger operand took 128x4096x7168 from 1.094 to 1.000).
     assert regrets[worst] < 1.12, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
@@ -140,10 +140,11 @@ def test_contiguous_choice_stays_close_to_the_fastest_measured_kernel():
         regrets[key] = times[chosen.name] / min(times.values())
     worst = max(regrets, key=regrets.get)
     geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
-    # Measured with the model of this commit (grouped_tile_overhead_s fitted on these timings):
-    # geometric mean 1.027, worst 1.059.
-    assert regrets[worst] < 1.07, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
-    assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
+    # Measured with the model of this commit (grouped_tile_overhead_s fitted on earlier timings;
+    # these are of the kernels that read each tile's group a tile ahead): geometric mean 1.001,
+    # worst 1.005.
+    assert regrets[worst] < 1.03, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
+    assert geomean < 1.01, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
 
 MASKED_KERNELS = [
@@ -173,17 +174,21 @@ def test_masked_choice_pads_each_group_to_the_tile():
 
 
 def test_whole_tile_twins_rank_by_k():
-    """A 256-row kernel that stages its whole output tile (epilogue tma_store_whole_tile) ranks
-    before its ring twin where K has at most `whole_tile_max_k_blocks` blocks, after it above."""
+    """A 256-row kernel that stages its whole output tile (epilogue tma_store_per_warpgroup, or
+    tma_store_whole_tile) ranks before its ring twin where K has at most `whole_tile_max_k_blocks`
+    blocks, after it above; a single-wave tile with per-warpgroup stores has no such factor."""
     ring = manifest_from_name("cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_epitma_rm_g8")
-    whole = manifest_from_name("cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_epitmaw_rm_g8")
     limit = heuristics.DEFAULT_MODEL.whole_tile_max_k_blocks * 128
-    for k in (512, 1536, limit):
-        best = heuristics.explain("fp8_gemm_nt", [ring, whole], 4096, 32768, k, H200_SMS, tuning={})[0]
-        assert best.name == whole.name, k
-    for k in (limit + 128, 7168, 16384):
-        best = heuristics.explain("fp8_gemm_nt", [ring, whole], 4096, 7168, k, H200_SMS, tuning={})[0]
-        assert best.name == ring.name, k
+    for tag in ("epiwg", "epitmaw"):
+        whole = manifest_from_name(f"cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_{tag}_rm_g8")
+        for k in (512, 1536, limit):
+            best = heuristics.explain("fp8_gemm_nt", [ring, whole], 4096, 32768, k, H200_SMS, tuning={})[0]
+            assert best.name == whole.name, k
+        for k in (limit + 128, 7168, 16384):
+            best = heuristics.explain("fp8_gemm_nt", [ring, whole], 4096, 7168, k, H200_SMS, tuning={})[0]
+            assert best.name == ring.name, k
+    single = manifest_from_name("cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x192x128_c1x1_mc0_s4_wg2_r40x232_epiwg_rm_g8")
+    assert not heuristics._whole_tile_epilogue(single)
 
 
 def test_ties_go_to_the_multicast_of_the_larger_operand():

@@ -154,6 +154,8 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
     # BASE (bf16, 128 rows over two warpgroups) is one wave: its tma_store already stages the tile.
     "whole_tile_epilogue_two_wave": [(bad(epilogue=Epilogue.TMA_STORE_WHOLE_TILE), "tile_m")],
+    # Only the FP8 GEMM and the contiguous grouped GEMM have run with per-warpgroup stores.
+    "per_warpgroup_epilogue_two_warpgroups": [(bad(epilogue=Epilogue.TMA_STORE_PER_WARPGROUP), "op")],
 }
 
 # Blackwell (sm_100a) schedules: a one-CTA FP8 GEMM and a CTA pair.
@@ -601,12 +603,14 @@ def test_sfb_boundaries_cover_every_tile_position():
 
 
 def test_whole_tile_epilogue_schedules():
-    """The tma_store_whole_tile epilogue: the default 256x128 FP8 twins of the ring kernels,
-    same stages, the whole tile in shared memory; invalid for single-wave tiles (tma_store
-    already stages those whole) and fp32 outputs; a name tag of its own."""
+    """The default 256x128 FP8 twins of the ring kernels stage the whole tile and store it per
+    math warpgroup (tma_store_per_warpgroup): same stages, 64-row sub-tiles, a name tag of their
+    own. tma_store_whole_tile (CTA-wide barriers) stays valid for two-wave tiles only (tma_store
+    already stages single-wave tiles whole); both need a 16-bit output, per-warpgroup stores two
+    math warpgroups, and neither exists on sm_100a."""
     defaults = {(s.tile_m, s.tile_n, s.cluster_m, s.cluster_n, s.epilogue): s
                 for s in default_schedules(arch="sm_90a", op="fp8_gemm_nt")}
-    whole = [s for s in defaults.values() if s.epilogue == Epilogue.TMA_STORE_WHOLE_TILE]
+    whole = [s for s in defaults.values() if s.epilogue == Epilogue.TMA_STORE_PER_WARPGROUP]
     assert {(s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in whole} == {
         (256, 128, 1, 1), (256, 128, 2, 1), (256, 128, 1, 2)
     }
@@ -615,22 +619,32 @@ def test_whole_tile_epilogue_schedules():
         assert s.waves == 2 and s.epilogue_whole_tile and not ring.epilogue_whole_tile
         assert s.stages == ring.stages
         assert s.smem_bytes > ring.smem_bytes
-        assert "_epitmaw_" in procedural_name(s) and "_epitma_" in procedural_name(ring)
+        assert "_epiwg_" in procedural_name(s) and "_epitma_" in procedural_name(ring)
+        assert s.epi_tile == (64, 32) and ring.epi_tile == (128, 32)
         assert parse_name(procedural_name(s)) == s
-    single_wave = dataclasses.replace(whole[0], tile_m=128, stages=4)
+        cta_wide = dataclasses.replace(s, epilogue=Epilogue.TMA_STORE_WHOLE_TILE)
+        assert not violations(cta_wide) and "_epitmaw_" in procedural_name(cta_wide)
+        assert cta_wide.smem_bytes == s.smem_bytes
+    single_wave = dataclasses.replace(whole[0], tile_m=128, stages=4, epilogue=Epilogue.TMA_STORE_WHOLE_TILE)
     assert "whole_tile_epilogue_two_wave" in {v.name for v in violations(single_wave)}
+    assert not violations(dataclasses.replace(single_wave, epilogue=Epilogue.TMA_STORE_PER_WARPGROUP))
+    one_wg = next(s for s in default_schedules(arch="sm_90a", op="fp8_gemm_nt") if s.math_warpgroups == 1)
+    found = {v.name: v.reason for v in violations(dataclasses.replace(one_wg, epilogue=Epilogue.TMA_STORE_PER_WARPGROUP))}
+    assert "math_warpgroups=1" in found["per_warpgroup_epilogue_two_warpgroups"]
     wgrad = next(s for s in default_schedules(op="fp8_wgrad_gemm_nt") if s.tile_m == 256)
     found = {v.name: v.reason for v in violations(dataclasses.replace(wgrad, epilogue=Epilogue.TMA_STORE_WHOLE_TILE))}
     assert "c_dtype" in found["whole_tile_epilogue_two_wave"]
+    found = {v.name: v.reason for v in violations(dataclasses.replace(wgrad, epilogue=Epilogue.TMA_STORE_PER_WARPGROUP))}
+    assert "c_dtype" in found["per_warpgroup_epilogue_two_warpgroups"]
     sm100 = next(s for s in default_schedules(arch="sm_100a"))
-    assert "epilogue_supported" in {
-        v.name for v in violations(dataclasses.replace(sm100, epilogue=Epilogue.TMA_STORE_WHOLE_TILE))
-    }
+    for epilogue in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP):
+        assert "epilogue_supported" in {v.name for v in violations(dataclasses.replace(sm100, epilogue=epilogue))}
 
 
 def test_whole_tile_epilogue_only_where_it_costs_no_stage():
     """Single-wave Hopper tiles with 16-bit outputs stage the whole output tile when it fits
-    beside their operand stages; two-wave tiles (unless their epilogue is tma_store_whole_tile),
+    beside their operand stages; two-wave tiles (unless their epilogue is tma_store_whole_tile or
+    tma_store_per_warpgroup, which stage any tile whole),
     fp32 outputs and Blackwell keep their rings, and no single-wave default schedule has fewer
     operand stages than the ring would give it."""
     from cutegen.schedules.loader import AUTO_MAX_STAGES
@@ -643,9 +657,10 @@ def test_whole_tile_epilogue_only_where_it_costs_no_stage():
         assert s.smem_bytes <= SM90_SMEM_OPT_IN_BYTES
         if s.epilogue_whole_tile:
             assert s.arch.value == "sm_90a" and s.c_dtype.bytes == 2
-            assert (s.waves == 1) == (s.epilogue != Epilogue.TMA_STORE_WHOLE_TILE)
+            whole_by_epilogue = s.epilogue in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP)
+            assert s.waves == 1 or whole_by_epilogue
             assert s.epilogue_stages == s.epilogue_subtiles
-            if s.waves > 1:
+            if s.waves > 1 or whole_by_epilogue:
                 # Two-wave tiles stage the whole tile by choice, at the cost of stages if need be.
                 by_tile[(s.op.value, s.tile_m, s.tile_n, "whole")] = (s.cluster_m, s.cluster_n)
                 continue
@@ -658,8 +673,8 @@ def test_whole_tile_epilogue_only_where_it_costs_no_stage():
             assert with_ring_and_one_more > SM90_SMEM_OPT_IN_BYTES or s.stages >= AUTO_MAX_STAGES
         by_tile[(s.op.value, s.tile_m, s.tile_n)] = s.epilogue_whole_tile
     assert by_tile[("fp8_gemm_nt", 128, 128)] and by_tile[("fp8_gemm_nt", 128, 192)]
-    # Two waves: the ring at long K (tma_store), the whole tile for short K (tma_store_whole_tile).
+    # Two waves: the ring at long K (tma_store), the whole tile for short K (tma_store_per_warpgroup).
     assert not by_tile[("fp8_gemm_nt", 256, 128)]
     assert ("fp8_gemm_nt", 256, 128, "whole") in by_tile
     assert not by_tile[("fp8_wgrad_gemm_nt", 256, 128)]  # fp32 output
-    assert by_tile[("m_grouped_fp8_gemm_nt_contiguous", 128, 192)]
+    assert ("m_grouped_fp8_gemm_nt_contiguous", 128, 192, "whole") in by_tile

@@ -145,8 +145,8 @@ def report_stem(env: dict) -> str:
 
 def short_kernel(name: Any) -> str:
     """The schedule part of a kernel name (tile, cluster, multicast, stages, warpgroups), and its
-    epilogue tag unless it is the plain TMA store (e.g. ``episk`` for split K, ``epitmaw`` for
-    a whole-tile epilogue), so that two kernels of one tile stay apart."""
+    epilogue tag unless it is the plain TMA store (e.g. ``episk`` for split K, ``epiwg`` for
+    a whole tile stored per warpgroup), so that two kernels of one tile stay apart."""
     if not isinstance(name, str) or not name:
         return NA
     m = re.search(r"(\d+x\d+x\d+_c\d+x\d+_mc[a-z0-9]+_s\d+_wg\d+)(?:_r\d+x\d+_(epi[a-z0-9]+))?", name)

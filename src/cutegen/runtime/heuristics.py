@@ -17,7 +17,8 @@ multicast:
   shared by the CTAs working in a wave, capped by what one SM can pull.
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
-* Two-wave kernels that stage the whole output tile (epilogue ``tma_store_whole_tile``): compute
+* Two-wave kernels that stage the whole output tile (epilogue ``tma_store_whole_tile`` or
+  ``tma_store_per_warpgroup``): compute
   times `CostModel.whole_tile_short_k_factor` (below 1) where K has at most
   `CostModel.whole_tile_max_k_blocks` blocks, else `CostModel.whole_tile_long_k_factor`, so they
   rank before their ring twins at short K only.
@@ -121,17 +122,18 @@ class CostModel:
     # kernel, and splitting lost wherever the tiles already filled the GPU.
     split_fixup_s: float = 3e-6
     # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
-    # wave: before a tile's first K block its producer and math warps read the tile's group from
-    # m_indices in global memory, and after the last they zero its padding rows and store it.
-    # It favours fewer, wider tiles (160, 192 columns), most where K is short. Fitted on kernel
-    # durations of every contiguous kernel on DeepGEMM's six shapes
-    # (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json, in-sample); 6-12 µs rank them
-    # alike, more than those steps take alone.
+    # wave: the tile's group and its rows' m_indices are read a tile ahead (hidden behind the
+    # tile before), but the padding-row selects and the store remain, and the term stands for
+    # what the model does not see of the wider tiles' advantage. It favours fewer, wider tiles
+    # (160, 192 columns), most where K is short. Fitted on kernel durations of every contiguous
+    # kernel on DeepGEMM's six shapes (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json,
+    # in-sample): 6-8 µs choose within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x.
     grouped_tile_overhead_s: float = 6e-6
-    # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`)
-    # against the same tile moving it through a ring of sub-tiles: faster where K has at most
-    # `whole_tile_max_k_blocks` blocks, slower above (256x128 on an H200: 1.03-1.11x at K <= 1024,
-    # 1.00-1.03x at K = 1536-2048, 0.96-0.98x at K >= 7168 in 2-CTA clusters; docs/perf/NOTES.md).
+    # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`,
+    # `tma_store_per_warpgroup`) against the same tile moving it through a ring of sub-tiles:
+    # faster where K has at most `whole_tile_max_k_blocks` blocks, slower above (256x128 on an
+    # H200, per-warpgroup stores: 1.04-1.08x at K <= 1024, 1.01-1.02x at K = 1536-2048, 0.97-0.98x
+    # at K >= 7168; docs/perf/NOTES.md).
     whole_tile_max_k_blocks: int = 16
     whole_tile_short_k_factor: float = 0.97
     whole_tile_long_k_factor: float = 1.03
@@ -217,9 +219,15 @@ def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
     return _single_wave_per_row_scales(manifest) and not manifest.column_scales_early
 
 
+WHOLE_TILE_EPILOGUES = ("tma_store_whole_tile", "tma_store_per_warpgroup")
+
+
 def _whole_tile_epilogue(manifest: KernelManifest) -> bool:
-    """A two-wave tile whose epilogue stages the whole output tile (`tma_store_whole_tile`)."""
-    return manifest.schedule.get("epilogue") == "tma_store_whole_tile"
+    """A two-wave tile whose epilogue stages the whole output tile (`tma_store_whole_tile`, or
+    `tma_store_per_warpgroup`, which also does for single-wave tiles: those have no ring twin)."""
+    sched = manifest.schedule
+    two_wave = sched.get("tile_m", 0) > 64 * sched.get("math_warpgroups", 1)
+    return two_wave and sched.get("epilogue") in WHOLE_TILE_EPILOGUES
 
 
 def splits_k(manifest: KernelManifest) -> bool:

@@ -80,7 +80,10 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
 
 # Epilogues each architecture's templates implement.
 ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
-    Arch.SM90A: frozenset({Epilogue.TMA_STORE, Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.SPLIT_K_TMA_STORE}),
+    Arch.SM90A: frozenset({
+        Epilogue.TMA_STORE, Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP,
+        Epilogue.SPLIT_K_TMA_STORE,
+    }),
     Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
 }
 
@@ -669,6 +672,28 @@ def whole_tile_epilogue_two_wave(s: Schedule) -> str | None:
             f"warpgroup(s) is computed in one wave, and its tma_store epilogue already stages the "
             f"whole tile when it fits; use tma_store"
         )
+    return None
+
+
+# Ops whose kernels have run with the per-warpgroup epilogue (bitwise equal to their CTA-wide twins).
+PER_WARPGROUP_EPILOGUE_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS})
+
+
+@_rule()
+def per_warpgroup_epilogue_two_warpgroups(s: Schedule) -> str | None:
+    """The tma_store_per_warpgroup epilogue stages the whole tile of a 16-bit output and lets each
+    of two math warpgroups store its own rows: with one math warpgroup there is nothing to
+    decouple, and fp32 outputs take a ring of sub-tiles. Only the ops whose kernels have run
+    with it on an H200 (`PER_WARPGROUP_EPILOGUE_OPS`) accept it."""
+    if not s.epilogue.per_warpgroup:
+        return None
+    if s.c_dtype.bytes != 2:
+        return f"epilogue={s.epilogue.value}: needs a 16-bit output, c_dtype={s.c_dtype.value}"
+    if s.math_warpgroups != 2:
+        return f"epilogue={s.epilogue.value}: needs two math warpgroups, math_warpgroups={s.math_warpgroups}"
+    if s.op not in PER_WARPGROUP_EPILOGUE_OPS:
+        ops = ", ".join(sorted(o.value for o in PER_WARPGROUP_EPILOGUE_OPS))
+        return f"epilogue={s.epilogue.value}: only ops {ops}, not op={s.op.value}"
     return None
 
 

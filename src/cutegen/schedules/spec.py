@@ -157,6 +157,12 @@ class Epilogue(str, enum.Enum):
     beside its store), slower at long K (measured on an H200, docs/perf/NOTES.md), so the
     runtime's cost model prefers it only at short K.
 
+    ``tma_store_per_warpgroup``: the whole tile staged too, but each math warpgroup converts,
+    synchronises and stores its own 64-row sub-tiles (named barrier per warpgroup, one storing
+    warp per warpgroup) instead of the two warpgroups meeting at CTA-wide barriers; so one
+    warpgroup's epilogue and next tile's start overlap the other's main loop (Hopper, two math
+    warpgroups, 16-bit output).
+
     ``split_k_tma_store``: the K blocks of a tile are split over several CTAs (the split count is
     a launch argument); each CTA writes its fp32 partial sum to a global workspace and the last one
     to finish a tile adds the others' and stores the tile with TMA. Small-M problems whose few
@@ -165,17 +171,23 @@ class Epilogue(str, enum.Enum):
 
     TMA_STORE = "tma_store"
     TMA_STORE_WHOLE_TILE = "tma_store_whole_tile"
+    TMA_STORE_PER_WARPGROUP = "tma_store_per_warpgroup"
     SPLIT_K_TMA_STORE = "split_k_tma_store"
 
     @property
     def tag(self) -> str:
         return {
-            "tma_store": "epitma", "tma_store_whole_tile": "epitmaw", "split_k_tma_store": "episk",
+            "tma_store": "epitma", "tma_store_whole_tile": "epitmaw", "tma_store_per_warpgroup": "epiwg",
+            "split_k_tma_store": "episk",
         }[self.value]
 
     @property
     def splits_k(self) -> bool:
         return self == Epilogue.SPLIT_K_TMA_STORE
+
+    @property
+    def per_warpgroup(self) -> bool:
+        return self == Epilogue.TMA_STORE_PER_WARPGROUP
 
 
 class Raster(str, enum.Enum):
@@ -355,6 +367,9 @@ class Schedule:
         if self.arch == Arch.SM100A:
             # One thread per TMEM lane: the sub-tile spans all the CTA's rows.
             return (self.tile_m, min(self.tile_n, en))
+        if self.epilogue.per_warpgroup:
+            # One warpgroup's rows of one wave: each sub-tile is written and stored by one.
+            return (64, min(self.tile_n, en))
         return (min(self.tile_m, 64 * self.math_warpgroups), min(self.tile_n, en))
 
     @property
@@ -383,7 +398,7 @@ class Schedule:
         fit the `smem_fits` rule checks)."""
         if self.arch != Arch.SM90A or self.op.is_quantize or self.c_dtype.bytes != 2:
             return False
-        if self.epilogue == Epilogue.TMA_STORE_WHOLE_TILE:
+        if self.epilogue in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP):
             return True
         if self.waves != 1:
             return False

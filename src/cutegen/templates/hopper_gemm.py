@@ -115,9 +115,13 @@ class HopperGemmKernel(TileOrder):
         release the previous stage, then run the epilogue: fp32 → bf16 in registers, stmatrix into
         swizzled shared-memory sub-tile buffers, one elected warp issues their TMA stores. With a
         buffer per sub-tile (`Schedule.epilogue_whole_tile`: single-wave tiles where it fits, and
-        two-wave tiles of the `tma_store_whole_tile` epilogue) the whole tile is written between
-        two barriers and stored as one bulk group; otherwise the sub-tiles cycle through a ring
-        of `epilogue_stages` buffers with two barriers each.
+        tiles of the `tma_store_whole_tile` and `tma_store_per_warpgroup` epilogues) the whole
+        tile is written between two barriers and stored as one bulk group; otherwise the
+        sub-tiles cycle through a ring of `epilogue_stages` buffers with two barriers each. With
+        `tma_store_per_warpgroup` the sub-tiles are 64 rows, one warpgroup's rows of a wave: each
+        math warpgroup writes, synchronises (its own named barrier) and stores (its first warp,
+        its own bulk group) only its sub-tiles, so the two warpgroups never wait for each other
+        and one's epilogue overlaps the other's main loop.
 
     Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; K a
     multiple of 128 = tile_k): each stage also holds the tile's column of SFA (tile_m fp32, loaded
@@ -163,7 +167,8 @@ class HopperGemmKernel(TileOrder):
     warp 0 and made visible cluster-wide (init arrive/wait) before first use; named barrier
     EPILOGUE_BARRIER_ID over the math threads around each epilogue sub-tile, or around the
     whole tile (previous stores have read the buffers → smem written → fence.proxy.async → TMA
-    stores issued).
+    stores issued); with `tma_store_per_warpgroup`, named barriers EPILOGUE_BARRIER_ID and
+    EPILOGUE_BARRIER_ID + 1 over one math warpgroup each, in the same order.
 
     Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
@@ -190,6 +195,9 @@ class HopperGemmKernel(TileOrder):
         self.epi_tile = s.epi_tile
         # A buffer per sub-tile (the whole output tile) or a ring (`Schedule.epilogue_whole_tile`).
         self.epi_whole_tile = s.epilogue_whole_tile
+        # Each math warpgroup stores its own 64-row sub-tiles, synchronised within itself only
+        # (`Epilogue.TMA_STORE_PER_WARPGROUP`), so the two never wait for each other.
+        self.epi_per_warpgroup = s.epilogue.per_warpgroup
         self.producer_regs = s.producer_regs
         self.consumer_regs = s.consumer_regs
         self.num_mcast_ctas_a = s.cluster_n
@@ -1281,13 +1289,33 @@ class HopperGemmKernel(TileOrder):
         cpasync.fence_tma_desc_acquire(desc_b)
 
     @cute.jit
-    def _zero_padding_rows(self, promoted, tCcC, mIdx, tile_m):
-        """Zero this thread's accumulator rows whose m_indices is -1 (padding rows of D)."""
+    def _group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk):
+        """Contiguous layout: the group of this CTA's tile in cluster tile t (-1 past the tile
+        sequence, or for padding). Both roles read it one tile ahead, while the tile before
+        runs, so that the latency of the m_indices load is not paid at the tile's start."""
+        group = cutlass.Int32(-1)
+        if t < num_cluster_tiles:
+            ctm, _ = self._cluster_tile_coord(t, ct_m, ct_n)
+            group = self._tile_group(mIdx, ctm * self.cluster_shape_mn[0] + cluster_coord_mnk[0])
+        return group
+
+    @cute.jit
+    def _row_groups(self, promoted, tCcC, mIdx, tile_m):
+        """m_indices of the row of each of this thread's accumulator elements (a few distinct
+        loads: the elements share rows), read at the tile's start so that the loads' latency is
+        hidden behind its main loop; `_zero_padding_rows` uses them after it."""
         row0 = tile_m * self.tile_shape_mnk[0]
         last = cute.size(mIdx) - 1
+        groups = cute.make_rmem_tensor(cute.size(promoted), cutlass.Int32)
         for i in cutlass.range_constexpr(cute.size(promoted)):
-            group = mIdx[cutlass.min(row0 + tCcC[i][0], last)]
-            promoted[i] = promoted[i] if group >= 0 else cutlass.Float32(0.0)
+            groups[i] = mIdx[cutlass.min(row0 + tCcC[i][0], last)]
+        return groups
+
+    @cute.jit
+    def _zero_padding_rows(self, promoted, row_groups):
+        """Zero this thread's accumulator rows whose m_indices is -1 (padding rows of D)."""
+        for i in cutlass.range_constexpr(cute.size(promoted)):
+            promoted[i] = promoted[i] if row_groups[i] >= 0 else cutlass.Float32(0.0)
 
     @cute.kernel
     def kernel(
@@ -1532,6 +1560,11 @@ class HopperGemmKernel(TileOrder):
                 cute.arch.sync_warp()
                 cute.arch.fence_acq_rel_cta()
             current_group = cutlass.Int32(-1)
+            next_group = cutlass.Int32(-1)
+            if cutlass.const_expr(self.m_grouped and not self.masked):
+                next_group = self._group_of_cluster_tile(
+                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                )
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
@@ -1549,7 +1582,10 @@ class HopperGemmKernel(TileOrder):
                     tBgB_k = tBgB[(None, tile_n, None, group)]
                 elif cutlass.const_expr(self.m_grouped):
                     tAgA_k = tAgA[(None, tile_m, None)]
-                    group = self._tile_group(mIdx, tile_m)
+                    group = next_group
+                    next_group = self._group_of_cluster_tile(
+                        mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                    )
                     # A tile of padding rows only is not loaded (nor computed).
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     tBgB_k = tBgB[(None, tile_n, None, cutlass.max(group, 0))]
@@ -1609,9 +1645,19 @@ class HopperGemmKernel(TileOrder):
             copy_atom_c = cute.make_copy_atom(
                 cute.nvgpu.warp.StMatrix8x8x16bOp(c_layout.is_m_major_c(), 4), self.c_dtype
             )
-            tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma)
+            # Per-warpgroup epilogue: the stmatrix copy of one warpgroup (64-row sub-tiles); a
+            # warpgroup's accumulator fragment is the same whatever the warpgroups beside it.
+            epi_mma = tiled_mma
+            epi_thread = tidx - THREADS_PER_WARPGROUP
+            if cutlass.const_expr(self.epi_per_warpgroup):
+                epi_mma = sm90_utils.make_trivial_tiled_mma(
+                    self.a_dtype, self.b_dtype, OperandMajorMode.K, OperandMajorMode.K,
+                    self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_shape_mnk[1]),
+                )
+                epi_thread = tidx % THREADS_PER_WARPGROUP
+            tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, epi_mma)
             tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, tiled_copy_c_atom)
-            thr_copy_r2s = tiled_copy_r2s.get_slice(tidx - THREADS_PER_WARPGROUP)
+            thr_copy_r2s = tiled_copy_r2s.get_slice(epi_thread)
             tRS_sD = thr_copy_r2s.partition_D(sC)
             tRS_rAcc = tiled_copy_r2s.retile(promoted)
             rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))
@@ -1622,6 +1668,13 @@ class HopperGemmKernel(TileOrder):
             epilogue_barrier = pipeline.NamedBarrier(
                 barrier_id=EPILOGUE_BARRIER_ID, num_threads=self.num_mma_threads
             )
+            # Per-warpgroup epilogue: a named barrier per math warpgroup (ids 1 and 2), and the
+            # warpgroup's first warp stores its sub-tiles.
+            wg_offset = warp_group_idx - 1
+            warpgroup_barrier = pipeline.NamedBarrier(
+                barrier_id=EPILOGUE_BARRIER_ID + wg_offset, num_threads=THREADS_PER_WARPGROUP
+            )
+            wg_store_warp = self.epi_store_warp_id + 4 * wg_offset
             # Whole-tile epilogue (a buffer per sub-tile): one bulk group per tile, and the
             # buffers are free again once that group has been read (wait for 0 pending).
             store_pipeline = pipeline.PipelineTmaStore.create(
@@ -1632,6 +1685,12 @@ class HopperGemmKernel(TileOrder):
             )
 
             tiles_done = cutlass.Int32(0)
+            contiguous = self.m_grouped and not self.masked
+            next_group = cutlass.Int32(-1)
+            if cutlass.const_expr(contiguous):
+                next_group = self._group_of_cluster_tile(
+                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                )
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
@@ -1648,11 +1707,16 @@ class HopperGemmKernel(TileOrder):
                 # the DSL carry the states across iterations of this persistent loop (state
                 # merely passed to a call is not loop-carried, and the next tile would hang).
                 write_tile = cutlass.Int32(1)
-                contiguous = self.m_grouped and not self.masked
                 sfb_group = group
                 if cutlass.const_expr(contiguous):
-                    # The tile's group from its first row; tiles of padding rows only have none.
-                    group = self._tile_group(mIdx, tile_m)
+                    # The tile's group from its first row (read a tile ahead); tiles of padding
+                    # rows only have none. The rows' groups for the padding rows of D are read
+                    # now too and used after the main loop.
+                    group = next_group
+                    next_group = self._group_of_cluster_tile(
+                        mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                    )
+                    row_groups = self._row_groups(promoted, tCcC, mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     sfb_group = cutlass.max(group, 0)
                 tile_sfb = mSFB
@@ -1676,7 +1740,7 @@ class HopperGemmKernel(TileOrder):
                     # Padding rows of D are written as zeros unless the caller opted out; with
                     # the opt-out, tiles of padding rows only are not written at all.
                     if zero_padding != 0:
-                        self._zero_padding_rows(promoted, tCcC, mIdx, tile_m)
+                        self._zero_padding_rows(promoted, row_groups)
                     write_tile = cutlass.Int32(1) if (group >= 0) | (zero_padding != 0) else cutlass.Int32(0)
                 if cutlass.const_expr(self.split_k):
                     write_tile = self._split_k_fixup(
@@ -1699,7 +1763,31 @@ class HopperGemmKernel(TileOrder):
                 epi_tile_layout = cute.make_layout(epi_tile_shape, stride=(epi_tile_shape[1], 1))
                 num_prev_epi_tiles = tiles_done * epi_tile_num
                 convert_args = (tRS_rAcc, tRS_rD, tRS_rD_out, size_tRS_rD)
-                if cutlass.const_expr(self.epi_whole_tile):
+                if cutlass.const_expr(self.epi_per_warpgroup):
+                    # As below, within this warpgroup: its sub-tiles are its rows of each wave
+                    # (wave w, column block c: row block w · 2 + warpgroup), in the order of its
+                    # accumulator fragment.
+                    cols = self.tile_shape_mnk[1] // self.epi_tile[1]
+                    if warp_idx == wg_store_warp:
+                        store_pipeline.producer_acquire()
+                    warpgroup_barrier.arrive_and_wait()
+                    for own_idx in cutlass.range_constexpr(self.waves * cols):
+                        self._convert_subtile(*convert_args, own_idx)
+                        buffer = ((own_idx // cols) * 2 + wg_offset) * cols + own_idx % cols
+                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buffer)])
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    warpgroup_barrier.arrive_and_wait()
+                    if warp_idx == wg_store_warp:
+                        if write_tile != 0:
+                            for own_idx in cutlass.range_constexpr(self.waves * cols):
+                                row_block = (own_idx // cols) * 2 + wg_offset
+                                buffer = row_block * cols + own_idx % cols
+                                cute.copy(
+                                    tma_atom_c, bSG_sD[(None, buffer)],
+                                    bSG_gD[(None, (row_block, own_idx % cols))],
+                                )
+                        store_pipeline.producer_commit()
+                elif cutlass.const_expr(self.epi_whole_tile):
                     # The previous tile's stores have read the buffers (issued a main loop ago,
                     # so this rarely waits); then every sub-tile goes to its own buffer, one
                     # barrier, and one warp issues all the stores as one bulk group.
