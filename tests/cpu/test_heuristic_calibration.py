@@ -94,9 +94,10 @@ def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
     # every kernel, split-K ones at 2-12 splits; the latency floor, split_fixup_s and the
     # two-block factor fitted on an earlier build's timings; these, of the build with the
     # whole-tile 256x128 kernels and the decode-sized-M A loads, re-measured without refitting;
-    # then again with the per-warpgroup stores of the 256x128 short-K kernels): geometric mean
-    # 1.019, worst 1.109 (64x576x7168, a split-K choice; the tie-break towards the multicast of
-    # the larger operand took 128x4096x7168 from 1.094 to 1.000).
+    # then again with the per-warpgroup stores of the 256x128 short-K kernels and 12-stage
+    # 64x64 tiles): geometric mean 1.022, worst 1.101 (64x576x7168, a split-K choice; the
+    # tie-break towards the multicast of the larger operand took 128x4096x7168 from 1.094 to
+    # 1.000).
     assert regrets[worst] < 1.12, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
@@ -200,7 +201,7 @@ def test_ties_go_to_the_multicast_of_the_larger_operand():
             manifest_from_name(f"cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_{tile}x128_{c}_s{stages}_wg{wg}_r40x232_epitma_rm_g8")
             for c in ("c1x2_mca", "c2x1_mcb")
         ]
-    small_m = heuristics.explain("fp8_gemm_nt", pair("64x64", 8, 1), 128, 4096, 7168, H200_SMS, tuning={})
+    small_m = heuristics.explain("fp8_gemm_nt", pair("64x64", 12, 1), 128, 4096, 7168, H200_SMS, tuning={})
     assert "_c2x1_mcb_" in small_m[0].name and small_m[0].shares_larger_operand
     large_m = heuristics.explain("fp8_gemm_nt", pair("256x128", 3, 2), 4096, 7168, 16384, H200_SMS, tuning={})
     assert "_c1x2_mca_" in large_m[0].name and not large_m[0].shares_larger_operand

@@ -13,7 +13,7 @@ from cutegen.schedules import Epilogue, Op, parse_name, procedural_name, violati
 from test_heuristic_calibration import H200_SMS, manifest_from_name, split_k_manifest_from_name
 
 SPLIT = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x64x128_c1x2_mca_s8_wg1_r40x232_episk_rm_g8"
-PLAIN = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x64x128_c1x2_mca_s8_wg1_r40x232_epitma_rm_g8"
+PLAIN = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x64x128_c1x2_mca_s12_wg1_r40x232_epitma_rm_g8"
 
 
 def kernel_splits(k_blocks: int, k_splits: int) -> list[tuple[int, int]]:
