@@ -206,10 +206,15 @@ def _per_row_scales(manifest: KernelManifest) -> bool:
     return per_row_sfb and manifest.schedule.get("scale", "none") != "none"
 
 
+def _single_wave(manifest: KernelManifest) -> bool:
+    """A tile computed in a single wave of 64 rows per math warpgroup (`Schedule.waves` == 1)."""
+    rows_per_wave = 64 * int(manifest.schedule.get("math_warpgroups", 1) or 1)
+    return manifest.grid.tile_m <= rows_per_wave
+
+
 def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
     """A per-row-scaled kernel whose tile is computed in a single wave per math warpgroup."""
-    rows_per_wave = 64 * int(manifest.schedule.get("math_warpgroups", 1) or 1)
-    return _per_row_scales(manifest) and manifest.grid.tile_m <= rows_per_wave
+    return _per_row_scales(manifest) and _single_wave(manifest)
 
 
 def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
@@ -225,9 +230,7 @@ WHOLE_TILE_EPILOGUES = ("tma_store_whole_tile", "tma_store_per_warpgroup")
 def _whole_tile_epilogue(manifest: KernelManifest) -> bool:
     """A two-wave tile whose epilogue stages the whole output tile (`tma_store_whole_tile`, or
     `tma_store_per_warpgroup`, which also does for single-wave tiles: those have no ring twin)."""
-    sched = manifest.schedule
-    two_wave = sched.get("tile_m", 0) > 64 * sched.get("math_warpgroups", 1)
-    return two_wave and sched.get("epilogue") in WHOLE_TILE_EPILOGUES
+    return not _single_wave(manifest) and manifest.schedule.get("epilogue") in WHOLE_TILE_EPILOGUES
 
 
 def splits_k(manifest: KernelManifest) -> bool:

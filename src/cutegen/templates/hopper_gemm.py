@@ -287,16 +287,32 @@ class HopperGemmKernel(TileOrder):
         epi_staged = cute.tile_to_shape(c_atom, (em, en, self.epi_stage), order=(0, 1, 2))
         return a_staged, a_tail_staged, b_staged, epi_staged
 
-    def _make_tiled_mma(self):
+    def _make_tiled_mma(self, atom_layout_mnk=None):
+        """The kernel's tiled WGMMA (its math warpgroups stacked along M), or one over
+        `atom_layout_mnk` warpgroups (the per-warpgroup epilogue's copy takes one)."""
         return sm90_utils.make_trivial_tiled_mma(
             self.a_dtype,
             self.b_dtype,
             OperandMajorMode.K,
             OperandMajorMode.K,
             self.acc_dtype,
-            self.atom_layout_mnk,
+            atom_layout_mnk or self.atom_layout_mnk,
             tiler_mn=(64, self.tile_shape_mnk[1]),
         )
+
+    def _staged_subtiles(self, epi_tile_num, epi_tile_layout, wg_offset):
+        """(fragment chunk, buffer, tile coordinate) of each epilogue sub-tile this thread
+        writes when the whole tile is staged: every sub-tile of the tile, or with per-warpgroup
+        stores only its warpgroup's, in the order of its accumulator fragment (wave w, column
+        block c: row block w · math_warpgroups + warpgroup)."""
+        if not self.epi_per_warpgroup:
+            return [(i, i, epi_tile_layout.get_hier_coord(i)) for i in range(epi_tile_num)]
+        cols = self.tile_shape_mnk[1] // self.epi_tile[1]
+        subtiles = []
+        for i in range(self.waves * cols):
+            row_block = (i // cols) * self.num_mma_warpgroups + wg_offset
+            subtiles.append((i, row_block * cols + i % cols, (row_block, i % cols)))
+        return subtiles
 
     # ---- launch contract ----------------------------------------------------------------------
     def param_bindings(self) -> list[dict]:
@@ -1650,10 +1666,7 @@ class HopperGemmKernel(TileOrder):
             epi_mma = tiled_mma
             epi_thread = tidx - THREADS_PER_WARPGROUP
             if cutlass.const_expr(self.epi_per_warpgroup):
-                epi_mma = sm90_utils.make_trivial_tiled_mma(
-                    self.a_dtype, self.b_dtype, OperandMajorMode.K, OperandMajorMode.K,
-                    self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_shape_mnk[1]),
-                )
+                epi_mma = self._make_tiled_mma((1, 1, 1))
                 epi_thread = tidx % THREADS_PER_WARPGROUP
             tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, epi_mma)
             tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, tiled_copy_c_atom)
@@ -1675,6 +1688,13 @@ class HopperGemmKernel(TileOrder):
                 barrier_id=EPILOGUE_BARRIER_ID + wg_offset, num_threads=THREADS_PER_WARPGROUP
             )
             wg_store_warp = self.epi_store_warp_id + 4 * wg_offset
+            # The whole-tile epilogue's barrier and storing warp: the CTA's math threads and
+            # warp epi_store_warp_id, or with per-warpgroup stores this warpgroup's.
+            staged_barrier = epilogue_barrier
+            staged_store_warp = self.epi_store_warp_id
+            if cutlass.const_expr(self.epi_per_warpgroup):
+                staged_barrier = warpgroup_barrier
+                staged_store_warp = wg_store_warp
             # Whole-tile epilogue (a buffer per sub-tile): one bulk group per tile, and the
             # buffers are free again once that group has been read (wait for 0 pending).
             store_pipeline = pipeline.PipelineTmaStore.create(
@@ -1763,48 +1783,25 @@ class HopperGemmKernel(TileOrder):
                 epi_tile_layout = cute.make_layout(epi_tile_shape, stride=(epi_tile_shape[1], 1))
                 num_prev_epi_tiles = tiles_done * epi_tile_num
                 convert_args = (tRS_rAcc, tRS_rD, tRS_rD_out, size_tRS_rD)
-                if cutlass.const_expr(self.epi_per_warpgroup):
-                    # As below, within this warpgroup: its sub-tiles are its rows of each wave
-                    # (wave w, column block c: row block w · 2 + warpgroup), in the order of its
-                    # accumulator fragment.
-                    cols = self.tile_shape_mnk[1] // self.epi_tile[1]
-                    if warp_idx == wg_store_warp:
-                        store_pipeline.producer_acquire()
-                    warpgroup_barrier.arrive_and_wait()
-                    for own_idx in cutlass.range_constexpr(self.waves * cols):
-                        self._convert_subtile(*convert_args, own_idx)
-                        buffer = ((own_idx // cols) * 2 + wg_offset) * cols + own_idx % cols
-                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buffer)])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    warpgroup_barrier.arrive_and_wait()
-                    if warp_idx == wg_store_warp:
-                        if write_tile != 0:
-                            for own_idx in cutlass.range_constexpr(self.waves * cols):
-                                row_block = (own_idx // cols) * 2 + wg_offset
-                                buffer = row_block * cols + own_idx % cols
-                                cute.copy(
-                                    tma_atom_c, bSG_sD[(None, buffer)],
-                                    bSG_gD[(None, (row_block, own_idx % cols))],
-                                )
-                        store_pipeline.producer_commit()
-                elif cutlass.const_expr(self.epi_whole_tile):
+                if cutlass.const_expr(self.epi_whole_tile):
                     # The previous tile's stores have read the buffers (issued a main loop ago,
                     # so this rarely waits); then every sub-tile goes to its own buffer, one
-                    # barrier, and one warp issues all the stores as one bulk group.
-                    if warp_idx == self.epi_store_warp_id:
+                    # barrier, and one warp issues all the stores as one bulk group (per
+                    # warpgroup: each its own sub-tiles, barrier and bulk group).
+                    subtiles = self._staged_subtiles(epi_tile_num, epi_tile_layout, wg_offset)
+                    if warp_idx == staged_store_warp:
                         store_pipeline.producer_acquire()
-                    epilogue_barrier.arrive_and_wait()
-                    for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                        self._convert_subtile(*convert_args, epi_idx)
-                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, epi_idx)])
+                    staged_barrier.arrive_and_wait()
+                    for chunk, buffer, _ in subtiles:
+                        self._convert_subtile(*convert_args, chunk)
+                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buffer)])
                     # Make the stmatrix writes visible to the TMA unit before the stores.
                     cute.arch.fence_proxy("async.shared", space="cta")
-                    epilogue_barrier.arrive_and_wait()
-                    if warp_idx == self.epi_store_warp_id:
+                    staged_barrier.arrive_and_wait()
+                    if warp_idx == staged_store_warp:
                         if write_tile != 0:
-                            for epi_idx in cutlass.range_constexpr(epi_tile_num):
-                                gmem_coord = epi_tile_layout.get_hier_coord(epi_idx)
-                                cute.copy(tma_atom_c, bSG_sD[(None, epi_idx)], bSG_gD[(None, gmem_coord)])
+                            for _, buffer, gmem_coord in subtiles:
+                                cute.copy(tma_atom_c, bSG_sD[(None, buffer)], bSG_gD[(None, gmem_coord)])
                         store_pipeline.producer_commit()
                 else:
                     for epi_idx in cutlass.range_constexpr(epi_tile_num):
