@@ -73,7 +73,8 @@ def test_manifest_matches_ptx_and_schedule(built, name):
     assert tuple(entry.reqntid) == tuple(m.block) == (s.threads_per_cta, 1, 1)
     assert [(p.offset, p.size, p.align) for p in entry.params] == [(p.offset, p.size, p.align) for p in m.params]
     kinds = [p.binding["kind"] for p in m.params]
-    assert kinds[-1] == "scalar" and set(kinds[:-1]) == {"tensor"}
+    # the grouped kernel's tile counter is a bare pointer; everything else a tensor
+    assert kinds[-1] == "scalar" and set(kinds[:-1]) == ({"tensor", "pointer"} if "_gtquant_" in name else {"tensor"})
     assert m.grid.kind == "blocks" and m.cluster == (1, 1, 1)
     assert m.smem_bytes == s.smem_bytes  # the spec's formula is the template's allocation
     assert m.op == s.op.value
@@ -125,7 +126,10 @@ def _probe(name: str, operands: dict[str, OperandInfo], extents: dict, mac: int,
     art = _compile(schedule, tmp_path / "compile")
     manifest = _make_manifest(schedule, art, None)
     fakes = art["fake_arguments"]
-    args = [ap.ctensor_from_fake(f, o.ptr, o.shape, o.strides) for f, o in zip(fakes, operands.values())]
+    args = [
+        ap.CPointer(o.ptr) if key == "tile_counter" else ap.ctensor_from_fake(f, o.ptr, o.shape, o.strides)
+        for f, (key, o) in zip(fakes, operands.items())
+    ]
     args += [ap.CScalar(extents["eps"]), ap.CScalar(mac), ap.CStream(0x5000)]
     captured = ap.capture_launch(art["compiled"], args, tmp_path / "probe")
     _, env = bind_operands(manifest, operands, extents)
@@ -185,6 +189,7 @@ def test_abi_grouped(compile_dir):
         "group_sizes": OperandInfo(0x7F0800000000, (8,), (1,), "i32"),
         "q": OperandInfo(0x7F1000000000, (128 * h * s,), (1,), "e4m3"),
         "sf": OperandInfo(0x7F2000000000, (s, h), (h, 1), "f32"),
+        "tile_counter": OperandInfo(0x7F3000000000, (1,), (1,), "i32"),
     }
     captured, manifest = _probe(GROUPED, operands, {"eps": 1e-4}, 396, compile_dir)
     assert captured.grid == (min(s * -(-h // 64), 396), 1, 1)
@@ -235,37 +240,76 @@ def test_grouped_transpose_mapping_is_conflict_free_and_complete():
     assert len(seen) == rows * words
 
 
-def test_grouped_group_scan_model():
-    """The kernel's walk: a CTA visits tiles bidx, bidx + grid, ... as (row, hidden tile) cursors
-    advanced with a carry, and finds each row's group by scanning the block starts forward from
-    the previous tile's group: always the largest g with B_g <= r (skipping empty groups), in at
-    most G scan steps over the whole walk."""
+@pytest.mark.parametrize("dynamic_per_cta", [None, 8])
+def test_grouped_tile_walk_model(dynamic_per_cta):
+    """The kernel's walk, with CTAs interleaved at random: tiles bidx and bidx + grid, then tiles
+    claimed from the counter two ahead (2 * grid + old) when there are more than
+    DYNAMIC_TILES_PER_CTA per CTA, else the static bidx + k * grid. Every tile is visited exactly once, each
+    CTA's tiles (hence rows) only grow, a launch makes exactly tiles - grid claims, the claim
+    that zeroes the counter is the last one, and each row's group is found by scanning the block
+    starts forward from the previous tile's group: always the largest g with B_g <= r (skipping
+    empty groups), in at most G scan steps over a CTA's whole walk."""
     import random
 
+    from cutegen.templates import hopper_quant as hq
+
+    per_cta = hq.DYNAMIC_TILES_PER_CTA if dynamic_per_cta is None else dynamic_per_cta
     rng = random.Random(3)
-    for _ in range(200):
+    for _ in range(300):
         sizes = [rng.choice([0, 0, 1, 127, 128, 129, 300, 5000]) for _ in range(rng.randint(1, 40))]
         starts = [0]
         for m in sizes:
             starts.append(starts[-1] + -(-m // 128))
         n, s_total = len(sizes), starts[-1]
         s_rows = s_total + rng.randint(0, 3)  # the caller's bound may exceed the real blocks
-        h_tiles, grid = rng.randint(1, 120), rng.randint(1, 400)
-        step_r, step_h = divmod(grid, h_tiles)
-        for bidx in range(min(grid, s_rows * h_tiles)):
-            r, hi = divmod(bidx, h_tiles)
-            g, scans, visited = 0, 0, []
-            while r < s_rows:
-                if r < s_total:  # _advance_group
-                    while starts[min(g + 1, n)] <= r:
-                        g, scans = g + 1, scans + 1
-                    assert starts[g] <= r < starts[g + 1] and sizes[g] > 0
-                visited.append(r * h_tiles + hi)
-                r, hi = r + step_r, hi + step_h  # _advance
-                if hi >= h_tiles:
-                    r, hi = r + 1, hi - h_tiles
-            assert visited == list(range(bidx, s_rows * h_tiles, grid))
+        h_tiles = rng.randint(1, 120)
+        tiles = s_rows * h_tiles
+        if tiles == 0:
+            continue
+        grid = min(tiles, rng.randint(1, 400))
+        dynamic = tiles > per_cta * grid
+        counter = {"value": 0, "claims": 0, "zeroed_after": None}
+
+        def claim():
+            old = counter["value"]
+            counter["value"] += 1
+            counter["claims"] += 1
+            return 2 * grid + old
+
+        # per CTA: [current tile, next tile, claim in flight, group, scans]
+        ctas = {b: [b, b + grid, claim() if dynamic else b + 2 * grid, 0, 0] for b in range(grid)}
+        visited = []
+        while ctas:
+            b = rng.choice(list(ctas))
+            tile, tile_n, pending, g, scans = ctas[b]
+            r = tile // h_tiles
+            if r >= s_rows:
+                del ctas[b]
+                continue
+            if r < s_total:  # _advance_group
+                while starts[min(g + 1, n)] <= r:
+                    g, scans = g + 1, scans + 1
+                assert starts[g] <= r < starts[g + 1] and sizes[g] > 0
             assert scans <= n
+            visited.append(tile)
+            # thread 0 publishes the claim (the tile after next) and claims again
+            published = pending
+            if not dynamic:
+                pending += grid
+            elif pending < tiles:
+                pending = claim()
+            elif pending == tiles + grid - 1:
+                counter["zeroed_after"] = counter["claims"]
+                counter["value"] = 0
+            assert tile_n > tile
+            ctas[b] = [tile_n, published, pending, g, scans]
+        assert sorted(visited) == list(range(tiles))
+        if not dynamic:  # the static walk
+            assert counter["claims"] == 0
+        if dynamic:
+            assert counter["claims"] == tiles - grid
+            assert counter["zeroed_after"] == tiles - grid
+        assert counter["value"] == 0
 
 
 def test_quant_kernels_listed_and_chosen_on_a_hopper(built, monkeypatch):

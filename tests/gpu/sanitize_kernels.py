@@ -115,6 +115,11 @@ def run_quant(name: str) -> None:
     else:
         sizes = torch.tensor([0, 100, 37, 163], dtype=torch.int32, device="cuda")
         quant_ops.grouped_transposed_quant_fp8(x, sizes, kernel=name)
+        # more tiles than two per CTA: the tile-counter path, twice (the counter is reused)
+        big = torch.randn(3300, 2048, device="cuda", dtype=dtype)
+        sizes = torch.tensor([1000, 0, 129, 2164, 7], dtype=torch.int32, device="cuda")
+        for _ in range(2):
+            quant_ops.grouped_transposed_quant_fp8(big, sizes, kernel=name)
 
 
 RUNNERS: dict[str, Callable[[str], None]] = {

@@ -301,6 +301,67 @@ def test_grouped_cuda_graph(qops):
     assert_same_bytes(s, want_s, "graph replay scales")
 
 
+def test_grouped_dynamic_tiles(qops):
+    """Problems with more tiles than two per CTA take the counter path: ragged groups, launches
+    of different sizes back to back on one stream and at the same time on two, each bit-exact,
+    and every counter back at zero afterwards."""
+    cases = [
+        ([1000, 0, 129, 3000, 7], 2048),  # 35 scale rows x 32 hidden tiles
+        ([128 * 30, 1], 4096),
+        ([5, 3000, 1, 0, 2900, 640], 1024),
+    ]
+    inputs = [(data(sum(sizes), h, seed=20 + i), sizes) for i, (sizes, h) in enumerate(cases)]
+    wants = [ref.grouped_transposed_quant_fp8_ref(x, sizes, num_blocks=sum(ref.ceil_div(m, 128) for m in sizes))
+             for x, sizes in inputs]
+    exact = [w[1].shape[0] for w in wants]
+    for kernel in qops.quant_kernels(qops.OP_GROUPED, "bf16", "fp32"):
+        for _ in range(3):
+            for (x, sizes), (want_q, want_s), s_rows in zip(inputs, wants, exact):
+                q, s = run_grouped(qops, x, sizes, num_blocks=s_rows, kernel=kernel)
+                assert_same_bytes(q, want_q, f"{kernel} {sizes} q")
+                assert_same_bytes(s, want_s, f"{kernel} {sizes} scales")
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for st in streams:
+        st.wait_stream(torch.cuda.current_stream())
+    results = {}
+    for rep in range(4):
+        for j, st in enumerate(streams):
+            x, sizes = inputs[(rep + j) % len(inputs)]
+            with torch.cuda.stream(st):
+                results[(rep, j)] = run_grouped(qops, x, sizes, num_blocks=exact[(rep + j) % len(inputs)])
+    torch.cuda.synchronize()
+    for (rep, j), (q, s) in results.items():
+        want_q, want_s = wants[(rep + j) % len(inputs)]
+        assert_same_bytes(q, want_q, f"stream {j} launch {rep} q")
+        assert_same_bytes(s, want_s, f"stream {j} launch {rep} scales")
+    for key, counter in qops._tile_counters.items():
+        assert int(counter.item()) == 0, f"tile counter of {key} left at {int(counter.item())}"
+
+
+def test_grouped_dynamic_tiles_cuda_graph(qops):
+    """A captured launch of the counter path replays correctly, again and again."""
+    sizes = [2000, 0, 129, 1500]
+    x = data(sum(sizes), 2048, seed=30)
+    gs = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    s_rows = sum(ref.ceil_div(m, 128) for m in sizes)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        qops.grouped_transposed_quant_fp8(x, gs, num_blocks=s_rows)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q, s = qops.grouped_transposed_quant_fp8(x, gs, num_blocks=s_rows)
+    for seed in (31, 32, 33):
+        x.copy_(data(sum(sizes), 2048, seed=seed))
+        q.view(torch.uint8).fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        want_q, want_s = ref.grouped_transposed_quant_fp8_ref(x, sizes, num_blocks=s_rows)
+        assert_same_bytes(q, want_q, f"replay {seed} q")
+        assert_same_bytes(s, want_s, f"replay {seed} scales")
+
+
 # ------------------------------------------------------------------------------------------------
 # Inputs refused before anything is launched
 

@@ -20,7 +20,10 @@ Numerics, the NaN/Inf policy, padding and the scale layouts are those of
     ``num_blocks`` is smaller than the real count, blocks at or past it are dropped and a group
     that straddles it is incomplete (never out of bounds). H must be a multiple of 8. The sizes
     must be non-negative and sum to T; that is not checked (it would need a device read): the
-    kernel clamps negative sizes to 0 and reads tokens past T as zeros.
+    kernel clamps negative sizes to 0 and reads tokens past T as zeros. The kernel hands out its
+    tiles through an int32 counter that every launch leaves at zero; the runtime keeps one per
+    device and stream, and gives each launch captured in a CUDA graph its own
+    (`grouped_tile_counter`), so calls on different streams may overlap.
 
 ``out`` / ``out_scales`` (optional, both or neither) receive the result in place: ``out`` e4m3
 with the output's shape, ``stride(-1) == 1`` and 16-byte aligned rows; ``out_scales`` the scale
@@ -67,6 +70,10 @@ H_MULTIPLE = 8
 
 _lock = threading.RLock()
 _choices: dict[tuple[str, str, str, int], str] = {}
+# (device index, stream handle) -> the grouped kernel's int32 tile counter, zeroed once: every
+# launch leaves it zero, and launches on one stream never overlap. Kept for the process's life
+# (a captured CUDA graph keeps its address).
+_tile_counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -477,6 +484,24 @@ def _grouped_meta(x: Any, group_sizes: Any, eps: Any, num_blocks: Any, out: Any,
     return t, h, g, s, eps
 
 
+def grouped_tile_counter(device: torch.device, stream: int) -> torch.Tensor:
+    """The int32 [1] tile counter of grouped-kernel launches on ``stream`` of ``device``
+    (zero between launches)."""
+    if torch.cuda.is_current_stream_capturing():
+        # A captured launch gets its own counter, zeroed by the graph before every replay:
+        # graphs captured on one stream may be replayed at the same time on different streams.
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), int(stream))
+    counter = _tile_counters.get(key)
+    if counter is None:
+        with _lock:
+            counter = _tile_counters.get(key)
+            if counter is None:
+                counter = torch.zeros(1, dtype=torch.int32, device=device)
+                _tile_counters[key] = counter
+    return counter
+
+
 def _grouped_run(x, group_sizes, eps, q, sf, kernel):
     t, h = x.shape
     s = sf.shape[0]
@@ -486,7 +511,11 @@ def _grouped_run(x, group_sizes, eps, q, sf, kernel):
     _check_ptr(OP_GROUPED, "out", q)
     _check_ptr(OP_GROUPED, "out_scales", sf, 8)
     _check_ptr(OP_GROUPED, "group_sizes", group_sizes, 4)
-    operands = {"x": x, "group_sizes": group_sizes, "q": q, "sf": sf}
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    operands = {
+        "x": x, "group_sizes": group_sizes, "q": q, "sf": sf,
+        "tile_counter": grouped_tile_counter(x.device, stream),
+    }
     _launch(OP_GROUPED, "bf16", "fp32", kernel, x, operands, eps)
 
 
@@ -568,6 +597,7 @@ __all__ = [
     "MAX_GROUPS",
     "choose_quant_kernel",
     "grouped_num_blocks_bound",
+    "grouped_tile_counter",
     "grouped_transposed_quant_fp8",
     "per_block_quant_fp8",
     "per_token_quant_fp8",

@@ -438,12 +438,13 @@ class Schedule:
 
     @property
     def quant_smem_bytes(self) -> int:
-        """Shared memory of a quantize kernel: the grouped transposed kernel's prefix sums
-        (2 x (QUANT_MAX_GROUPS + 1) int32, padded to 128 bytes) and `stages` tile buffers; the
+        """Shared memory of a quantize kernel: the grouped transposed kernel's prefix sums and
+        claimed tiles (2 x (QUANT_MAX_GROUPS + 1) + 2 int32, padded to 128 bytes) and `stages`
+        tile buffers; the
         per-block kernel's 2 x warps partial maxima; the per-token kernel's fp32 scales of a
         batch by parity (2 x stages x rows x groups per tile; none with UE8M0 scales)."""
         if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
-            prefix = -(-2 * 4 * (QUANT_MAX_GROUPS + 1) // 128) * 128
+            prefix = -(-4 * (2 * (QUANT_MAX_GROUPS + 1) + 2) // 128) * 128
             return prefix + self.stages * self.stage_bytes
         if self.op == Op.PER_BLOCK_QUANT_FP8:
             return 2 * 4 * self.threads_per_cta // 32

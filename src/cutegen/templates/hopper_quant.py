@@ -58,6 +58,9 @@ MIN_CTAS_PER_SM = {"per_token": 4, "per_token_wide": 3, "grouped": 3, "per_block
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
 VEC_BYTES = 16  # one 128-bit access
+# The grouped kernel claims tiles from its counter when it has more than this many per CTA, and
+# otherwise walks bidx, bidx + grid, ... (2 and 8 measured alike on the H200: NOTES.md).
+DYNAMIC_TILES_PER_CTA = 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -647,16 +650,28 @@ class GroupedTransposedQuantKernel:
 
     Threads: ``128 * math_warpgroups`` (256), every warp alike. Tile: 128 tokens x 64 hidden
     columns (one scale row, 64 scales); tile ``tau`` is scale row ``tau // ceil(H/64)`` and hidden
-    tile ``tau % ceil(H/64)``, so consecutive CTAs read neighbouring 128-byte segments of the same
-    token rows. Every input element is read exactly once.
+    tile ``tau % ceil(H/64)``, so CTAs working at the same time read neighbouring 128-byte
+    segments of the same token rows. Every input element is read exactly once.
+
+    Tile walk: a CTA's first two tiles are ``bidx`` and ``bidx + grid``. With more than
+    ``DYNAMIC_TILES_PER_CTA * grid`` tiles, later ones are claimed from ``tile_counter`` (one
+    int32 in global memory): the n-th claim of the launch is tile ``2 * grid + n``, so a CTA that
+    finishes its tiles early takes more of them (a static walk left SMs idle at the end while
+    others still had a tile to do); otherwise the walk stays static (``bidx + k * grid``). Thread
+    0 names each tile two tiles ahead (a claim is a relaxed atomic) and publishes it in shared
+    memory before the barrier one tile ahead, so neither the atomic's latency nor the broadcast
+    is waited for. Every CTA claims until it gets a tile past the end, so a launch makes exactly
+    ``tiles - grid`` claims; the CTA whose claim is the last one (``old == tiles - grid - 1``)
+    knows every other claim has been performed and sets the counter back to 0. So the counter
+    must be 0 before a launch and is 0 after it; launches that run at the same time need their
+    own counters. A CTA's tiles, hence its rows, only grow.
 
     Set-up (each CTA): warp 0 reads group_sizes and writes the exclusive prefix sums of
     ``max(m_g, 0)`` (token starts) and of ``ceil(m_g/128)`` (block starts) to shared memory,
-    32 groups per step with ``shfl.up`` scans; one ``bar.sync``. A CTA's tiles advance by a
-    constant (row, hidden tile) step, so a tile's group is found by scanning the block starts
-    forward from the previous tile's group (the largest g with ``B_g <= row``, which skips empty
-    groups; over a CTA's whole walk at most G steps), with no division and no search per tile.
-    Nothing is synchronised with the host.
+    32 groups per step with ``shfl.up`` scans; one ``bar.sync``. A tile's group is found by
+    scanning the block starts forward from the previous tile's group (the largest g with
+    ``B_g <= row``, which skips empty groups; over a CTA's whole walk at most G steps), with no
+    search per tile. Nothing is synchronised with the host.
 
     Per tile:
       1. load: thread ``t`` loads 16 bytes (8 hidden columns) of tokens ``t//8 + 32*i``,
@@ -679,8 +694,9 @@ class GroupedTransposedQuantKernel:
          per column (a warp writes 8 x 128 contiguous bytes per column); lanes 0-3 store the
          scales of their two columns (8 bytes each).
 
-    Shared memory: 2 x 16 KiB tile buffers + 2 x (QUANT_MAX_GROUPS + 1) int32 prefix sums.
-    Barriers: ``bar.sync`` 0 once after the prefix sums and once per tile.
+    Shared memory: 2 x 16 KiB tile buffers + 2 x (QUANT_MAX_GROUPS + 1) int32 prefix sums + 2
+    int32 claimed tiles (by tile parity). Barriers: ``bar.sync`` 0 once after the prefix sums and
+    once per tile.
     """
 
     def __init__(self, schedule: Schedule):
@@ -707,6 +723,7 @@ class GroupedTransposedQuantKernel:
         group_sizes: cute.Tensor,
         q: cute.Tensor,
         sf: cute.Tensor,
+        tile_counter: cute.Pointer,
         eps: Float32,
         max_active_clusters: Int32,
         stream: cuda.CUstream,
@@ -715,6 +732,7 @@ class GroupedTransposedQuantKernel:
         class SharedStorage:
             token_start: cute.struct.MemRange[Int32, self.max_groups + 1]
             block_start: cute.struct.MemRange[Int32, self.max_groups + 1]
+            claimed: cute.struct.MemRange[Int32, 2]
             tile: cute.struct.Align[
                 cute.struct.MemRange[Int32, self.stages * self.tile_t * self.words], 128
             ]
@@ -724,7 +742,7 @@ class GroupedTransposedQuantKernel:
         # Grid rule "blocks": min(S * ceil_div(H, 64), max_active_clusters).
         tiles = sf.shape[0] * ((x.shape[1] + self.tile_h - 1) // self.tile_h)
         grid = cutlass.max(cutlass.min(tiles, max_active_clusters), 1)
-        self.kernel(x, group_sizes, q, sf, eps).launch(
+        self.kernel(x, group_sizes, q, sf, tile_counter, eps).launch(
             grid=[grid, 1, 1],
             block=[self.threads, 1, 1],
             smem=self.smem_bytes,
@@ -765,6 +783,19 @@ class GroupedTransposedQuantKernel:
         return h0, base, pitch, tok0, count
 
     @cute.jit
+    def _load_whole_tile(self, mX, frags, tidx, h0, tok0):
+        """Loads of a tile whose every row and column is real (the common case): one address,
+        the other rows at constant multiples of the row stride, no predicates, no zero fill."""
+        chunk = tidx % self.chunks
+        t0 = tidx // self.chunks
+        row_bytes = Int64(mX.stride[0]) * 2
+        first = Int64(tok0 + t0) * row_bytes + (h0 + chunk * 8) * 2
+        for i in cutlass.range_constexpr(self.loads):
+            row = first + row_bytes * (i * self.rows_per_load)
+            src = _vec16_at(cutlass.BFloat16, mX.iterator.toint(), row)
+            cute.autovec_copy(src, frags[i])
+
+    @cute.jit
     def _load_tile(self, mX, frags, tidx, h0, tok0, count):
         chunk = tidx % self.chunks
         t0 = tidx // self.chunks
@@ -775,14 +806,7 @@ class GroupedTransposedQuantKernel:
             & (tok0 + self.tile_t <= mX.shape[0])
         )
         if whole:
-            # Every row and column of the tile is real (the common case): one address, the
-            # other rows at constant multiples of the row stride, no predicates, no zero fill.
-            row_bytes = Int64(mX.stride[0]) * 2
-            first = Int64(tok0 + t0) * row_bytes + (h0 + chunk * 8) * 2
-            for i in cutlass.range_constexpr(self.loads):
-                row = first + row_bytes * (i * self.rows_per_load)
-                src = _vec16_at(cutlass.BFloat16, mX.iterator.toint(), row)
-                cute.autovec_copy(src, frags[i])
+            self._load_whole_tile(mX, frags, tidx, h0, tok0)
         else:
             col_ok = h0 + chunk * 8 < mX.shape[1]
             for i in cutlass.range_constexpr(self.loads):
@@ -796,7 +820,13 @@ class GroupedTransposedQuantKernel:
 
     @cute.kernel
     def kernel(
-        self, mX: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, eps: Float32
+        self,
+        mX: cute.Tensor,
+        mG: cute.Tensor,
+        mQ: cute.Tensor,
+        mS: cute.Tensor,
+        counter_ptr: cute.Pointer,
+        eps: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -812,6 +842,7 @@ class GroupedTransposedQuantKernel:
         storage = smem.allocate(self.shared_storage)
         sT = storage.token_start.get_tensor(cute.make_layout(self.max_groups + 1))
         sB = storage.block_start.get_tensor(cute.make_layout(self.max_groups + 1))
+        sClaim = storage.claimed.get_tensor(cute.make_layout(2))
         # [word, token row, buffer]
         sTile = storage.tile.get_tensor(
             cute.make_layout(
@@ -819,6 +850,17 @@ class GroupedTransposedQuantKernel:
                 stride=(1, self.words, self.words * self.tile_t),
             )
         )
+
+        h_tiles = (hidden + self.tile_h - 1) // self.tile_h
+        tiles = s_rows * h_tiles
+        frags = [cute.make_rmem_tensor((8,), cutlass.BFloat16) for _ in range(self.loads)]
+        # A CTA's first two tiles are bidx and bidx + grid; thread 0 names each later one two
+        # tiles ahead (a claim from the tile counter, or the static walk's next tile) and passes
+        # it to the CTA through shared memory one barrier ahead.
+        dynamic = tiles > DYNAMIC_TILES_PER_CTA * nblk
+        claim = bidx + 2 * nblk
+        if (tidx == 0) & dynamic:
+            claim = 2 * nblk + cute.arch.atomic_add(counter_ptr, Int32(1), sem="relaxed", scope="gpu")
 
         # ---- prefix sums of the group sizes (warp 0) --------------------------------------
         if warp == 0:
@@ -850,7 +892,6 @@ class GroupedTransposedQuantKernel:
         cute.arch.sync_threads()
 
         s_total = sB[n_groups]
-        h_tiles = (hidden + self.tile_h - 1) // self.tile_h
 
         # Transpose-read coordinates of this thread.
         pair = warp * 4 + lane % 4  # word index within a token row
@@ -858,14 +899,10 @@ class GroupedTransposedQuantKernel:
         col = pair * 2  # first of the two hidden columns, within the tile
         read_word = pair ^ (seg * 4)  # swizzled word for every token row of the segment
 
-        frags = [cute.make_rmem_tensor((8,), cutlass.BFloat16) for _ in range(self.loads)]
-        # Tile tau = r * h_tiles + hi; a CTA visits tau = bidx, bidx + grid, ..., so (r, hi)
-        # advance by a constant step and the group only moves forward: no division and no
-        # search per tile.
-        step_r = nblk // h_tiles
-        step_h = nblk - step_r * h_tiles
-        r = bidx // h_tiles
-        hi = bidx - r * h_tiles
+        tile = bidx
+        tile_n = bidx + nblk
+        r = tile // h_tiles
+        hi = tile - r * h_tiles
         g = self._advance_group(Int32(0), r, s_total, sB, n_groups)
         if r < s_rows:
             h0, _, _, tok0, count = self._tile_at(r, hi, g, s_total, sT, sB, hidden)
@@ -881,12 +918,25 @@ class GroupedTransposedQuantKernel:
                 cute.autovec_copy(cute.recast_tensor(frags[i], Int32), dst[None, 0, 0])
             # 3. the next tile's loads go out as soon as the registers are free, before the
             #    barrier, and stay in flight while this tile is computed
-            r_n, hi_n = _advance(r, hi, step_r, step_h, h_tiles)
+            r_n = tile_n // h_tiles
+            hi_n = tile_n - r_n * h_tiles
             g_n = self._advance_group(g, r_n, s_total, sB, n_groups)
+            if tidx == 0:
+                sClaim[buf] = claim
+                if not dynamic:
+                    claim = claim + nblk
+                elif claim < tiles:
+                    claim = 2 * nblk + cute.arch.atomic_add(counter_ptr, Int32(1), sem="relaxed", scope="gpu")
+                elif claim == tiles + nblk - 1:
+                    # The last of all claims (each CTA makes exactly one past the end): every
+                    # other claim has been performed, so the counter can be zeroed for the next launch.
+                    counter = cute.make_tensor(counter_ptr, cute.make_layout(1))
+                    counter[0] = Int32(0)
             if r_n < s_rows:
                 h0_n, _, _, tok0_n, count_n = self._tile_at(r_n, hi_n, g_n, s_total, sT, sB, hidden)
                 self._load_tile(mX, frags, tidx, h0_n, tok0_n, count_n)
             cute.arch.sync_threads()
+            tile_nn = sClaim[buf]
             # Only (r, hi, g) live across the loop; the rest is re-read from shared memory.
             h0, base, pitch, tok0, count = self._tile_at(r, hi, g, s_total, sT, sB, hidden)
             # 4. transpose-read 16 tokens x 2 hidden columns
@@ -942,6 +992,7 @@ class GroupedTransposedQuantKernel:
             r = r_n
             hi = hi_n
             g = g_n
+            tile_n = tile_nn
             buf = buf ^ 1
 
 
@@ -1073,7 +1124,7 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
     kernel_class = GroupedTransposedQuantKernel
 
     def fake_arguments(self) -> tuple:
-        from cutlass.cute.runtime import make_fake_tensor
+        from cutlass.cute.runtime import make_fake_tensor, make_ptr
         from cutlass.runtime import make_fake_stream
 
         t = cute.sym_int32(symbol="T")
@@ -1085,7 +1136,8 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
         gs = make_fake_tensor(Int32, (g,), (1,), assumed_align=4)
         q = make_fake_tensor(cutlass.Float8E4M3FN, (qn,), (1,), assumed_align=16)
         sf = make_fake_tensor(Float32, (s, h), (_sym64(2), 1), assumed_align=8)
-        return (x, gs, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
+        counter = make_ptr(Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        return (x, gs, q, sf, counter, Float32(1e-4), Int32(1), make_fake_stream())
 
     def operands(self) -> list[dict]:
         return [
@@ -1093,6 +1145,8 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
             {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
             {"name": "q", "dtype": "e4m3", "shape": ["Q"], "contiguous_mode": 0, "align_bytes": 16},
             {"name": "sf", "dtype": "f32", "shape": ["S", "H"], "contiguous_mode": 1, "align_bytes": 8},
+            # Zero before a launch, zero after it (see the kernel's docstring).
+            {"name": "tile_counter", "dtype": "i32", "shape": ["1"], "contiguous_mode": 0, "align_bytes": 4},
         ]
 
     def grid_rule(self) -> dict:
@@ -1108,5 +1162,6 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
             self._tensor("group_sizes", ["G"], []),
             self._tensor("q", ["Q"], [], shape_width=64),
             self._tensor("sf", ["S", "H"], [0]),
+            {"name": "tile_counter", "kind": "pointer", "operand": "tile_counter"},
             self._eps(),
         ]
