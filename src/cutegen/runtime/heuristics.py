@@ -18,10 +18,9 @@ multicast:
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
 * Two-wave kernels that stage the whole output tile (epilogue ``tma_store_whole_tile`` or
-  ``tma_store_per_warpgroup``): compute
-  times `CostModel.whole_tile_short_k_factor` (below 1) where K has at most
-  `CostModel.whole_tile_max_k_blocks` blocks, else `CostModel.whole_tile_long_k_factor`, so they
-  rank before their ring twins at short K only.
+  ``tma_store_per_warpgroup``): compute times `CostModel.whole_tile_short_k_factor` (below 1)
+  where K has at most `CostModel.whole_tile_max_k_blocks` blocks, else
+  `CostModel.whole_tile_long_k_factor`, so they rank before their ring twins at short K only.
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``.
@@ -224,6 +223,8 @@ def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
     return _single_wave_per_row_scales(manifest) and not manifest.column_scales_early
 
 
+# The epilogues that stage the whole output tile (`Epilogue.stages_whole_tile`; the runtime reads
+# manifests, not schedule objects).
 WHOLE_TILE_EPILOGUES = ("tma_store_whole_tile", "tma_store_per_warpgroup")
 
 

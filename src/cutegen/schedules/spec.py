@@ -189,6 +189,11 @@ class Epilogue(str, enum.Enum):
     def per_warpgroup(self) -> bool:
         return self == Epilogue.TMA_STORE_PER_WARPGROUP
 
+    @property
+    def stages_whole_tile(self) -> bool:
+        """An epilogue that stages the whole output tile whatever the number of waves."""
+        return self in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP)
+
 
 class Raster(str, enum.Enum):
     """Order in which the persistent scheduler walks output tiles (within a swizzle group)."""
@@ -398,7 +403,7 @@ class Schedule:
         fit the `smem_fits` rule checks)."""
         if self.arch != Arch.SM90A or self.op.is_quantize or self.c_dtype.bytes != 2:
             return False
-        if self.epilogue in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP):
+        if self.epilogue.stages_whole_tile:
             return True
         if self.waves != 1:
             return False
@@ -440,9 +445,9 @@ class Schedule:
     def quant_smem_bytes(self) -> int:
         """Shared memory of a quantize kernel: the grouped transposed kernel's prefix sums and
         claimed tiles (2 x (QUANT_MAX_GROUPS + 1) + 2 int32, padded to 128 bytes) and `stages`
-        tile buffers; the
-        per-block kernel's 2 x warps partial maxima; the per-token kernel's fp32 scales of a
-        batch by parity (2 x stages x rows x groups per tile; none with UE8M0 scales)."""
+        tile buffers; the per-block kernel's 2 x warps partial maxima; the per-token kernel's
+        fp32 scales of a batch by parity (2 x stages x rows x groups per tile; none with UE8M0
+        scales)."""
         if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
             prefix = -(-4 * (2 * (QUANT_MAX_GROUPS + 1) + 2) // 128) * 128
             return prefix + self.stages * self.stage_bytes
