@@ -27,8 +27,10 @@ pytestmark = pytest.mark.slow
 
 QUANT = [s for s in default_schedules() if s.op.is_quantize]
 NAMES = sorted(procedural_name(s) for s in QUANT)
-# One tile per batch: double-buffered in registers for 16-bit inputs, one buffer for fp32.
+# One tile per batch: double-buffered in registers for 16-bit inputs, one buffer for fp32; tiles
+# of 8 rows x 512 columns (MN-major scales) and 4 rows x 1024 columns (K-major scales).
 PER_TOKEN = "cutegen_sm90a_ptquant_{dt}_{dt}_e4m3_f32_{sf}_8x512x128_c1x1_mc0_s{st}_wg2_r0x0_epitma_rm_g1"
+PER_TOKEN_WIDE = PER_TOKEN.replace("_8x512x128_", "_4x1024x128_")
 PER_TOKEN_STAGES = {"bf16": 1, "f16": 1, "f32": 1}
 PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_{dt}_e4m3_f32_sff32_128x128x128_c1x1_mc0_s1_wg2_r0x0_epitma_rm_g1"
 GROUPED = "cutegen_sm90a_gtquant_bf16_bf16_e4m3_f32_sff32_128x64x128_c1x1_mc0_s2_wg2_r0x0_epitma_rm_g1"
@@ -39,10 +41,11 @@ MIN_CTAS = {"ptquant": 4, "gtquant": 3, "pbquant": 2}
 
 
 def test_default_quant_schedules():
-    assert len(NAMES) == 10
+    assert len(NAMES) == 16
     for dt in ("bf16", "f16", "f32"):
         for sf in ("sff32", "sfue8m0"):
             assert PER_TOKEN.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]) in NAMES
+            assert PER_TOKEN_WIDE.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]) in NAMES
         assert PER_BLOCK.format(dt=dt) in NAMES
     assert GROUPED in NAMES
 
@@ -150,17 +153,18 @@ def compile_dir(tmp_path):
 
 
 PER_TOKEN_CASES = [
-    # (dtype, scale tag, M, K, row padding, scale layout, max active clusters)
-    ("bf16", "sff32", 37, 640, 16, "k-major", 500),
-    ("bf16", "sff32", 37, 640, 0, "mn-major", 7),
-    ("f32", "sfue8m0", 1, 128, 4, "mn-major", 3),
-    ("f16", "sfue8m0", 4096, 7168, 0, "k-major", 528),
+    # (dtype, scale tag, M, K, row padding, scale layout, max active clusters, tile)
+    ("bf16", "sff32", 37, 640, 16, "k-major", 500, PER_TOKEN),
+    ("bf16", "sff32", 37, 640, 16, "k-major", 500, PER_TOKEN_WIDE),
+    ("bf16", "sff32", 37, 640, 0, "mn-major", 7, PER_TOKEN),
+    ("f32", "sfue8m0", 1, 128, 4, "mn-major", 3, PER_TOKEN),
+    ("f16", "sfue8m0", 4096, 7168, 0, "k-major", 528, PER_TOKEN_WIDE),
 ]
 
 
-@pytest.mark.parametrize("case", PER_TOKEN_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}x{c[3]}-{c[5]}")
+@pytest.mark.parametrize("case", PER_TOKEN_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}x{c[3]}-{c[5]}-{c[7].split('_')[8]}")
 def test_abi_per_token(case, compile_dir):
-    dt, sf, m, k, pad, layout, mac = case
+    dt, sf, m, k, pad, layout, mac, tile = case
     g = -(-k // 128)
     cols = g if sf == "sff32" else -(-g // 4)
     ma = -(-m // 4) * 4
@@ -170,7 +174,7 @@ def test_abi_per_token(case, compile_dir):
         "q": OperandInfo(0x7F1000000000, (m, k), (k + 16, 1), "e4m3"),
         "sf": OperandInfo(0x7F2000000000, sf_shape, sf_strides, "i32" if sf == "sfue8m0" else "f32"),
     }
-    _probe(PER_TOKEN.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]), operands, {"eps": 1e-4}, mac, compile_dir)
+    _probe(tile.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]), operands, {"eps": 1e-4}, mac, compile_dir)
 
 
 def test_abi_per_block(compile_dir):
@@ -313,8 +317,9 @@ def test_grouped_tile_walk_model(dynamic_per_cta):
 
 
 def test_quant_kernels_listed_and_chosen_on_a_hopper(built, monkeypatch):
-    """The runtime lists a quantize op's kernels by input dtype and scale format and chooses the
-    first by name (a simulated H200: no driver needed)."""
+    """The runtime lists a quantize op's kernels by input dtype and scale format, and chooses the
+    per-token tile width by scale layout and otherwise the first by name (a simulated H200: no
+    driver needed)."""
     pytest.importorskip("torch")
     from cutegen.runtime import driver, ops, quant_ops
 
@@ -324,10 +329,18 @@ def test_quant_kernels_listed_and_chosen_on_a_hopper(built, monkeypatch):
     ops.set_build_dir(built["out"])
     try:
         ue8m0 = PER_TOKEN.format(dt="bf16", sf="sfue8m0", st=1)
-        assert quant_ops.quant_kernels("per_token_quant_fp8", "bf16", "ue8m0") == [ue8m0]
+        ue8m0_wide = PER_TOKEN_WIDE.format(dt="bf16", sf="sfue8m0", st=1)
+        assert quant_ops.quant_kernels("per_token_quant_fp8", "bf16", "ue8m0") == [ue8m0_wide, ue8m0]
         assert quant_ops.quant_kernels("grouped_transposed_quant_fp8", "bf16", "fp32") == [GROUPED]
         assert quant_ops.quant_kernels("per_block_quant_fp8", "f16", "fp32") == [PER_BLOCK.format(dt="f16")]
-        chosen = quant_ops.choose_quant_kernel("per_token_quant_fp8", "f32", "fp32")
-        assert chosen == PER_TOKEN.format(dt="f32", sf="sff32", st=1)
+        for dt in ("bf16", "f16", "f32"):
+            for sf, fmt in (("sff32", "fp32"), ("sfue8m0", "ue8m0")):
+                choose = lambda layout: quant_ops.choose_quant_kernel("per_token_quant_fp8", dt, fmt, 0, layout)  # noqa: E731
+                assert choose("k-major") == PER_TOKEN_WIDE.format(dt=dt, sf=sf, st=1)
+                assert choose("mn-major-tma-aligned") == PER_TOKEN.format(dt=dt, sf=sf, st=1)
+        # Without a layout: the first by name.
+        assert quant_ops.choose_quant_kernel("per_token_quant_fp8", "f32", "fp32") == PER_TOKEN_WIDE.format(
+            dt="f32", sf="sff32", st=1
+        )
     finally:
         ops.set_build_dir(None)

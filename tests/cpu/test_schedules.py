@@ -208,7 +208,8 @@ CRAFTED.update({
     ],
     "quant_group_128": [(qbad(tile_k=64), "tile_k")],
     "quant_warpgroups": [(qbad(op=Op.GROUPED_TRANSPOSED_QUANT_FP8, tile_m=128, tile_n=64, math_warpgroups=1), "math_warpgroups")],
-    "quant_tile": [(qbad(tile_m=16), "tile_m"), (qbad(tile_n=256), "tile_n"),
+    "quant_tile": [(qbad(tile_m=16), "tile_m"), (qbad(tile_n=256), "tile_n"), (qbad(tile_n=1024), "tile_m"),
+                   (qbad(tile_n=2048, tile_m=2), "tile_n"),
                    (qbad(op=Op.PER_BLOCK_QUANT_FP8, stages=1, tile_m=64, tile_n=128), "tile_m")],
     "quant_stages": [(qbad(stages=5), "stages"), (qbad(op=Op.PER_BLOCK_QUANT_FP8, stages=2, tile_m=128, tile_n=128), "stages")],
 })

@@ -83,13 +83,18 @@ def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 # Per-token
 
 
-PER_TOKEN_SHAPES = [(1, 128), (1, 16), (37, 640), (129, 7168 + 16), (4096, 7168)]
+PER_TOKEN_SHAPES = [(1, 128), (1, 16), (37, 640), (6, 1536 + 16), (129, 7168 + 16), (4096, 7168)]
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 
 @pytest.mark.parametrize("layout", ["k-major", "mn-major-tma-aligned"])
 @pytest.mark.parametrize("scale_format", ["fp32", "ue8m0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "f16", "f32"])
 def test_per_token_bit_exact(qops, dtype, scale_format, layout):
+    """Every built kernel (both tile widths) with either scale layout; the allocating form runs
+    the kernel the runtime chooses."""
+    kernels = qops.quant_kernels(qops.OP_PER_TOKEN, DTYPE_NAMES[dtype], scale_format)
+    assert len(kernels) >= 2, kernels
     for i, (m, k) in enumerate(PER_TOKEN_SHAPES):
         if dtype != torch.bfloat16 and m * k > 1 << 22:
             continue  # the large shape once (bf16) keeps the tier fast
@@ -98,19 +103,21 @@ def test_per_token_bit_exact(qops, dtype, scale_format, layout):
         g = ref.ceil_div(k, 128)
         cols = g if scale_format == "fp32" else ref.ceil_div(g, 4)
         sdt = torch.float32 if scale_format == "fp32" else torch.int32
-        q = poisoned_like(torch.empty(m, k, dtype=torch.float8_e4m3fn, device="cuda"))
-        s, buf = poisoned_scales(m, cols, sdt, layout)
-        got_q, got_s = qops.per_token_quant_fp8(
-            x, scale_format=scale_format, scale_layout=layout, out=q, out_scales=s
-        )
-        assert got_q is q and got_s is s
-        what = f"{dtype} {scale_format} {layout} {m}x{k}"
-        assert_same_bytes(q, want_q, what + " q")
-        assert_same_bytes(s, want_s, what + " scales")
-        if layout == "mn-major-tma-aligned":  # padding rows are written with 0
-            full = buf.view(torch.int32).view(cols, ref.align(m, 4))
-            assert torch.all(full[:, m:] == 0), what + " padding rows"
+        for kernel in kernels:
+            q = poisoned_like(torch.empty(m, k, dtype=torch.float8_e4m3fn, device="cuda"))
+            s, buf = poisoned_scales(m, cols, sdt, layout)
+            got_q, got_s = qops.per_token_quant_fp8(
+                x, scale_format=scale_format, scale_layout=layout, out=q, out_scales=s, kernel=kernel
+            )
+            assert got_q is q and got_s is s
+            what = f"{dtype} {scale_format} {layout} {m}x{k} {kernel}"
+            assert_same_bytes(q, want_q, what + " q")
+            assert_same_bytes(s, want_s, what + " scales")
+            if layout == "mn-major-tma-aligned":  # padding rows are written with 0
+                full = buf.view(torch.int32).view(cols, ref.align(m, 4))
+                assert torch.all(full[:, m:] == 0), what + " padding rows"
         # the allocating form returns the same bytes and the requested layout
+        what = f"{dtype} {scale_format} {layout} {m}x{k}"
         q2, s2 = qops.per_token_quant_fp8(x, scale_format=scale_format, scale_layout=layout)
         assert_same_bytes(q2, want_q, what + " q (new)")
         assert_same_bytes(s2, want_s, what + " scales (new)")
@@ -170,6 +177,27 @@ def test_per_token_strided_input_and_gemm_layout(qops):
     from cutegen.runtime.fp8_ops import is_mn_major_tma_aligned
 
     assert is_mn_major_tma_aligned(s)  # what fp8_gemm_nt takes as SFA
+
+
+@pytest.mark.parametrize("layout", ["mn-major-tma-aligned", "k-major"])
+def test_quantize_kernels_feed_fp8_gemm(qops, layout):
+    """End to end: bf16 activations and weights, quantised by the kernels (per-token, per-block),
+    then `fp8_gemm_nt`, against the fp32 product of the unquantised inputs. K-major scales go
+    through `to_mn_major_tma_aligned` first."""
+    from cutegen.runtime import fp8_ops
+    from test_fp8_gemm import calc_diff
+
+    for i, (m, n, k) in enumerate([(1000, 2112, 7168), (129, 576, 1536), (1, 4096, 512)]):
+        g = torch.Generator(device="cuda").manual_seed(70 + i)
+        a = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+        qa, sa = qops.per_token_quant_fp8(a, scale_layout=layout)
+        qb, sb = qops.per_block_quant_fp8(b)
+        if layout == "k-major":
+            sa = fp8_ops.to_mn_major_tma_aligned(sa)
+        d = fp8_ops.fp8_gemm_nt(qa, sa, qb, sb)
+        diff = calc_diff(d, a.float() @ b.float().t())
+        assert diff < 1e-3, f"{m}x{n}x{k} {layout}: calc_diff {diff:.2e}"
 
 
 # ------------------------------------------------------------------------------------------------

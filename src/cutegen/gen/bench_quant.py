@@ -115,7 +115,7 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True, every_kernel: bool
     for fmt, layout in (("fp32", "mn-major-tma-aligned"), ("fp32", "k-major"), ("ue8m0", "mn-major-tma-aligned")):
         q, s = quant_ops.per_token_quant_fp8(x, scale_format=fmt, scale_layout=layout)
         us = _time(lambda: quant_ops.per_token_quant_fp8(x, scale_format=fmt, scale_layout=layout, out=q, out_scales=s), reps)
-        name = quant_ops.choose_quant_kernel(quant_ops.OP_PER_TOKEN, "bf16", fmt, x.device.index or 0)
+        name = quant_ops.choose_quant_kernel(quant_ops.OP_PER_TOKEN, "bf16", fmt, x.device.index or 0, layout)
         rows.append(_row("per_token_quant_fp8", case, f"cutegen ({fmt}, {layout})", us, nbytes, kernel=name))
         for other in _other_kernels(quant_ops.OP_PER_TOKEN, name, fmt, x.device.index or 0) if every_kernel else ():
             us = _time(lambda: quant_ops.per_token_quant_fp8(

@@ -32,7 +32,8 @@ buffer holding all align(M, 4) rows: the kernel writes the padding rows with 0).
 
 Every entry point validates its inputs and raises `InputError` naming the argument before
 anything is launched. Kernels are chosen from the catalogue (`cutegen.runtime.ops.catalogue`) by
-op, input dtype and scale format; ``kernel`` forces one by name.
+op, input dtype and scale format (per-token also by scale layout: `PER_TOKEN_TILE_COLS`);
+``kernel`` forces one by name.
 """
 
 from __future__ import annotations
@@ -68,8 +69,16 @@ IN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 K_MULTIPLE = 16
 H_MULTIPLE = 8
 
+# The per-token tile width each scale layout prefers. A tile row writes its scales as one run:
+# K-major scales of 1024 columns (8 groups) fill a 32-byte sector, where 512 columns write half
+# sectors in as many L2 requests as rows; MN-major columns of 8 rows fill a sector, so 512
+# columns x 8 rows is the better tile there. On the H200 (NOTES.md, 2026-12-01), K-major
+# 129.0-129.3 -> 126.8-127.0 us with 1024 columns; MN-major 126.9-127.1 us with 512 against
+# 127.9-128.5 with 1024.
+PER_TOKEN_TILE_COLS = {"k-major": 1024, "mn-major-tma-aligned": 512}
+
 _lock = threading.RLock()
-_choices: dict[tuple[str, str, str, int], str] = {}
+_choices: dict[tuple[str, str, str, int, str | None], str] = {}
 # (device index, stream handle) -> the grouped kernel's int32 tile counter, zeroed once: every
 # launch leaves it zero, and launches on one stream never overlap. Kept for the process's life
 # (a captured CUDA graph keeps its address).
@@ -96,9 +105,11 @@ def quant_kernels(op: str, in_dtype: str, scale: str, device: int = 0) -> list[s
     )
 
 
-def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> str:
-    """The catalogue kernel for (op, input dtype, scale format) on this GPU: the first by name."""
-    key = (op, in_dtype, scale, int(device))
+def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0, scale_layout: str | None = None) -> str:
+    """The catalogue kernel for (op, input dtype, scale format) on this GPU: for per-token with a
+    ``scale_layout``, the first by name whose tile width is the layout's
+    (`PER_TOKEN_TILE_COLS`); otherwise, or when none is built, the first by name."""
+    key = (op, in_dtype, scale, int(device), scale_layout if op == OP_PER_TOKEN else None)
     name = _choices.get(key)
     if name is not None:
         return name
@@ -111,12 +122,16 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0) -> 
             f"{op}: no kernel in the catalogue at {cat.build_dir} runs on {info.arch} ({info.name}) "
             f"for input {in_dtype} with {scale} scales; built: {', '.join(built) or 'none'}"
         )
+    name = names[0]
+    if key[-1] is not None:
+        cols = PER_TOKEN_TILE_COLS[key[-1]]
+        name = next((n for n in names if cat.manifest(n).schedule.get("tile_n") == cols), name)
     with _lock:
-        _choices[key] = names[0]
-    return names[0]
+        _choices[key] = name
+    return name
 
 
-def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str) -> Any:
+def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str, scale_layout: str | None = None) -> Any:
     cat = ops.catalogue()
     if forced:
         manifest = ops.forced_manifest(op, forced)
@@ -129,7 +144,7 @@ def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str) -> Any
             )
         name = forced
     else:
-        name = choose_quant_kernel(op, in_dtype, scale, device)
+        name = choose_quant_kernel(op, in_dtype, scale, device, scale_layout)
     return cat.load(name, device)
 
 
@@ -248,11 +263,20 @@ def _new_scales(x: torch.Tensor, m: int, cols: int, dtype: torch.dtype, layout: 
     return torch.empty((m, cols), dtype=dtype, device=x.device)
 
 
-def _launch(op: str, in_dtype: str, scale: str, forced: str, device_of: torch.Tensor, operands: dict, eps: float) -> None:
+def _launch(
+    op: str,
+    in_dtype: str,
+    scale: str,
+    forced: str,
+    device_of: torch.Tensor,
+    operands: dict,
+    eps: float,
+    scale_layout: str | None = None,
+) -> None:
     device = ops.device_ordinal(device_of)
 
     def go() -> None:
-        loaded = _kernel(op, in_dtype, scale, device, forced)
+        loaded = _kernel(op, in_dtype, scale, device, forced, scale_layout)
         stream = torch.cuda.current_stream(device_of.device).cuda_stream
         launch(loaded, operands, extents={"eps": eps}, stream=stream)
 
@@ -278,7 +302,7 @@ def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel):
     _check_ptr(OP_PER_TOKEN, "out_scales", sf, 4)
     cols = sf.shape[1]
     sf_kernel = _scale_buffer_view(OP_PER_TOKEN, sf, m, cols, scale_layout)
-    _launch(OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps)
+    _launch(OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps, scale_layout)
 
 
 def _per_token_impl(x, group, scale_format, scale_layout, eps, kernel):

@@ -127,12 +127,15 @@ _SM100_OPS = frozenset(op for op, archs in OP_ARCHS.items() if Arch.SM100A in ar
 _QUANT_OPS = frozenset(op for op in Op if op.is_quantize)
 _GEMM_OPS = frozenset(Op) - _QUANT_OPS
 # Quantize templates: the group, the CTA tile per op, warpgroups, stages (see the quant_* rules).
-QUANT_TILES: dict[Op, tuple[int | None, int]] = {
-    # (tile_m, tile_n); None: one row per warp (4 x math_warpgroups).
-    Op.PER_TOKEN_QUANT_FP8: (None, 512),
+QUANT_TILES: dict[Op, tuple[int, int]] = {
+    # (tile_m, tile_n) of the ops with one CTA tile; per-token tiles are PER_TOKEN_TILE_COLS.
     Op.PER_BLOCK_QUANT_FP8: (128, 128),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: (128, 64),
 }
+# Per-token tile widths: each warp covers 512 columns (4 groups) of one row, so a tile is
+# warps / (tile_n / 512) rows x tile_n columns.
+PER_TOKEN_WARP_COLS = 512
+PER_TOKEN_TILE_COLS = (512, 1024)
 QUANT_WARPGROUPS: dict[Op, tuple[int, ...]] = {
     Op.PER_TOKEN_QUANT_FP8: (1, 2),
     Op.PER_BLOCK_QUANT_FP8: (1, 2),
@@ -737,16 +740,24 @@ def quant_warpgroups(s: Schedule) -> str | None:
 
 @_rule(ops=_QUANT_OPS)
 def quant_tile(s: Schedule) -> str | None:
-    """The CTA tile is the template's: per-token one row per warp x 512 columns (4 groups),
-    per-block 128x128, grouped transposed 128 tokens x 64 hidden columns."""
+    """The CTA tile is one the template supports: per-block 128x128, grouped transposed 128
+    tokens x 64 hidden columns, per-token 512 or 1024 columns x (warps / (tile_n / 512)) rows
+    (each warp covers 512 columns of one row)."""
+    if s.op == Op.PER_TOKEN_QUANT_FP8:
+        if s.tile_n not in PER_TOKEN_TILE_COLS:
+            cols = " or ".join(map(str, PER_TOKEN_TILE_COLS))
+            return f"tile_n={s.tile_n}: op {s.op.value} tiles {cols} columns"
+        warps = 4 * s.math_warpgroups
+        want_m = warps // (s.tile_n // PER_TOKEN_WARP_COLS)
+        if s.tile_m != want_m:
+            return (
+                f"tile_m={s.tile_m}: op {s.op.value} with tile_n={s.tile_n} tiles {want_m} rows "
+                f"({warps} warps, {s.tile_n // PER_TOKEN_WARP_COLS} side by side per row)"
+            )
+        return None
     want_m, want_n = QUANT_TILES.get(s.op, (s.tile_m, s.tile_n))
-    if want_m is None:
-        want_m = 4 * s.math_warpgroups
-        why = f"one row per warp (4 x math_warpgroups={s.math_warpgroups})"
-    else:
-        why = f"{want_m}"
     if s.tile_m != want_m:
-        return f"tile_m={s.tile_m}: op {s.op.value} tiles {why} rows"
+        return f"tile_m={s.tile_m}: op {s.op.value} tiles {want_m} rows"
     if s.tile_n != want_n:
         return f"tile_n={s.tile_n}: op {s.op.value} tiles {want_n} columns"
     return None

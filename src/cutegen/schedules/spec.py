@@ -446,15 +446,16 @@ class Schedule:
         """Shared memory of a quantize kernel: the grouped transposed kernel's prefix sums and
         claimed tiles (2 x (QUANT_MAX_GROUPS + 1) + 2 int32, padded to 128 bytes) and `stages`
         tile buffers; the per-block kernel's 2 x warps partial maxima; the per-token kernel's
-        fp32 scales of a batch by parity (2 x stages x rows x groups per tile; none with UE8M0
-        scales)."""
+        scale words of a batch by parity (2 x stages x rows x words per tile row: one per group
+        for fp32, one per 4 groups packed for UE8M0)."""
         if self.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
             prefix = -(-4 * (2 * (QUANT_MAX_GROUPS + 1) + 2) // 128) * 128
             return prefix + self.stages * self.stage_bytes
         if self.op == Op.PER_BLOCK_QUANT_FP8:
             return 2 * 4 * self.threads_per_cta // 32
-        if self.op == Op.PER_TOKEN_QUANT_FP8 and self.scale == ScaleFormat.F32:
-            return 2 * 4 * self.stages * self.tile_m * (self.tile_n // QUANT_GROUP)
+        if self.op == Op.PER_TOKEN_QUANT_FP8:
+            groups_per_word = 4 if self.scale == ScaleFormat.UE8M0 else 1
+            return 2 * 4 * self.stages * self.tile_m * (self.tile_n // QUANT_GROUP // groups_per_word)
         return 0
 
     @property
