@@ -624,6 +624,7 @@ def test_runtime_import_is_light_and_ops_never_imports_cutlass():
 # The torch-facing modules; the rest of the runtime works without torch.
 TORCH_FACING = {
     "ops.py", "fp8_ops.py", "grouped_ops.py", "k_grouped_ops.py", "quant_ops.py", "quant_reference.py", "split_k.py",
+    "stream_scratch.py",
 }
 
 

@@ -186,9 +186,9 @@ def test_split_k_cuda_graph_and_bad_splits(ops, fp8):
         fp8.fp8_gemm_nt(qa, sfa, qb, sb, kernel=names[0], k_splits=0)
 
 
-def test_split_k_workspace_growth_and_release(ops, fp8):
-    """A larger problem grows the stream's workspace (the old one is retired, not freed); after
-    `release_retired_workspaces` both the small and the large problem still compute right."""
+def test_split_k_workspace_growth(ops, fp8):
+    """A larger problem grows the stream's workspace; the small problem, whose cached launch
+    still views the replaced one, and the large one both keep computing right."""
     from cutegen.runtime import split_k
 
     name = next(x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" in x)
@@ -198,19 +198,54 @@ def test_split_k_workspace_growth_and_release(ops, fp8):
     torch.cuda.synchronize()
     stream = torch.cuda.Stream()  # a stream of its own: its workspace starts at the small size
     with torch.cuda.stream(stream):
+        key = (torch.cuda.current_device(), stream.cuda_stream)
+        sizes = []
         for label, (a, b, qa, sa, qb, sb) in (("small", small), ("large", large), ("small again", small)):
             out = poisoned(a.shape[0], b.shape[0])
             fp8.fp8_gemm_nt(qa, fp8.to_mn_major_tma_aligned(sa), qb, sb, out=out, kernel=name, k_splits=4)
             stream.synchronize()
             check(out, a, b, qa, sa, qb, sb, f"{name} {label}")
             results[label] = out
-        assert split_k._retired, "the larger problem should have replaced the workspace"
-        assert split_k.release_retired_workspaces() > 0 and not split_k._retired
-        for label, (a, b, qa, sa, qb, sb) in (("small", small), ("large", large)):
-            out = poisoned(a.shape[0], b.shape[0])
-            fp8.fp8_gemm_nt(qa, fp8.to_mn_major_tma_aligned(sa), qb, sb, out=out, kernel=name, k_splits=4)
-            stream.synchronize()
-            assert torch.equal(out, results[label]), f"{name} {label}: differs after the release"
+            sizes.append(split_k._workspaces[key][1].numel())
+        assert sizes[0] < sizes[1] == sizes[2], f"the larger problem should grow the workspace: {sizes}"
+        assert torch.equal(results["small"], results["small again"])
+        for counters in (split_k._workspaces[key][0],):
+            assert int(counters.abs().sum()) == 0, "split-K counters not reset to zero"
+
+
+LAUNCHES_PER_GRAPH = 16
+
+
+def test_split_k_graphs_replayed_at_once(ops, fp8):
+    """Two graphs captured on one stream, each with a split-K launch, replayed at the same time on
+    two streams: each captured launch has a workspace of its own, so neither sees the other's
+    partial sums or counters."""
+    name = next(x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" in x)
+    problems = [make_problem(64, 576, 7168, seed=40 + i) for i in range(2)]
+    outs = [poisoned(64, 576) for _ in problems]
+    graphs = []
+    capture = torch.cuda.Stream()
+    for (a, b, qa, sa, qb, sb), out in zip(problems, outs):
+        sfa = fp8.to_mn_major_tma_aligned(sa)
+        with torch.cuda.stream(capture):
+            fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name, k_splits=8)  # warm-up
+        capture.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            for _ in range(LAUNCHES_PER_GRAPH):  # long enough for the replays to overlap
+                fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name, k_splits=8)
+        graphs.append(graph)
+    streams = [torch.cuda.Stream() for _ in graphs]
+    for rep in range(20):
+        for out in outs:
+            out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for graph, stream in zip(graphs, streams):
+            with torch.cuda.stream(stream):
+                graph.replay()
+        torch.cuda.synchronize()
+        for (a, b, qa, sa, qb, sb), out in zip(problems, outs):
+            check(out, a, b, qa, sa, qb, sb, f"{name} replay {rep}")
 
 
 def test_to_mn_major_tma_aligned(fp8):

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from . import driver, ops
+from . import driver, ops, stream_scratch
 from .errors import ArtifactError, InputError
 from .launch import launch
 
@@ -509,13 +509,12 @@ def _grouped_meta(x: Any, group_sizes: Any, eps: Any, num_blocks: Any, out: Any,
 
 
 def grouped_tile_counter(device: torch.device, stream: int) -> torch.Tensor:
-    """The int32 [1] tile counter of grouped-kernel launches on ``stream`` of ``device``
-    (zero between launches)."""
-    if torch.cuda.is_current_stream_capturing():
-        # A captured launch gets its own counter, zeroed by the graph before every replay:
-        # graphs captured on one stream may be replayed at the same time on different streams.
+    """The int32 [1] tile counter of grouped-kernel launches on ``stream`` of ``device`` (zero
+    between launches); a launch being captured in a CUDA graph gets its own
+    (`cutegen.runtime.stream_scratch`)."""
+    if stream_scratch.capturing():
         return torch.zeros(1, dtype=torch.int32, device=device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), int(stream))
+    key = stream_scratch.stream_key(device, stream)
     counter = _tile_counters.get(key)
     if counter is None:
         with _lock:

@@ -5,7 +5,10 @@ A split-K kernel (epilogue ``split_k_tma_store``) shares each CTA tile's K block
 the tile's int32 slot of ``split_counters``; the CTA that brings the count to ``K_SPLITS`` adds the
 partials in split order, stores the tile and sets the counter back to zero. So the counters must
 be zero before a launch and are zero after it, and one workspace serves every launch on a stream
-(two launches running at once on different streams need different workspaces).
+(two launches running at once on different streams need different workspaces). A launch captured
+in a CUDA graph gets a workspace of its own from the graph's memory pool, zeroed by the graph
+before every replay (`cutegen.runtime.stream_scratch`): graphs captured on one stream may be
+replayed at the same time on different streams.
 
 Sizes, over the cluster-padded tile grid (a cluster's CTAs past M or N take part too):
 ``TILES = align(⌈M/tile_m⌉, cluster_m) · align(⌈N/tile_n⌉, cluster_n)`` counters and
@@ -20,16 +23,15 @@ from typing import Any
 
 import torch
 
-from . import heuristics, ops
+from . import heuristics, ops, stream_scratch
 from .manifest import KernelManifest
 from .params import ceil_div
 
 _lock = threading.Lock()
-# (device index, stream handle) -> (counters int32, partials fp32), grown on demand, never freed
-# while in use: a CUDA graph captured with a workspace keeps its addresses. Replaced ones wait in
-# `_retired` until `release_retired_workspaces`.
+# (device index, stream handle) -> (counters int32, partials fp32), grown on demand. A workspace
+# that growth replaces is freed once nothing views it: torch's allocator hands its memory only to
+# later work on the same stream, so kernels already queued with it are safe.
 _workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 # (kernel, device, stream, M, N, K, requested splits) -> (operands, extents) of a launch: the
 # heuristic's split count and the workspace views cost tens of µs of Python per call otherwise.
 _launches: dict[tuple, tuple[dict[str, Any], dict[str, int]]] = {}
@@ -47,15 +49,17 @@ def workspace_extents(manifest: KernelManifest, m: int, n: int, k_splits: int) -
 
 def workspace(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Counters (zeroed once) and partials of at least the given sizes for launches on ``stream``
-    of ``device``. A workspace that must grow is replaced; the old one is kept alive, since a
-    captured CUDA graph may still use its addresses."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), int(stream))
+    of ``device``; while a CUDA graph is being captured, a fresh pair for that one launch."""
+    if stream_scratch.capturing():
+        return (
+            torch.zeros(tiles, dtype=torch.int32, device=device),
+            torch.empty(partials, dtype=torch.float32, device=device),
+        )
+    key = stream_scratch.stream_key(device, stream)
     with _lock:
         have = _workspaces.get(key)
         if have is not None and have[0].numel() >= tiles and have[1].numel() >= partials:
             return have
-        if have is not None:
-            _retired.append(have)
         grow_tiles = max(tiles, have[0].numel() if have is not None else 0)
         grow_partials = max(partials, have[1].numel() if have is not None else 0)
         counters = torch.zeros(grow_tiles, dtype=torch.int32, device=device)
@@ -70,8 +74,10 @@ def launch_arguments(
     """The workspace operands and the ``K_SPLITS`` extent of one launch of the split-K kernel
     ``loaded``: ``k_splits`` (< 1: the tuning table's count for this kernel and shape, else the
     heuristic's for this GPU), normalised so that no split is empty."""
+    # A launch being captured gets a workspace of its own, so it neither reads nor fills the cache.
+    capturing = stream_scratch.capturing()
     key = (loaded.name, str(device), int(stream), int(m), int(n), int(k), int(k_splits))
-    cached = _launches.get(key)
+    cached = None if capturing else _launches.get(key)
     if cached is not None:
         return cached
     requested = k_splits
@@ -86,23 +92,12 @@ def launch_arguments(
         {"split_counters": counters[:tiles], "split_partials": partial_buffer[:partials]},
         {"K_SPLITS": int(splits)},
     )
-    with _lock:
-        if len(_launches) >= _LAUNCH_CACHE_SIZE:
-            _launches.clear()
-        _launches[key] = result
+    if not capturing:
+        with _lock:
+            if len(_launches) >= _LAUNCH_CACHE_SIZE:
+                _launches.clear()
+            _launches[key] = result
     return result
 
 
-def release_retired_workspaces() -> int:
-    """Free the workspaces that growth replaced (kept until now because a captured CUDA graph
-    may still use their addresses): call it when no graph captured before the last growth will
-    be replayed. Forgets the cached launch arguments too, which may still view them. Returns
-    the bytes released to torch's allocator."""
-    with _lock:
-        released = sum(c.numel() * c.element_size() + p.numel() * p.element_size() for c, p in _retired)
-        _retired.clear()
-        _launches.clear()
-    return released
-
-
-__all__ = ["launch_arguments", "release_retired_workspaces", "workspace", "workspace_extents"]
+__all__ = ["launch_arguments", "workspace", "workspace_extents"]
