@@ -152,6 +152,10 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     ],
     # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
     "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
+    "whole_tile_epilogue_16bit_output": [
+        (bad(epilogue=Epilogue.TMA_STORE_WHOLE_TILE, c_dtype=DType.F32), "c_dtype"),
+        (bad(epilogue=Epilogue.TMA_STORE_PER_WARPGROUP, c_dtype=DType.F32), "c_dtype"),
+    ],
     # BASE (bf16, 128 rows over two warpgroups) is one wave: its tma_store already stages the tile.
     "whole_tile_epilogue_two_wave": [(bad(epilogue=Epilogue.TMA_STORE_WHOLE_TILE), "tile_m")],
     # Only the FP8 GEMM and the contiguous grouped GEMM have run with per-warpgroup stores.
@@ -633,10 +637,9 @@ def test_whole_tile_epilogue_schedules():
     found = {v.name: v.reason for v in violations(dataclasses.replace(one_wg, epilogue=Epilogue.TMA_STORE_PER_WARPGROUP))}
     assert "math_warpgroups=1" in found["per_warpgroup_epilogue_two_warpgroups"]
     wgrad = next(s for s in default_schedules(op="fp8_wgrad_gemm_nt") if s.tile_m == 256)
-    found = {v.name: v.reason for v in violations(dataclasses.replace(wgrad, epilogue=Epilogue.TMA_STORE_WHOLE_TILE))}
-    assert "c_dtype" in found["whole_tile_epilogue_two_wave"]
-    found = {v.name: v.reason for v in violations(dataclasses.replace(wgrad, epilogue=Epilogue.TMA_STORE_PER_WARPGROUP))}
-    assert "c_dtype" in found["per_warpgroup_epilogue_two_warpgroups"]
+    for epilogue in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP):
+        found = {v.name: v.reason for v in violations(dataclasses.replace(wgrad, epilogue=epilogue))}
+        assert "c_dtype" in found["whole_tile_epilogue_16bit_output"]
     sm100 = next(s for s in default_schedules(arch="sm_100a"))
     for epilogue in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP):
         assert "epilogue_supported" in {v.name for v in violations(dataclasses.replace(sm100, epilogue=epilogue))}

@@ -661,14 +661,21 @@ def split_k_only_dense_fp8(s: Schedule) -> str | None:
 
 
 @_rule()
+def whole_tile_epilogue_16bit_output(s: Schedule) -> str | None:
+    """The epilogues that stage the whole output tile (tma_store_whole_tile,
+    tma_store_per_warpgroup) store a 16-bit output: fp32 outputs take a ring of sub-tiles."""
+    if not s.epilogue.stages_whole_tile or s.c_dtype.bytes == 2:
+        return None
+    return f"epilogue={s.epilogue.value}: needs a 16-bit output, c_dtype={s.c_dtype.value}"
+
+
+@_rule()
 def whole_tile_epilogue_two_wave(s: Schedule) -> str | None:
-    """The tma_store_whole_tile epilogue is for two-wave (256-row) tiles with a 16-bit output:
-    single-wave tiles already stage their whole tile with tma_store when it fits (the same
-    kernel under two names otherwise), and fp32 outputs take a ring of sub-tiles."""
+    """The tma_store_whole_tile epilogue is for two-wave (256-row) tiles: single-wave tiles
+    already stage their whole tile with tma_store when it fits (the same kernel under two names
+    otherwise)."""
     if s.epilogue != Epilogue.TMA_STORE_WHOLE_TILE:
         return None
-    if s.c_dtype.bytes != 2:
-        return f"epilogue={s.epilogue.value}: needs a 16-bit output, c_dtype={s.c_dtype.value}"
     if s.waves < 2:
         return (
             f"epilogue={s.epilogue.value}: tile_m={s.tile_m} with {s.math_warpgroups} math "
@@ -684,14 +691,11 @@ PER_WARPGROUP_EPILOGUE_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT
 
 @_rule()
 def per_warpgroup_epilogue_two_warpgroups(s: Schedule) -> str | None:
-    """The tma_store_per_warpgroup epilogue stages the whole tile of a 16-bit output and lets each
-    of two math warpgroups store its own rows: with one math warpgroup there is nothing to
-    decouple, and fp32 outputs take a ring of sub-tiles. Only the ops whose kernels have run
-    with it on an H200 (`PER_WARPGROUP_EPILOGUE_OPS`) accept it."""
+    """The tma_store_per_warpgroup epilogue stages the whole tile and lets each of two math
+    warpgroups store its own rows: with one math warpgroup there is nothing to decouple. Only the
+    ops whose kernels have run with it on an H200 (`PER_WARPGROUP_EPILOGUE_OPS`) accept it."""
     if not s.epilogue.per_warpgroup:
         return None
-    if s.c_dtype.bytes != 2:
-        return f"epilogue={s.epilogue.value}: needs a 16-bit output, c_dtype={s.c_dtype.value}"
     if s.math_warpgroups != 2:
         return f"epilogue={s.epilogue.value}: needs two math warpgroups, math_warpgroups={s.math_warpgroups}"
     if s.op not in PER_WARPGROUP_EPILOGUE_OPS:
