@@ -32,7 +32,7 @@ buffer holding all align(M, 4) rows: the kernel writes the padding rows with 0).
 
 Every entry point validates its inputs and raises `InputError` naming the argument before
 anything is launched. Kernels are chosen from the catalogue (`cutegen.runtime.ops.catalogue`) by
-op, input dtype and scale format (per-token also by scale layout: `PER_TOKEN_TILE_COLS`);
+op, input dtype and scale format (per-token also by scale layout: `PER_TOKEN_TILE_COLS_BY_LAYOUT`);
 ``kernel`` forces one by name.
 """
 
@@ -75,13 +75,13 @@ H_MULTIPLE = 8
 # columns x 8 rows is the better tile there. On the H200 (NOTES.md, 2026-12-01), K-major
 # 129.0-129.3 -> 126.8-127.0 us with 1024 columns; MN-major 126.9-127.1 us with 512 against
 # 127.9-128.5 with 1024.
-PER_TOKEN_TILE_COLS = {"k-major": 1024, "mn-major-tma-aligned": 512}
+PER_TOKEN_TILE_COLS_BY_LAYOUT = {"k-major": 1024, "mn-major-tma-aligned": 512}
 
 _lock = threading.RLock()
 _choices: dict[tuple[str, str, str, int, str | None], str] = {}
 # (device index, stream handle) -> the grouped kernel's int32 tile counter, zeroed once: every
-# launch leaves it zero, and launches on one stream never overlap. Kept for the process's life
-# (a captured CUDA graph keeps its address).
+# launch leaves it zero, and launches on one stream never overlap (launches being captured in a
+# CUDA graph get their own: `grouped_tile_counter`).
 _tile_counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
@@ -108,8 +108,9 @@ def quant_kernels(op: str, in_dtype: str, scale: str, device: int = 0) -> list[s
 def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0, scale_layout: str | None = None) -> str:
     """The catalogue kernel for (op, input dtype, scale format) on this GPU: for per-token with a
     ``scale_layout``, the first by name whose tile width is the layout's
-    (`PER_TOKEN_TILE_COLS`); otherwise, or when none is built, the first by name."""
-    key = (op, in_dtype, scale, int(device), scale_layout if op == OP_PER_TOKEN else None)
+    (`PER_TOKEN_TILE_COLS_BY_LAYOUT`); otherwise, or when none is built, the first by name."""
+    layout = scale_layout if op == OP_PER_TOKEN else None
+    key = (op, in_dtype, scale, int(device), layout)
     name = _choices.get(key)
     if name is not None:
         return name
@@ -123,8 +124,8 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0, sca
             f"for input {in_dtype} with {scale} scales; built: {', '.join(built) or 'none'}"
         )
     name = names[0]
-    if key[-1] is not None:
-        cols = PER_TOKEN_TILE_COLS[key[-1]]
+    if layout is not None:
+        cols = PER_TOKEN_TILE_COLS_BY_LAYOUT[layout]
         name = next((n for n in names if cat.manifest(n).schedule.get("tile_n") == cols), name)
     with _lock:
         _choices[key] = name

@@ -17,6 +17,8 @@ import math
 from typing import Callable, Iterable
 
 from .spec import (
+    PER_TOKEN_TILE_COLS,
+    PER_TOKEN_WARP_COLS,
     QUANT_GROUP,
     SCALE_BLOCK,
     SM90_REGISTERS_PER_SM,
@@ -132,10 +134,6 @@ QUANT_TILES: dict[Op, tuple[int, int]] = {
     Op.PER_BLOCK_QUANT_FP8: (128, 128),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: (128, 64),
 }
-# Per-token tile widths: each warp covers 512 columns (4 groups) of one row, so a tile is
-# warps / (tile_n / 512) rows x tile_n columns.
-PER_TOKEN_WARP_COLS = 512
-PER_TOKEN_TILE_COLS = (512, 1024)
 QUANT_WARPGROUPS: dict[Op, tuple[int, ...]] = {
     Op.PER_TOKEN_QUANT_FP8: (1, 2),
     Op.PER_BLOCK_QUANT_FP8: (1, 2),

@@ -243,6 +243,10 @@ SM100_EPILOGUE_COLUMNS = 32
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
 QUANT_GROUP = 128
 QUANT_MAX_GROUPS = 1024
+# Columns of a per-token quantize tile one warp covers (16 elements per lane, 4 groups); a tile is
+# 1 or 2 of them wide.
+PER_TOKEN_WARP_COLS = 512
+PER_TOKEN_TILE_COLS = (512, 1024)
 # Block-scaled ops: one scale per 128 elements along K (and per 128 rows of B).
 SCALE_BLOCK = 128
 # A TMA tensor copy's shared-memory destination must be 128-byte aligned, so each stage of a

@@ -33,6 +33,7 @@ from cutlass.memory import SmemAllocator
 
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.schedules.spec import (
+    PER_TOKEN_WARP_COLS,
     QUANT_GROUP,
     QUANT_MAX_GROUPS,
     THREADS_PER_WARPGROUP,
@@ -58,8 +59,6 @@ MIN_CTAS_PER_SM = {"per_token": 4, "per_token_staged": 3, "grouped": 3, "per_blo
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
 VEC_BYTES = 16  # one 128-bit access
-# Columns of a per-token tile one warp covers: 16 elements per lane (4 groups of 128).
-PER_TOKEN_WARP_COLS = WARP * 16
 # The grouped kernel claims tiles from its counter when it has more than this many per CTA, and
 # otherwise walks bidx, bidx + grid, ... (2 and 8 measured alike on the H200: NOTES.md).
 DYNAMIC_TILES_PER_CTA = 2
@@ -145,6 +144,16 @@ def _advance(r: Int32, c: Int32, step_r: Int32, step_c: Int32, cols: Int32):
         c = c - cols
         r = r + 1
     return r, c
+
+
+def _batch_cursors(rt: Int32, ct: Int32, stages: int, step_r: Int32, step_c: Int32, cols: Int32):
+    """The (row, column) cursors of a batch's ``stages`` tiles: (rt, ct), then each next one a
+    grid further (`_advance`)."""
+    cursors = [(rt, ct)]
+    for _ in range(stages - 1):
+        rt, ct = _advance(rt, ct, step_r, step_c, cols)
+        cursors.append((rt, ct))
+    return cursors
 
 
 @cute.jit
@@ -340,9 +349,7 @@ class PerTokenQuantKernel:
         row, chunk, lane = spot
         m_rows = mX.shape[0]
         k_cols = mX.shape[1]
-        for u in cutlass.range_constexpr(self.stages):
-            if cutlass.const_expr(u > 0):
-                rt, ct = _advance(rt, ct, step_r, step_c, col_tiles)
+        for u, (rt, ct) in enumerate(_batch_cursors(rt, ct, self.stages, step_r, step_c, col_tiles)):
             r = rt * self.rows + row
             row_ok = (rt < row_tiles) & (r < m_rows)
             for h in cutlass.range_constexpr(self.pieces):
@@ -410,11 +417,8 @@ class PerTokenQuantKernel:
         k_cols = mQ.shape[1]
         s_rows = mS.shape[0]
         s_cols = mS.shape[1]
-        rt0 = rt
-        ct0 = ct
-        for u in cutlass.range_constexpr(self.stages):
-            if cutlass.const_expr(u > 0):
-                rt, ct = _advance(rt, ct, step_r, step_c, col_tiles)
+        cursors = _batch_cursors(rt, ct, self.stages, step_r, step_c, col_tiles)
+        for u, (rt, ct) in enumerate(cursors):
             r = rt * self.rows + row
             amaxes = self._group_amaxes(frags[u])
             scales = []
@@ -470,11 +474,7 @@ class PerTokenQuantKernel:
             if mn_major:
                 srow = tidx % self.rows
                 jw = tidx // self.rows
-            rt = rt0
-            ct = ct0
-            for u in cutlass.range_constexpr(self.stages):
-                if cutlass.const_expr(u > 0):
-                    rt, ct = _advance(rt, ct, step_r, step_c, col_tiles)
+            for u, (rt, ct) in enumerate(cursors):
                 r = rt * self.rows + srow
                 g = ct * self.words_per_row + jw
                 if (rt < row_tiles) & (r < s_rows) & (g < s_cols):
@@ -674,8 +674,9 @@ class GroupedTransposedQuantKernel:
     memory before the barrier one tile ahead, so neither the atomic's latency nor the broadcast
     is waited for. The atomic is issued before the tile's loads: issued behind them it waited
     for them and the kernel ran 8% slower. Every thread works out a tile's coordinates and load
-    parameters at the end of the tile before it, while that tile's loads are in flight. Every CTA claims until it gets a tile past the end, so a launch makes exactly
-    ``tiles - grid`` claims; the CTA whose claim is the last one (``old == tiles - grid - 1``)
+    parameters at the end of the tile before it, while that tile's loads are in flight. Every
+    CTA claims until it gets a tile past the end, so a launch makes exactly ``tiles - grid``
+    claims; the CTA whose claim is the last one (``old == tiles - grid - 1``)
     knows every other claim has been performed and sets the counter back to 0. So the counter
     must be 0 before a launch and is 0 after it; launches that run at the same time need their
     own counters. A CTA's tiles, hence its rows, only grow.
