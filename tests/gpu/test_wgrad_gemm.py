@@ -57,6 +57,35 @@ def test_separate_c_and_every_kernel(ops, fp8):
         assert calc_diff(d, ref) < 1e-3, name
 
 
+def test_tail_split_every_kernel_and_deterministic_mode(ops, fp8):
+    """2200x2000x640 has more tiles than one wave of every kernel (ragged M and N), so the last
+    wave's K blocks are shared among the clusters; under torch.use_deterministic_algorithms no
+    tile is split and two runs are bitwise equal. Both agree with fp32 and with each other to
+    the rounding of fp32 sums."""
+    from cutegen.runtime.fp8_ops import tail_split
+
+    m, n, k = 2200, 2000, 640
+    a, b, qa, sfa, qb, sfb = make(m, n, k, seed=3)
+    c = torch.randn(m, n, device="cuda")
+    ref = c + a.float() @ b.float().T
+    for name in ops.runnable_kernels(OP):
+        assert tail_split() == 1
+        split = torch.full((m, n), float("nan"), device="cuda")
+        fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb, split, c=c, kernel=name)
+        assert calc_diff(split, ref) < 1e-3, name
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert tail_split() == 0
+            whole = [torch.full((m, n), float("nan"), device="cuda") for _ in range(2)]
+            for d in whole:
+                fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb, d, c=c, kernel=name)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        assert torch.equal(whole[0], whole[1]), name
+        assert calc_diff(whole[0], ref) < 1e-3, name
+        assert ((split - whole[0]).abs().max() <= 1e-5 * whole[0].abs().max()).item(), name
+
+
 def test_bad_inputs(fp8):
     from cutegen.runtime.errors import InputError
 

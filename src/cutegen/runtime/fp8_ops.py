@@ -277,6 +277,15 @@ def _check_wgrad(a, sfa, b, sfb, d, c) -> tuple[int, int, int]:
     return m, n, k
 
 
+def tail_split() -> int:
+    """``TAIL_SPLIT`` for a weight-gradient launch: 1, the K blocks of the last, partial wave's
+    tiles are shared by all the clusters (each adds its part into D), or 0 under
+    ``torch.use_deterministic_algorithms(True)``: no tile is split and D is bitwise reproducible.
+    With 1, the order of a split tile's fp32 additions into D varies between runs (a difference
+    of the order of fp32 rounding, ~1e-7 relative)."""
+    return 0 if torch.are_deterministic_algorithms_enabled() else 1
+
+
 def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
     m, n, k = _check_wgrad(a, sfa, b, sfb, d, c)
     if c is not None and c.data_ptr() != d.data_ptr():
@@ -288,7 +297,10 @@ def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel)
         stream = torch.cuda.current_stream(a.device).cuda_stream
-        launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=stream)
+        launch(
+            loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=stream,
+            extents={"TAIL_SPLIT": tail_split()},
+        )
 
 
 @torch.library.custom_op(f"cutegen::{OP_FP8_WGRAD}", mutates_args=("d",))

@@ -23,7 +23,9 @@ multicast:
   `CostModel.whole_tile_long_k_factor`, so they rank before their ring twins at short K only.
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
-* ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``.
+* ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``; for kernels that
+  split their last, partial wave over every cluster (the dense weight gradient's `tail_split`),
+  waves is fractional: ``max(1, cluster_tiles / clusters per wave)``.
 * Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
   `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
   tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'
@@ -101,9 +103,15 @@ class CostModel:
     two_wave_per_row_scale_slowdown: float = 1.05
     # Per-row-scaled kernels in a 2-CTA cluster sharing A or B, against a 1x1 cluster: below 1,
     # as those are the kernels that read their column scales early. The three per-row factors
-    # were fitted on docs/perf/2026-11-30-h200-wgrad-kernel-timings.json (12 dense + 4 k-grouped
-    # shapes, `cutegen tune --timings-out`; in-sample; tests/cpu/test_heuristic_calibration.py).
+    # were fitted on the weight-gradient kernel timings of 2026-11-30 (12 dense + 4 k-grouped
+    # shapes, `cutegen tune --timings-out`; in-sample); they still rank the dense kernels re-timed
+    # with tail splits in docs/perf/2026-12-01-h200-wgrad-kernel-timings.json, which keeps the
+    # k-grouped timings of 2026-11-30 (tests/cpu/test_heuristic_calibration.py).
     per_row_scale_multicast_slowdown: float = 0.97
+    # The same where the cluster shares B (a 2x1 cluster): 128x128 tiles with tail-split last
+    # waves measured 0.983-1.000x (mean 0.99x) the time of the 1x2 twin at equal tile counts
+    # (docs/perf/2026-12-01-h200-wgrad-kernel-timings.json).
+    per_row_scale_b_multicast_slowdown: float = 0.96
     # Seconds a block-scaled tile spends per 128-wide K block at least, whatever its size (wait,
     # WGMMA chain, promotion), by the WGMMA accumulators it cycles through: the floor that bounds
     # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
@@ -234,6 +242,12 @@ def _whole_tile_epilogue(manifest: KernelManifest) -> bool:
     return not _single_wave(manifest) and manifest.schedule.get("epilogue") in WHOLE_TILE_EPILOGUES
 
 
+def splits_tail(manifest: KernelManifest) -> bool:
+    """A kernel that shares the K blocks of its last, partial wave's tiles among all its clusters
+    (a `tail_split` launch argument: the dense weight gradient)."""
+    return any(p.name == "tail_split" for p in manifest.params)
+
+
 def splits_k(manifest: KernelManifest) -> bool:
     """A kernel that shares each tile's K blocks among CTAs (launched with a split count)."""
     return manifest.schedule.get("epilogue") == "split_k_tma_store"
@@ -323,7 +337,7 @@ def _score(
     elif _per_row_scales(manifest) and not _single_wave_per_row_scales(manifest):
         compute *= model.two_wave_per_row_scale_slowdown
     if mc_a * mc_b > 1 and _per_row_scales(manifest):
-        compute *= model.per_row_scale_multicast_slowdown
+        compute *= model.per_row_scale_b_multicast_slowdown if mc_b > 1 else model.per_row_scale_multicast_slowdown
     if _whole_tile_epilogue(manifest):
         short_k = ceil_div(k, SCALE_BLOCK) <= model.whole_tile_max_k_blocks
         compute *= model.whole_tile_short_k_factor if short_k else model.whole_tile_long_k_factor
@@ -336,7 +350,10 @@ def _score(
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
-    estimated = waves * (max(compute, memory, latency) + tile_overhead)
+    # A tail split spreads the last, partial wave over every cluster: it costs its fraction of a
+    # wave (the tiles are whole when they fit in one wave).
+    wave_time = max(1.0, cluster_tiles / clusters_per_wave) if splits_tail(manifest) else waves
+    estimated = wave_time * (max(compute, memory, latency) + tile_overhead)
     if splits_k(manifest):
         # Every work unit writes its partial tile and counts itself, and the last of a tile reads
         # the other S - 1 alone, at one SM's rate. Each wave of units pays that.

@@ -147,7 +147,8 @@ class GemmContract:
             sfa = make_fake_tensor(scale_type, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
         if self.sfb_per_row:
             sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-            return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
+            # The weight gradient's tail-split switch (TAIL_SPLIT) before max_active_clusters.
+            return (a, sfa, b, sfb, d, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
         sfb = make_ptr(scale_type, 0, cute.AddressSpace.gmem, assumed_align=4)
         if self.masked:
             masked_m = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)

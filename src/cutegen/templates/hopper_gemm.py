@@ -174,7 +174,10 @@ class HopperGemmKernel(TileOrder):
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
     `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse. A CTA
     whose tile lies past M or N still loads (zeros; no A for the 64-row dense tiles) and takes part
-    in multicast, and its stores are clipped, so the cluster's barriers stay balanced.
+    in multicast, and its stores are clipped, so the cluster's barriers stay balanced. Dense weight
+    gradients launched with `tail_split` = 1 walk the whole waves so, then split the K blocks of
+    the last, partial wave's tiles evenly among all the clusters (`_tail_plan`): each cluster
+    computes one or two pieces of at most a tile's blocks and reduce-adds each into D.
     """
 
     def __init__(self, schedule: Schedule):
@@ -237,6 +240,12 @@ class HopperGemmKernel(TileOrder):
         # Split K (fp8_gemm_nt): a tile's K blocks are shared by `k_splits` CTAs (a launch
         # argument); the last to finish adds the others' fp32 partials (see `_split_k_fixup`).
         self.split_k = s.epilogue.splits_k
+        # Tail split (dense weight gradient; the `tail_split` launch argument, 0 = off): the K
+        # blocks of the last, partial wave's cluster tiles are shared evenly by all the
+        # clusters, each adding its partial sums into D with the TMA reduce-add a whole tile
+        # uses, so it needs no workspace and no fixup (see `_tail_plan`). The order of a split
+        # tile's fp32 additions then varies between runs.
+        self.tail_split = self.sfb_per_row and not self.k_grouped
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         # The column where a two-block tile's second SFB block begins takes few values (tile j
@@ -385,6 +394,8 @@ class HopperGemmKernel(TileOrder):
                 {"name": "split_partials", "kind": "pointer", "operand": "split_partials"},
                 {"name": "k_splits", "kind": "scalar", "dtype": "i32", "expr": "K_SPLITS"},
             ]
+        if self.tail_split:
+            params.append({"name": "tail_split", "kind": "scalar", "dtype": "i32", "expr": "TAIL_SPLIT"})
         if self.a_tail_slices:
             # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
             params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
@@ -407,7 +418,7 @@ class HopperGemmKernel(TileOrder):
     def _launch(
         self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
         masked_m=None, group_sizes=None, workspace=None, split_counters=None, split_partials=None,
-        k_splits=None,
+        k_splits=None, tail_split=None,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -519,6 +530,7 @@ class HopperGemmKernel(TileOrder):
             split_counters,
             split_partials,
             k_splits,
+            tail_split,
             a.iterator if self.k_grouped else None,
             b.iterator if self.k_grouped else None,
             tma_atom_a_tail,
@@ -1077,12 +1089,17 @@ class HopperGemmKernel(TileOrder):
         )
 
     @cute.jit
-    def _locate_tile(self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None):
+    def _locate_tile(
+        self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None
+    ):
         """Cluster tile t → (group, this CTA's tile m, tile n, first K block of the group in the
         scales, K blocks of the tile); both roles walk the same sequence. The k-grouped layout has
         a group-dependent first block and K block count; with split K, t is a work unit (cluster
         tile t // k_splits, split t % k_splits) and the split's blocks are
-        [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no split empty)."""
+        [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no split empty). With
+        a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is a whole tile, above
+        it t - tail_start is a position in the tail's K blocks (tile-major), and the piece runs
+        to the end of that tile or of this cluster's share, whichever comes first."""
         cm, cn = self.cluster_shape_mn
         group = cutlass.Int32(0)
         first_block = cutlass.Int32(0)
@@ -1098,9 +1115,53 @@ class HopperGemmKernel(TileOrder):
             first_block = (t - tile_t * k_splits) * per_split
             k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
             ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
+        elif cutlass.const_expr(self.tail_split):
+            tail_start, _, share_end = tail
+            in_tail = t >= tail_start
+            position = cutlass.max(t - tail_start, 0)
+            tail_tile = position // k_tile_cnt
+            tile_t = tail_start + tail_tile if in_tail else t
+            first_block = position - tail_tile * k_tile_cnt
+            k_blocks = (
+                cutlass.min(k_tile_cnt - first_block, share_end - position) if in_tail else k_tile_cnt
+            )
+            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
         else:
             ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
         return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block, k_blocks
+
+    @cute.jit
+    def _tail_plan(self, cluster_tiles, clusters, cluster, k_tile_cnt, enabled):
+        """How a tail split walks `cluster_tiles` over `clusters` persistent clusters. The tiles
+        up to a whole number of waves are whole, cluster c taking c, c + clusters, …; the K
+        blocks of the remaining (tail) tiles, in tile order, are cut into `clusters` contiguous
+        shares of equal size ±1, and cluster c computes share c, one piece per tile it touches
+        (at most two: a share is smaller than a tile), each added into D. So the last wave takes
+        tail/clusters of a tile's time instead of a whole one. Without `enabled` every tile is
+        whole. Returns ((first tail tile, this cluster's share start, end), the cursor bound):
+        cursor values from the first tail tile on are that tile plus a block position."""
+        tail_tiles = cluster_tiles % clusters if enabled != 0 else cutlass.Int32(0)
+        tail_start = cluster_tiles - tail_tiles
+        tail_blocks = tail_tiles * k_tile_cnt
+        share_start = cluster * tail_blocks // clusters
+        share_end = (cluster + 1) * tail_blocks // clusters
+        return (tail_start, share_start, share_end), tail_start + share_end
+
+    @cute.jit
+    def _first_unit(self, cluster, tail):
+        """The cursor of `cluster`'s first work unit (`_tail_plan`): its first whole tile, or its
+        share of the tail when it has none."""
+        tail_start, share_start, _ = tail
+        return cluster if cluster < tail_start else tail_start + share_start
+
+    @cute.jit
+    def _next_unit(self, t, k_blocks, clusters, tail):
+        """The cursor after unit t (of k_blocks blocks): the next whole tile, then the start of
+        this cluster's share of the tail, then its next piece there."""
+        tail_start, share_start, _ = tail
+        whole = t + clusters
+        whole = tail_start + share_start if whole >= tail_start else whole
+        return t + k_blocks if t >= tail_start else whole
 
     @cute.jit
     def _produce_whole_tile(
@@ -1355,6 +1416,7 @@ class HopperGemmKernel(TileOrder):
         split_counters_ptr,
         split_partials_ptr,
         k_splits,
+        tail_split,
         a_base_ptr,
         b_base_ptr,
         tma_atom_a_tail,
@@ -1549,6 +1611,12 @@ class HopperGemmKernel(TileOrder):
             num_cluster_tiles = num_cluster_tiles * k_splits
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
+        tail = None
+        if cutlass.const_expr(self.tail_split):
+            tail, num_cluster_tiles = self._tail_plan(
+                num_cluster_tiles, tile_stride, first_tile, k_tile_cnt, tail_split
+            )
+            first_tile = self._first_unit(first_tile, tail)
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
@@ -1584,7 +1652,7 @@ class HopperGemmKernel(TileOrder):
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
-                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits
+                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.k_grouped):
                     if group != current_group:
@@ -1610,7 +1678,7 @@ class HopperGemmKernel(TileOrder):
                     tBgB_k = tBgB[(None, tile_n, None)]
                 # A and B are addressed from the split's first K block (their descriptors start at
                 # the group's for the k-grouped op; everything else starts at block 0).
-                ab_first_block = first_block if self.split_k else cutlass.Int32(0)
+                ab_first_block = first_block if self.split_k or self.tail_split else cutlass.Int32(0)
                 # The tile that holds row M - 1 when M ends inside it loads only its A slices that
                 # start before M, through the tail map (`_produce_tail_tile`); a tile past M (the
                 # idle CTA of a 2x1 cluster at M <= 64) loads no A. The pair of a 1x2 A-multicast
@@ -1640,7 +1708,10 @@ class HopperGemmKernel(TileOrder):
                         mainloop_pipeline, producer_state, tile_k_tiles, tma_atom_a, tAgA_k, tAsA,
                         a_mcast_mask, load_desc_a, stage_loads,
                     )
-                t += tile_stride
+                if cutlass.const_expr(self.tail_split):
+                    t = self._next_unit(t, tile_k_tiles, tile_stride, tail)
+                else:
+                    t += tile_stride
             mainloop_pipeline.producer_tail(producer_state)
 
         if not is_producer_wg:
@@ -1714,7 +1785,7 @@ class HopperGemmKernel(TileOrder):
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
-                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits
+                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.d_grouped):
                     gC_tile = gC_mn[(None, None, tile_m, tile_n, group)]
@@ -1820,7 +1891,10 @@ class HopperGemmKernel(TileOrder):
                         epilogue_barrier.arrive_and_wait()
 
                 tiles_done += 1
-                t += tile_stride
+                if cutlass.const_expr(self.tail_split):
+                    t = self._next_unit(t, tile_k_tiles, tile_stride, tail)
+                else:
+                    t += tile_stride
 
             store_pipeline.producer_tail()
 
@@ -1852,10 +1926,11 @@ class HopperFp8WgradKernel(HopperGemmKernel):
         b: cute.Tensor,
         sfb: cute.Tensor,
         d: cute.Tensor,
+        tail_split: cutlass.Int32,
         max_active_clusters: cutlass.Int32,
         stream: cuda.CUstream,
     ):
-        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, tail_split=tail_split)
 
 
 class HopperKGroupedFp8GemmKernel(HopperGemmKernel):
