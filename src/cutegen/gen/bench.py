@@ -170,6 +170,7 @@ def bench_bf16_gemm(shapes=BF16_SHAPES) -> tuple[list[BenchRow], dict]:
 
     rows = []
     for m, n, k in shapes:
+        fresh_allocations()
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -204,6 +205,20 @@ FP8_SHAPES = sorted(DEEPGEMM_FP8_TFLOPS)
 # Decode-sized M (`cutegen bench --decode`): DeepGEMM's (N, K) pairs at M = 1, 16 and 32, where
 # DeepGEMM published no numbers; the anchor is cuBLAS blockwise in the same run.
 DECODE_SHAPES = [(m, n, k) for m in (1, 16, 32) for n, k in sorted({(n, k) for _, n, k in FP8_SHAPES})]
+
+
+def fresh_allocations() -> None:
+    """Hand every unused block of torch's CUDA caching allocator back to the driver, so that the
+    next shape's operands are fresh allocations. Called before each GEMM shape: on an H200 the same
+    weight-gradient kernel on same-sized operands ran up to 14% longer when they sat in blocks
+    reused from the larger shapes timed before (docs/perf/NOTES.md, 2026-12-01), so a shape's time
+    would depend on the shapes timed before it."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _fp8_inputs(m: int, n: int, k: int):
@@ -256,6 +271,7 @@ def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
 
     rows = []
     for m, n, k in shapes:
+        fresh_allocations()
         a, sfa, b, sfb, sfa_rows = _fp8_inputs(m, n, k)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         kernel = ops.choose_kernel("fp8_gemm_nt", m, n, k, scale="f32")
@@ -278,7 +294,7 @@ def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
                 "b_gbs": (n * k + n * (k // 128) * 4) / ours / 1e3,
             }
         )
-        del a, b, out
+        del a, sfa, b, sfb, sfa_rows, out
     return rows
 
 
@@ -335,6 +351,7 @@ def bench_grouped_contiguous() -> list[dict]:
 
     rows = []
     for (groups, expected, n, k), anchor in DEEPGEMM_GROUPED_CONTIGUOUS.items():
+        fresh_allocations()
         rng = random.Random(groups * 1000 + n)
         sizes = [int(expected * rng.uniform(0.7, 1.3)) for _ in range(groups)]
         spans = [-(-s // 128) * 128 for s in sizes]
@@ -361,6 +378,7 @@ def bench_grouped_contiguous() -> list[dict]:
                 ],
             )
         )
+        del a, b, sfa_rows, sfa, sfb, out, m_indices
     return rows
 
 
@@ -417,6 +435,7 @@ def bench_grouped_masked() -> list[dict]:
 
     rows = []
     for (groups, m, n, k), anchor in DEEPGEMM_GROUPED_MASKED.items():
+        fresh_allocations()
         a = torch.randn(groups, m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(groups, n, k, device="cuda").to(torch.float8_e4m3fn)
         sfa_rows = torch.rand(groups, m, k // 128, device="cuda") + 0.5
@@ -431,6 +450,7 @@ def bench_grouped_masked() -> list[dict]:
                 lambda: [_cublas_blockwise(a[g], sfa_rows[g], b[g], sfb[g]) for g in range(groups)],
             )
         )
+        del a, b, sfa_rows, sfa, sfb, masked_m, out
     return rows
 
 
@@ -451,6 +471,7 @@ def bench_wgrad() -> list[dict]:
     rows = []
     for (m, n), anchors in DEEPGEMM_WGRAD.items():
         for k, anchor in zip((4096, 8192), anchors):
+            fresh_allocations()
             a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
             b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
             sfa = to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
@@ -459,7 +480,7 @@ def bench_wgrad() -> list[dict]:
             ours = time_cuda(lambda: fp8_ops.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d))
             rows.append({"shape": [m, n, k], "ours_us": ours, "ours_tflops": 2.0 * m * n * k / ours / 1e6,
                          "deepgemm_tflops": anchor})
-            del a, b, d
+            del a, b, sfa, sfb, d
     return rows
 
 
@@ -488,6 +509,7 @@ def bench_k_grouped() -> list[dict]:
 
     rows = []
     for (groups, m, n, mean), anchor in DEEPGEMM_K_GROUPED.items():
+        fresh_allocations()
         sizes = k_grouped_sizes(groups, mean)
         blocks = sum(-(-k // 128) for k in sizes)
         a = torch.randn(128 * m * blocks, device="cuda").to(torch.float8_e4m3fn)
@@ -501,7 +523,7 @@ def bench_k_grouped() -> list[dict]:
         flops = 2.0 * m * n * sum(sizes)
         rows.append({"shape": [groups, m, n, mean], "group_sizes": sizes, "ours_us": ours,
                      "ours_tflops": flops / ours / 1e6, "deepgemm_tflops": anchor})
-        del a, b, d
+        del a, b, sfa, sfb, d, sizes_gpu
     return rows
 
 
@@ -580,6 +602,8 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
 
     env = environment()
     env["timer"] = _timer
+    # Each GEMM shape's operands are fresh allocations (`fresh_allocations`).
+    env["fresh_allocations"] = True
     if command:
         env["command"] = command
     results: dict = {"environment": env}

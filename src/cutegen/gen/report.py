@@ -636,9 +636,11 @@ def _header(env: dict, command: str | None, source: str | None, generated_by: st
 
 
 def _method(
-    sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event"
+    sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event",
+    fresh_allocations: bool = False,
 ) -> list[str]:
-    """The report's Method section; `timer` is the results' (runs before there was a choice used events)."""
+    """The report's Method section; `timer` is the results' (runs before there was a choice used events),
+    `fresh_allocations` whether each GEMM shape's operands were fresh allocations (runs since 2026-12-01)."""
     how = (
         "the summed durations of each call's GPU kernels as CUPTI records them (`--timer kernel`, the way "
         "DeepGEMM's own benchmark timed its numbers)"
@@ -650,7 +652,10 @@ def _method(
         "",
         f"Times are medians over calls run alone with the L2 flushed before each (`cutegen bench`), timed by {how}; "
         "the anchors ran in the same process and were timed the same way, so the ratios are what to compare "
-        "(absolute times drift).",
+        "(absolute times drift)."
+        + (" Each GEMM shape's operands are fresh allocations (torch's allocator cache is emptied before the "
+           "shape): the same kernel measured up to 14% slower on operands in blocks reused from earlier shapes."
+           if fresh_allocations else ""),
         "",
     ]
     if not sections:  # quantize only: its section states its own measure (GB/s beside a copy)
@@ -791,7 +796,10 @@ def render(
 
     lines = _header(env, command, source, generated_by, out_dir)
     lines += ["", "## Summary", "", SUMMARY_BEGIN, *(summary or ["- no results"]), SUMMARY_END, ""]
-    lines += _method(sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"))
+    lines += _method(
+        sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"),
+        bool(env.get("fresh_allocations")),
+    )
     lines += body + roof_lines + tail
     return "\n".join(lines) + "\n", plan
 

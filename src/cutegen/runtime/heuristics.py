@@ -24,8 +24,8 @@ multicast:
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``; for kernels that
-  split their last, partial wave over every cluster (the dense weight gradient's `tail_split`),
-  waves is fractional: ``max(1, cluster_tiles / clusters per wave)``.
+  split a last, partial wave that is at most 4/5 full over every cluster (the dense weight
+  gradient's `tail_split`), waves is fractional there: ``cluster_tiles / clusters per wave``.
 * Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
   `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
   tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'
@@ -350,9 +350,12 @@ def _score(
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
-    # A tail split spreads the last, partial wave over every cluster: it costs its fraction of a
-    # wave (the tiles are whole when they fit in one wave).
-    wave_time = max(1.0, cluster_tiles / clusters_per_wave) if splits_tail(manifest) else waves
+    # A tail split spreads a last, partial wave that is at most 4/5 full over every cluster: it
+    # costs its fraction of a wave (the tiles are whole when they fit in one wave).
+    wave_time = float(waves)
+    tail = cluster_tiles % clusters_per_wave
+    if splits_tail(manifest) and cluster_tiles > clusters_per_wave and 5 * tail <= 4 * clusters_per_wave:
+        wave_time = cluster_tiles / clusters_per_wave
     estimated = wave_time * (max(compute, memory, latency) + tile_overhead)
     if splits_k(manifest):
         # Every work unit writes its partial tile and counts itself, and the last of a tile reads

@@ -86,8 +86,8 @@ class StageLoads(NamedTuple):
     tma_atom_sfb: Any
     tSFBgSFB: Any
     tSFBsSFB: Any
-    ab_first_block: Any  # A and B are addressed from here (the split's first K block)
-    first_block: Any  # the scales from here (the k-grouped op's group start, the split's)
+    ab_first_block: Any  # A and B from here (the unit's first K block within its tile's range)
+    first_block: Any  # the scales from here (that block in the scales: plus the group's start)
     tile_m: Any
     tile_n: Any
     group: Any
@@ -175,9 +175,10 @@ class HopperGemmKernel(TileOrder):
     `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse. A CTA
     whose tile lies past M or N still loads (zeros; no A for the 64-row dense tiles) and takes part
     in multicast, and its stores are clipped, so the cluster's barriers stay balanced. Dense weight
-    gradients launched with `tail_split` = 1 walk the whole waves so, then split the K blocks of
-    the last, partial wave's tiles evenly among all the clusters (`_tail_plan`): each cluster
-    computes one or two pieces of at most a tile's blocks and reduce-adds each into D.
+    gradients launched with `tail_split` = 1 walk the whole waves so, then, where the last wave
+    is at most 4/5 full, split the K blocks of its tiles evenly among all the clusters
+    (`_tail_plan`): each cluster computes a piece of every tail tile its share touches (one or
+    two) and reduce-adds each into D.
     """
 
     def __init__(self, schedule: Schedule):
@@ -244,7 +245,9 @@ class HopperGemmKernel(TileOrder):
         # blocks of the last, partial wave's cluster tiles are shared evenly by all the
         # clusters, each adding its partial sums into D with the TMA reduce-add a whole tile
         # uses, so it needs no workspace and no fixup (see `_tail_plan`). The order of a split
-        # tile's fp32 additions then varies between runs.
+        # tile's fp32 additions then varies between runs. Not for the k-grouped op: its tiles'
+        # K differs by group, so its clusters do not finish their whole tiles together, and the
+        # tail's pieces can land on the busiest ones (measured up to 1.35x slower).
         self.tail_split = self.sfb_per_row and not self.k_grouped
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
@@ -530,9 +533,9 @@ class HopperGemmKernel(TileOrder):
             split_counters,
             split_partials,
             k_splits,
-            tail_split,
             a.iterator if self.k_grouped else None,
             b.iterator if self.k_grouped else None,
+            tail_split,
             tma_atom_a_tail,
             a_staged,
             a_tail_staged,
@@ -1092,55 +1095,71 @@ class HopperGemmKernel(TileOrder):
     def _locate_tile(
         self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None
     ):
-        """Cluster tile t → (group, this CTA's tile m, tile n, first K block of the group in the
-        scales, K blocks of the tile); both roles walk the same sequence. The k-grouped layout has
-        a group-dependent first block and K block count; with split K, t is a work unit (cluster
-        tile t // k_splits, split t % k_splits) and the split's blocks are
-        [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no split empty). With
-        a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is a whole tile, above
-        it t - tail_start is a position in the tail's K blocks (tile-major), and the piece runs
-        to the end of that tile or of this cluster's share, whichever comes first."""
+        """Work unit t → (group, this CTA's tile m, tile n, the unit's first K block in the
+        scales, its K block count, its first K block within the tile's own K range (where A and
+        B are addressed from), the tile's K block count); both roles walk the same sequence.
+
+        The k-grouped layout's tiles have their group's K range: the scales from the group's
+        first block, A and B through per-group descriptors (from block 0) of the group's block
+        count. With split K, t is (cluster tile t // k_splits, split t % k_splits) and the
+        split's blocks are [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no
+        split empty). With a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is
+        a whole tile; from there on t - tail_start is a position in the tail's K blocks (tile
+        after tile), and the piece runs to the end of that tile or of this cluster's share,
+        whichever comes first."""
         cm, cn = self.cluster_shape_mn
         group = cutlass.Int32(0)
         first_block = cutlass.Int32(0)
+        offset = cutlass.Int32(0)
         k_blocks = k_tile_cnt
-        if cutlass.const_expr(self.masked):
-            group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
-        elif cutlass.const_expr(self.k_grouped):
-            group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n)
-            ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
-        elif cutlass.const_expr(self.split_k):
-            tile_t = t // k_splits
-            per_split = (k_tile_cnt + k_splits - 1) // k_splits
-            first_block = (t - tile_t * k_splits) * per_split
-            k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
-            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
-        elif cutlass.const_expr(self.tail_split):
+        tile_blocks = k_tile_cnt
+        tile_t = t
+        if cutlass.const_expr(self.tail_split):
+            # Whole tile t, or block `position` of the tail's blocks, counted tile after tile.
             tail_start, _, share_end = tail
             in_tail = t >= tail_start
             position = cutlass.max(t - tail_start, 0)
             tail_tile = position // k_tile_cnt
             tile_t = tail_start + tail_tile if in_tail else t
-            first_block = position - tail_tile * k_tile_cnt
-            k_blocks = (
-                cutlass.min(k_tile_cnt - first_block, share_end - position) if in_tail else k_tile_cnt
-            )
+            offset = position - tail_tile * k_tile_cnt
+        if cutlass.const_expr(self.masked):
+            group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+        elif cutlass.const_expr(self.k_grouped):
+            group, local, first_block, tile_blocks = self._k_grouped_locate(tile_t, mSizes, ct_m * ct_n)
+            k_blocks = tile_blocks
+            ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
+        elif cutlass.const_expr(self.split_k):
+            tile_t = t // k_splits
+            per_split = (k_tile_cnt + k_splits - 1) // k_splits
+            offset = (t - tile_t * k_splits) * per_split
+            first_block = offset
+            k_blocks = cutlass.min(per_split, k_tile_cnt - offset)
             ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
         else:
-            ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
-        return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block, k_blocks
+            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
+        if cutlass.const_expr(self.tail_split):
+            first_block = first_block + offset
+            k_blocks = cutlass.min(tile_blocks - offset, share_end - position) if in_tail else k_blocks
+        return (
+            group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block,
+            k_blocks, offset, tile_blocks,
+        )
 
     @cute.jit
     def _tail_plan(self, cluster_tiles, clusters, cluster, k_tile_cnt, enabled):
         """How a tail split walks `cluster_tiles` over `clusters` persistent clusters. The tiles
-        up to a whole number of waves are whole, cluster c taking c, c + clusters, …; the K
-        blocks of the remaining (tail) tiles, in tile order, are cut into `clusters` contiguous
-        shares of equal size ±1, and cluster c computes share c, one piece per tile it touches
-        (at most two: a share is smaller than a tile), each added into D. So the last wave takes
-        tail/clusters of a tile's time instead of a whole one. Without `enabled` every tile is
-        whole. Returns ((first tail tile, this cluster's share start, end), the cursor bound):
-        cursor values from the first tail tile on are that tile plus a block position."""
+        up to a whole number of waves are whole, cluster c taking c, c + clusters, …; where the
+        remaining (tail) tiles fill at most 4/5 of a wave, their K blocks, tile after tile, are
+        cut into `clusters` contiguous shares of equal size ±1, and cluster c computes share c,
+        one piece per tile it touches (at most two), each added into D. So the last wave takes
+        about tail/clusters of a tile's time instead of a whole one; a fuller last wave stays
+        whole, as its pieces' extra epilogues and pipeline fills cost more than they save (equal
+        tiles with the last wave 88% and 94% full measured 1.5% and 3% slower split). Without
+        `enabled` every tile is whole. Returns ((first tail tile, this cluster's share start and
+        end), the cursor bound): cursor values from the first tail tile on are that tile plus a
+        block position."""
         tail_tiles = cluster_tiles % clusters if enabled != 0 else cutlass.Int32(0)
+        tail_tiles = tail_tiles if tail_tiles * 5 <= clusters * 4 else cutlass.Int32(0)
         tail_start = cluster_tiles - tail_tiles
         tail_blocks = tail_tiles * k_tile_cnt
         share_start = cluster * tail_blocks // clusters
@@ -1416,9 +1435,9 @@ class HopperGemmKernel(TileOrder):
         split_counters_ptr,
         split_partials_ptr,
         k_splits,
-        tail_split,
         a_base_ptr,
         b_base_ptr,
+        tail_split,
         tma_atom_a_tail,
         a_smem_layout_staged: cute.ComposedLayout,
         a_tail_layout_staged,
@@ -1651,14 +1670,14 @@ class HopperGemmKernel(TileOrder):
                 )
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
+                group, tile_m, tile_n, first_block, tile_k_tiles, offset, tile_blocks = self._locate_tile(
                     t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.k_grouped):
                     if group != current_group:
                         self._point_descriptors_at_group(
                             tma_atom_a, tma_atom_b, a_base_ptr, b_base_ptr, mC_mn.shape[0],
-                            mC_mn.shape[1], first_block, tile_k_tiles, desc_a, desc_b,
+                            mC_mn.shape[1], first_block - offset, tile_blocks, desc_a, desc_b,
                         )
                         current_group = group
                 if cutlass.const_expr(self.masked):
@@ -1676,9 +1695,9 @@ class HopperGemmKernel(TileOrder):
                 else:
                     tAgA_k = tAgA[(None, tile_m, None)]
                     tBgB_k = tBgB[(None, tile_n, None)]
-                # A and B are addressed from the split's first K block (their descriptors start at
-                # the group's for the k-grouped op; everything else starts at block 0).
-                ab_first_block = first_block if self.split_k or self.tail_split else cutlass.Int32(0)
+                # A and B are addressed from the unit's first K block within its tile (their
+                # descriptors start at the group's for the k-grouped op): 0 for a whole tile.
+                ab_first_block = offset
                 # The tile that holds row M - 1 when M ends inside it loads only its A slices that
                 # start before M, through the tail map (`_produce_tail_tile`); a tile past M (the
                 # idle CTA of a 2x1 cluster at M <= 64) loads no A. The pair of a 1x2 A-multicast
@@ -1784,7 +1803,7 @@ class HopperGemmKernel(TileOrder):
                 )
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
+                group, tile_m, tile_n, first_block, tile_k_tiles, _, _ = self._locate_tile(
                     t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.d_grouped):
