@@ -212,3 +212,18 @@ def test_ties_go_to_the_multicast_of_the_larger_operand():
     assert "_c2x1_mcb_" in small_m[0].name and small_m[0].shares_larger_operand
     large_m = heuristics.explain("fp8_gemm_nt", pair("256x128", 3, 2), 4096, 7168, 16384, H200_SMS, tuning={})
     assert "_c1x2_mca_" in large_m[0].name and not large_m[0].shares_larger_operand
+
+
+def test_tail_split_rule_mirrors_the_kernels():
+    """The heuristic's copy of the kernels' tail-split rule: same constants, and the cases that
+    decided them (66 clusters of two CTAs, 132 of one)."""
+    from cutegen.schedules import spec
+
+    assert heuristics.TAIL_SPLIT_MAX_FILL == spec.TAIL_SPLIT_MAX_FILL
+    assert heuristics.TAIL_SPLIT_MIN_SAVED_BLOCKS == spec.TAIL_SPLIT_MIN_SAVED_BLOCKS
+    assert heuristics.tail_split_pays(14, 66, 4096)  # 7168x2112, 128x128 2x1: 1.07x split
+    assert heuristics.tail_split_pays(52, 66, 8192)
+    assert not heuristics.tail_split_pays(52, 66, 4096)  # spares 6.8 blocks of 32
+    assert not heuristics.tail_split_pays(62, 66, 16384)  # the wave is 94% full
+    assert not heuristics.tail_split_pays(64, 132, 512)  # 1000x1000x512: 0.84x split
+    assert not heuristics.tail_split_pays(0, 66, 4096)  # no partial wave

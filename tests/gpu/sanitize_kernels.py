@@ -60,11 +60,13 @@ def run_fp8(name: str) -> None:
 
 
 def run_wgrad(name: str) -> None:
-    # More tiles than one wave of every kernel, so the last wave is tail-split (ragged M and N).
-    qa, sa = _fp8(2200, 640)
-    qb, sb = _fp8(2000, 640)
-    d = torch.randn(2200, 2000, device="cuda")
-    fp8_ops.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, kernel=name)
+    # More tiles than one wave of every kernel, so the last wave is tail-split, then fewer tiles
+    # than clusters, so the idle clusters take shares of every tile (ragged M and N).
+    for m, n, k in ((2200, 2000, 640), (300, 456, 512)):
+        qa, sa = _fp8(m, k)
+        qb, sb = _fp8(n, k)
+        d = torch.randn(m, n, device="cuda")
+        fp8_ops.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, kernel=name)
 
 
 def run_k_grouped(name: str) -> None:

@@ -24,8 +24,9 @@ multicast:
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``; for kernels that
-  split a last, partial wave that is at most 4/5 full over every cluster (the dense weight
-  gradient's `tail_split`), waves is fractional there: ``cluster_tiles / clusters per wave``.
+  split a last (or only) partial wave over every cluster the GPU holds where it pays (the dense
+  weight gradient's `tail_split`; `tail_split_pays`), waves is fractional there:
+  ``cluster_tiles / clusters per wave``.
 * Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
   `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
   tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'
@@ -70,6 +71,11 @@ TIE_TOLERANCE = 0.005
 # Split counts the model considers for split-K kernels, and the fewest K blocks a split keeps.
 MAX_K_SPLITS = 16
 MIN_SPLIT_BLOCKS = 2
+# When a tail-splitting kernel splits its last wave (`tail_split_pays`): the same values as
+# `cutegen.schedules.spec.TAIL_SPLIT_*`, which the kernels were built with (the runtime imports
+# nothing of the generator; tests/cpu/test_heuristic_calibration.py checks that they agree).
+TAIL_SPLIT_MAX_FILL = (4, 5)
+TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
 
 
@@ -99,8 +105,10 @@ class CostModel:
     # 128x128 in a 1x1 cluster measured ~1.12x the time of the same tile in a 2x1 cluster.
     rolled_per_row_loop_slowdown: float = 1.12
     # Two-wave per-row tiles (256 rows: the columns are read after the wait, the loop is rolled)
-    # against single-wave tiles that read them early.
-    two_wave_per_row_scale_slowdown: float = 1.05
+    # against single-wave tiles that read them early: 1.09 ranks the dense kernels re-timed with
+    # tail splits (docs/perf/2026-12-01-h200-wgrad-kernel-timings.json; 2048x7168x4096: 256x128
+    # 152.5 µs in 3.4 waves against 128x128 in a 2x1 cluster 141.7 µs in 7 whole waves).
+    two_wave_per_row_scale_slowdown: float = 1.09
     # Per-row-scaled kernels in a 2-CTA cluster sharing A or B, against a 1x1 cluster: below 1,
     # as those are the kernels that read their column scales early. The three per-row factors
     # were fitted on the weight-gradient kernel timings of 2026-11-30 (12 dense + 4 k-grouped
@@ -248,6 +256,19 @@ def splits_tail(manifest: KernelManifest) -> bool:
     return any(p.name == "tail_split" for p in manifest.params)
 
 
+def tail_split_pays(tail_tiles: int, clusters: int, k: int) -> bool:
+    """Whether a tail-splitting kernel splits a last wave of `tail_tiles` cluster tiles over
+    `clusters` clusters at this K: the wave is at most TAIL_SPLIT_MAX_FILL full and each cluster
+    is spared at least TAIL_SPLIT_MIN_SAVED_BLOCKS K blocks (the kernel's rule, `_tail_plan`)."""
+    fill_num, fill_den = TAIL_SPLIT_MAX_FILL
+    k_blocks = ceil_div(k, SCALE_BLOCK)
+    return (
+        0 < tail_tiles
+        and tail_tiles * fill_den <= clusters * fill_num
+        and k_blocks * (clusters - tail_tiles) >= TAIL_SPLIT_MIN_SAVED_BLOCKS * clusters
+    )
+
+
 def splits_k(manifest: KernelManifest) -> bool:
     """A kernel that shares each tile's K blocks among CTAs (launched with a split count)."""
     return manifest.schedule.get("epilogue") == "split_k_tma_store"
@@ -350,11 +371,10 @@ def _score(
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
-    # A tail split spreads a last, partial wave that is at most 4/5 full over every cluster: it
-    # costs its fraction of a wave (the tiles are whole when they fit in one wave).
+    # A tail split spreads a last (or only) partial wave over every cluster where it pays: it
+    # costs its fraction of a wave.
     wave_time = float(waves)
-    tail = cluster_tiles % clusters_per_wave
-    if splits_tail(manifest) and cluster_tiles > clusters_per_wave and 5 * tail <= 4 * clusters_per_wave:
+    if splits_tail(manifest) and tail_split_pays(cluster_tiles % clusters_per_wave, clusters_per_wave, k):
         wave_time = cluster_tiles / clusters_per_wave
     estimated = wave_time * (max(compute, memory, latency) + tile_overhead)
     if splits_k(manifest):

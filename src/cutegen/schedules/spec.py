@@ -83,6 +83,16 @@ class Op(str, enum.Enum):
         return self.value == "k_grouped_fp8_gemm_nt_contiguous"
 
     @property
+    def splits_last_wave(self) -> bool:
+        """The op's kernels take a `tail_split` launch argument: they may share the K blocks of
+        their last, partial wave's tiles among all the clusters the GPU holds, each adding its
+        part into D. The dense weight gradient, whose TMA reduce-add into D needs no fixup; not
+        the k-grouped one, whose tiles' K differs by group, so that its clusters do not finish
+        their whole tiles together and the pieces could land on the busiest ones (measured up to
+        1.35x slower)."""
+        return self.value == "fp8_wgrad_gemm_nt"
+
+    @property
     def is_masked(self) -> bool:
         """The masked M-grouped layout: A and D carry a group mode, masked_m[g] rows are real."""
         return self.value == "m_grouped_fp8_gemm_nt_masked"
@@ -249,6 +259,13 @@ PER_TOKEN_WARP_COLS = 512
 PER_TOKEN_TILE_COLS = (512, 1024)
 # Block-scaled ops: one scale per 128 elements along K (and per 128 rows of B).
 SCALE_BLOCK = 128
+# A tail split (`Op.splits_last_wave`) shares the last wave's K blocks only where it pays: that
+# wave is at most TAIL_SPLIT_MAX_FILL full, and each cluster is spared at least
+# TAIL_SPLIT_MIN_SAVED_BLOCKS of the K blocks a whole tile would have cost it (a piece costs a
+# pipeline fill and a reduce-add of its tile, ~2.5 µs on an H200: splitting 1000x1000x512 (4 K
+# blocks) or 1536x1536x1024 (8) measured 0.84x and 0.96x). The runtime's heuristic mirrors both.
+TAIL_SPLIT_MAX_FILL = (4, 5)
+TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 # A TMA tensor copy's shared-memory destination must be 128-byte aligned, so each stage of a
 # TMA-staged scale vector starts on a 128-byte boundary.
 TMA_SMEM_ALIGN_BYTES = 128

@@ -43,6 +43,8 @@ from cutegen.templates.gemm_entries import (
 from cutegen.templates.tile_order import TileOrder
 from cutegen.schedules.spec import (
     SCALE_BLOCK,
+    TAIL_SPLIT_MAX_FILL,
+    TAIL_SPLIT_MIN_SAVED_BLOCKS,
     THREADS_PER_WARPGROUP,
     DType,
     Raster,
@@ -175,10 +177,11 @@ class HopperGemmKernel(TileOrder):
     `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse. A CTA
     whose tile lies past M or N still loads (zeros; no A for the 64-row dense tiles) and takes part
     in multicast, and its stores are clipped, so the cluster's barriers stay balanced. Dense weight
-    gradients launched with `tail_split` = 1 walk the whole waves so, then, where the last wave
-    is at most 4/5 full, split the K blocks of its tiles evenly among all the clusters
-    (`_tail_plan`): each cluster computes a piece of every tail tile its share touches (one or
-    two) and reduce-adds each into D.
+    gradients launched with `tail_split` = 1 run as many clusters as the GPU holds, walk the
+    whole waves so, then, where it pays (a last or only wave at most 4/5 full and long enough in
+    K), split the K blocks of its tiles evenly among all the clusters (`_tail_plan`): each
+    cluster computes a piece of every tail tile its share touches (one or two) and reduce-adds
+    each into D.
     """
 
     def __init__(self, schedule: Schedule):
@@ -241,14 +244,12 @@ class HopperGemmKernel(TileOrder):
         # Split K (fp8_gemm_nt): a tile's K blocks are shared by `k_splits` CTAs (a launch
         # argument); the last to finish adds the others' fp32 partials (see `_split_k_fixup`).
         self.split_k = s.epilogue.splits_k
-        # Tail split (dense weight gradient; the `tail_split` launch argument, 0 = off): the K
-        # blocks of the last, partial wave's cluster tiles are shared evenly by all the
-        # clusters, each adding its partial sums into D with the TMA reduce-add a whole tile
-        # uses, so it needs no workspace and no fixup (see `_tail_plan`). The order of a split
-        # tile's fp32 additions then varies between runs. Not for the k-grouped op: its tiles'
-        # K differs by group, so its clusters do not finish their whole tiles together, and the
-        # tail's pieces can land on the busiest ones (measured up to 1.35x slower).
-        self.tail_split = self.sfb_per_row and not self.k_grouped
+        # Tail split (`Op.splits_last_wave`; the `tail_split` launch argument, 0 = off): the K
+        # blocks of the last, partial wave's cluster tiles are shared evenly by all the clusters
+        # the GPU holds (the grid is all of them), each adding its partial sums into D with the
+        # TMA reduce-add a whole tile uses, so it needs no workspace and no fixup (see
+        # `_tail_plan`). The order of a split tile's fp32 additions then varies between runs.
+        self.tail_split = s.op.splits_last_wave
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         # The column where a two-block tile's second SFB block begins takes few values (tile j
@@ -512,6 +513,10 @@ class HopperGemmKernel(TileOrder):
         self.smem_bytes = SharedStorage.size_in_bytes()
 
         persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters, k_splits)
+        if cutlass.const_expr(self.tail_split):
+            # Every cluster the GPU holds when the last wave may be split: with fewer tiles than
+            # clusters, the idle ones take shares of the tiles' K blocks.
+            persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
 
         kernel_call = self.kernel(
             tma_atom_a,
@@ -1148,18 +1153,21 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _tail_plan(self, cluster_tiles, clusters, cluster, k_tile_cnt, enabled):
         """How a tail split walks `cluster_tiles` over `clusters` persistent clusters. The tiles
-        up to a whole number of waves are whole, cluster c taking c, c + clusters, …; where the
-        remaining (tail) tiles fill at most 4/5 of a wave, their K blocks, tile after tile, are
-        cut into `clusters` contiguous shares of equal size ±1, and cluster c computes share c,
-        one piece per tile it touches (at most two), each added into D. So the last wave takes
-        about tail/clusters of a tile's time instead of a whole one; a fuller last wave stays
-        whole, as its pieces' extra epilogues and pipeline fills cost more than they save (equal
-        tiles with the last wave 88% and 94% full measured 1.5% and 3% slower split). Without
-        `enabled` every tile is whole. Returns ((first tail tile, this cluster's share start and
-        end), the cursor bound): cursor values from the first tail tile on are that tile plus a
-        block position."""
+        up to a whole number of waves are whole, cluster c taking c, c + clusters, …; the K
+        blocks of the remaining (tail) tiles, tile after tile, are cut into `clusters` contiguous
+        shares of equal size ±1, and cluster c computes share c, one piece per tile it touches
+        (at most two), each added into D. So the last wave takes about tail/clusters of a tile's
+        time instead of a whole one. Only where that pays (`TAIL_SPLIT_MAX_FILL`,
+        `TAIL_SPLIT_MIN_SAVED_BLOCKS`): a fuller last wave or a short K leaves too little to save
+        beside the pieces' extra pipeline fills and reduce-adds (equal tiles with the last wave
+        88% and 94% full measured 1.5% and 3% slower split). Without `enabled` every tile is
+        whole. Returns ((first tail tile, this cluster's share start and end), the cursor bound):
+        cursor values from the first tail tile on are that tile plus a block position."""
+        fill_num, fill_den = TAIL_SPLIT_MAX_FILL
         tail_tiles = cluster_tiles % clusters if enabled != 0 else cutlass.Int32(0)
-        tail_tiles = tail_tiles if tail_tiles * 5 <= clusters * 4 else cutlass.Int32(0)
+        tail_tiles = tail_tiles if tail_tiles * fill_den <= clusters * fill_num else cutlass.Int32(0)
+        saved = k_tile_cnt * (clusters - tail_tiles)
+        tail_tiles = tail_tiles if saved >= TAIL_SPLIT_MIN_SAVED_BLOCKS * clusters else cutlass.Int32(0)
         tail_start = cluster_tiles - tail_tiles
         tail_blocks = tail_tiles * k_tile_cnt
         share_start = cluster * tail_blocks // clusters
