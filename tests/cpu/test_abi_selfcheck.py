@@ -176,7 +176,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
                 ap.CScalar(K_SPLITS),
             ]
             extents.update(TILES=tiles, PARTIALS=partials, K_SPLITS=K_SPLITS)
-        if schedule.op.scales_b_per_row and not schedule.op.is_k_grouped:  # tail split on
+        if schedule.op.splits_last_wave:  # the tail-split switch, on
             args += [ap.CScalar(1)]
             extents.update(TAIL_SPLIT=1)
     else:

@@ -58,7 +58,7 @@ def manifest_from_name(name: str) -> KernelManifest:
             OperandSpec("d", s.c_dtype.value, ["M", "N"], 1, 16),
         ],
         # The dense weight gradient's tail-split switch, which the model reads off the params.
-        params=[TAIL_SPLIT_PARAM] if s.op.scales_b_per_row and not s.op.is_k_grouped else [],
+        params=[TAIL_SPLIT_PARAM] if s.op.splits_last_wave else [],
         schedule=s.to_dict(),
         toolchain={},
         wgmma_accumulators=s.wgmma_accumulators,

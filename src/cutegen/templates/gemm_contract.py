@@ -242,8 +242,7 @@ class GemmContract:
         elif s.op.splits_last_wave:
             # With TAIL_SPLIT = 1, every cluster the GPU holds (fewer tiles than clusters: the
             # idle ones take shares of the tiles' K blocks), else one per cluster tile.
-            clusters = f"max(min({cluster_tiles} + TAIL_SPLIT * max_active_clusters, max_active_clusters), 1)"
-            return {"kind": "blocks", **tiles, "blocks": [str(s.cluster_m), str(s.cluster_n), clusters]}
+            units = f"{cluster_tiles} + TAIL_SPLIT * max_active_clusters"
         elif self.masked or self.k_grouped:
             # Every group counted full (the host never reads masked_m or the group sizes); idle
             # clusters exit at once. The tile fields feed the heuristic.

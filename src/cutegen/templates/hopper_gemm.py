@@ -88,8 +88,8 @@ class StageLoads(NamedTuple):
     tma_atom_sfb: Any
     tSFBgSFB: Any
     tSFBsSFB: Any
-    ab_first_block: Any  # A and B from here (the unit's first K block within its tile's range)
-    first_block: Any  # the scales from here (that block in the scales: plus the group's start)
+    ab_first_block: Any  # A and B are addressed from here (the split's or piece's first K block)
+    first_block: Any  # the scales from here (the k-grouped op's group start, or as above)
     tile_m: Any
     tile_n: Any
     group: Any
@@ -1101,54 +1101,44 @@ class HopperGemmKernel(TileOrder):
         self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None
     ):
         """Work unit t → (group, this CTA's tile m, tile n, the unit's first K block in the
-        scales, its K block count, its first K block within the tile's own K range (where A and
-        B are addressed from), the tile's K block count); both roles walk the same sequence.
+        scales, its K block count); both roles walk the same sequence.
 
-        The k-grouped layout's tiles have their group's K range: the scales from the group's
-        first block, A and B through per-group descriptors (from block 0) of the group's block
-        count. With split K, t is (cluster tile t // k_splits, split t % k_splits) and the
-        split's blocks are [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no
-        split empty). With a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is
-        a whole tile; from there on t - tail_start is a position in the tail's K blocks (tile
-        after tile), and the piece runs to the end of that tile or of this cluster's share,
-        whichever comes first."""
+        The k-grouped layout has a group-dependent first block in the scales and K block count
+        (A and B come through per-group descriptors, from block 0). With split K, t is (cluster
+        tile t // k_splits, split t % k_splits) and the split's blocks are
+        [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no split empty). With
+        a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is a whole tile; from
+        there on t - tail_start is a position in the tail's K blocks (tile after tile), and the
+        piece runs to the end of that tile or of this cluster's share, whichever comes first."""
         cm, cn = self.cluster_shape_mn
         group = cutlass.Int32(0)
         first_block = cutlass.Int32(0)
-        offset = cutlass.Int32(0)
         k_blocks = k_tile_cnt
-        tile_blocks = k_tile_cnt
-        tile_t = t
-        if cutlass.const_expr(self.tail_split):
-            # Whole tile t, or block `position` of the tail's blocks, counted tile after tile.
+        if cutlass.const_expr(self.masked):
+            group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+        elif cutlass.const_expr(self.k_grouped):
+            group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n)
+            ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
+        elif cutlass.const_expr(self.split_k):
+            tile_t = t // k_splits
+            per_split = (k_tile_cnt + k_splits - 1) // k_splits
+            first_block = (t - tile_t * k_splits) * per_split
+            k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
+            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
+        elif cutlass.const_expr(self.tail_split):
             tail_start, _, share_end = tail
             in_tail = t >= tail_start
             position = cutlass.max(t - tail_start, 0)
             tail_tile = position // k_tile_cnt
             tile_t = tail_start + tail_tile if in_tail else t
-            offset = position - tail_tile * k_tile_cnt
-        if cutlass.const_expr(self.masked):
-            group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
-        elif cutlass.const_expr(self.k_grouped):
-            group, local, first_block, tile_blocks = self._k_grouped_locate(tile_t, mSizes, ct_m * ct_n)
-            k_blocks = tile_blocks
-            ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
-        elif cutlass.const_expr(self.split_k):
-            tile_t = t // k_splits
-            per_split = (k_tile_cnt + k_splits - 1) // k_splits
-            offset = (t - tile_t * k_splits) * per_split
-            first_block = offset
-            k_blocks = cutlass.min(per_split, k_tile_cnt - offset)
+            first_block = position - tail_tile * k_tile_cnt
             ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
+            k_blocks = (
+                cutlass.min(k_tile_cnt - first_block, share_end - position) if in_tail else k_tile_cnt
+            )
         else:
-            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
-        if cutlass.const_expr(self.tail_split):
-            first_block = first_block + offset
-            k_blocks = cutlass.min(tile_blocks - offset, share_end - position) if in_tail else k_blocks
-        return (
-            group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block,
-            k_blocks, offset, tile_blocks,
-        )
+            ctm, ctn = self._cluster_tile_coord(t, ct_m, ct_n)
+        return group, ctm * cm + cluster_coord_mnk[0], ctn * cn + cluster_coord_mnk[1], first_block, k_blocks
 
     @cute.jit
     def _tail_plan(self, cluster_tiles, clusters, cluster, k_tile_cnt, enabled):
@@ -1678,14 +1668,14 @@ class HopperGemmKernel(TileOrder):
                 )
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n, first_block, tile_k_tiles, offset, tile_blocks = self._locate_tile(
+                group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
                     t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.k_grouped):
                     if group != current_group:
                         self._point_descriptors_at_group(
                             tma_atom_a, tma_atom_b, a_base_ptr, b_base_ptr, mC_mn.shape[0],
-                            mC_mn.shape[1], first_block - offset, tile_blocks, desc_a, desc_b,
+                            mC_mn.shape[1], first_block, tile_k_tiles, desc_a, desc_b,
                         )
                         current_group = group
                 if cutlass.const_expr(self.masked):
@@ -1703,9 +1693,9 @@ class HopperGemmKernel(TileOrder):
                 else:
                     tAgA_k = tAgA[(None, tile_m, None)]
                     tBgB_k = tBgB[(None, tile_n, None)]
-                # A and B are addressed from the unit's first K block within its tile (their
-                # descriptors start at the group's for the k-grouped op): 0 for a whole tile.
-                ab_first_block = offset
+                # A and B are addressed from the unit's first K block, like the scales, except in
+                # the k-grouped op, whose descriptors already start at the group's.
+                ab_first_block = cutlass.Int32(0) if self.k_grouped else first_block
                 # The tile that holds row M - 1 when M ends inside it loads only its A slices that
                 # start before M, through the tail map (`_produce_tail_tile`); a tile past M (the
                 # idle CTA of a 2x1 cluster at M <= 64) loads no A. The pair of a 1x2 A-multicast
@@ -1811,7 +1801,7 @@ class HopperGemmKernel(TileOrder):
                 )
             t = first_tile
             while t < num_cluster_tiles:
-                group, tile_m, tile_n, first_block, tile_k_tiles, _, _ = self._locate_tile(
+                group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
                     t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.d_grouped):
