@@ -143,8 +143,9 @@ SPLIT_SHAPES = [(1, 576, 7168), (64, 2112, 7168), (128, 200, 896), (333, 4096, 1
 @pytest.mark.parametrize("m, n, k", SPLIT_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SPLIT_SHAPES])
 def test_split_k_kernels(ops, fp8, m, n, k):
     """Every split-K kernel with split counts from 1 to one per K block (uneven last splits
-    included): the tile's partial sums are added in split order, so repeating a launch gives the
-    same bits, and the per-tile counters are zero again afterwards."""
+    included, and counts around the fixup's load batches of 3, 7 and 8 splits): the tile's
+    partial sums are added in split order, so repeating a launch gives the same bits, and the
+    per-tile counters are zero again afterwards."""
     from cutegen.runtime import split_k
 
     a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=7)
@@ -153,7 +154,8 @@ def test_split_k_kernels(ops, fp8, m, n, k):
     assert names, "the catalogue has no split-K fp8_gemm_nt kernel"
     k_blocks = k // 128
     for name in names:
-        for splits in sorted({1, 2, 3, max(1, k_blocks // 2), k_blocks}):
+        batch_edges = {s for s in (4, 7, 8, 9, 15, 17) if s <= k_blocks}
+        for splits in sorted({1, 2, 3, max(1, k_blocks // 2), k_blocks} | batch_edges):
             out = poisoned(m, n)
             fp8.fp8_gemm_nt(qa, sfa, qb, sb, out=out, kernel=name, k_splits=splits)
             check(out, a, b, qa, sa, qb, sb, f"{name} k_splits={splits}")

@@ -125,16 +125,19 @@ class CostModel:
     # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
     # take ~100 ns per K block after a fixed ~2.4 µs (K from 512 to 16384). The constants are
     # fitted, monotonic in the accumulator count, to rank the 21 DeepGEMM shapes' measured kernels
-    # best (docs/perf/2026-11-30-h200-fp8-kernel-timings.json: in-sample).
+    # best (an earlier build's timings: in-sample; docs/perf/2026-12-01-h200-fp8-kernel-timings.json
+    # holds the current build's).
     block_latency_s: Mapping[int, float] = dataclasses.field(
         default_factory=lambda: {1: 0.18e-6, 2: 0.16e-6, 3: 0.13e-6, 4: 0.1e-6}
     )
     # Split K: what each wave of work units pays for the split beyond its share of K (the partial
     # tile written, the release fence and the counting atomic, the last CTA's acquire, its own
     # pipeline fill). Fitted on kernel durations of every split-K kernel at 2-12 splits on the 21
-    # DeepGEMM shapes (docs/perf/2026-11-30-h200-fp8-kernel-timings.json, in-sample): 64x16 tiles
-    # at M=64, N=576, K=7168 measured 6.9 µs at 3 splits against 8.0 µs for the best unsplit
-    # kernel, and splitting lost wherever the tiles already filled the GPU.
+    # DeepGEMM shapes (an earlier build's, in-sample): 64x16 tiles at M=64, N=576, K=7168 measured
+    # 6.9 µs at 3 splits against 8.0 µs for the best unsplit kernel, and splitting lost wherever
+    # the tiles already filled the GPU. Since the fixup loads its partials in batches (64x32 tiles
+    # at 7 splits 7.8 -> 6.6 µs), values down to 1 µs rank the re-measured kernels
+    # (docs/perf/2026-12-01-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
     split_fixup_s: float = 3e-6
     # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
     # wave: the tile's group and its rows' m_indices are read a tile ahead (hidden behind the

@@ -34,6 +34,7 @@ from cutegen.templates.gemm_contract import (
     tma_binding,
     with_group_mode,
 )
+from cutegen.templates.gmem_vec import vec16_at
 from cutegen.templates.gemm_entries import (
     Fp8GemmNtEntry,
     Fp8GemmNtSplitKEntry,
@@ -59,6 +60,11 @@ EPILOGUE_BARRIER_ID = 1
 # Rows of one box of A's tail tensor map (see `a_tail_slices` in __init__): a multiple of the
 # 128-byte swizzle atom's 8 rows, so a slice of a stage's A buffer keeps the stage's layout.
 A_TAIL_SLICE_ROWS = 16
+# Split-K fixup: registers per math thread for the partial tiles loaded in one batch (with 128,
+# batches of two 64-register partials spilled in the 64x128 and 128x128 kernels), and the most
+# splits one batch holds.
+SPLIT_K_READ_REGISTERS = 112
+SPLIT_K_MAX_READ_BATCH = 8
 
 
 @dsl_user_op
@@ -244,6 +250,10 @@ class HopperGemmKernel(TileOrder):
         # Split K (fp8_gemm_nt): a tile's K blocks are shared by `k_splits` CTAs (a launch
         # argument); the last to finish adds the others' fp32 partials (see `_split_k_fixup`).
         self.split_k = s.epilogue.splits_k
+        # Splits whose partial tiles the fixup's last CTA loads before adding: 8 for 64x16
+        # tiles, 7 for 64x32, 3 for 64x64, 1 for 64x128 and 128x128.
+        partial_regs = s.tile_m * s.tile_n // (THREADS_PER_WARPGROUP * s.math_warpgroups)
+        self.split_k_read_batch = max(1, min(SPLIT_K_MAX_READ_BATCH, SPLIT_K_READ_REGISTERS // partial_regs))
         # Tail split (`Op.splits_last_wave`; the `tail_split` launch argument, 0 = off): the K
         # blocks of the last, partial wave's cluster tiles are shared evenly by all the clusters
         # the GPU holds (the grid is all of them), each adding its partial sums into D with the
@@ -1264,23 +1274,32 @@ class HopperGemmKernel(TileOrder):
     ):
         """Split K: make `promoted` the tile's full sum in the CTA that finishes the tile last.
 
-        Every split writes its partial sum to its slot of the workspace (element i of math thread
-        j at i · threads + j: each store instruction of a warp covers 128 contiguous bytes); after
-        the math threads' barrier the first math thread counts the split in the tile's counter
-        with one acq_rel atomic at GPU scope (its release is cumulative over the stores the
-        barrier ordered before it, its acquire over the other splits' stores; the pattern of
-        CUTLASS's split-K semaphore). The split that brings the count to k_splits adds every slot
-        in split order (the sum does not depend on which CTA finished last) and resets the counter
-        to zero for the next launch. Returns 1 in that CTA (it stores the tile), else 0."""
+        Every split writes its partial sum to its slot of the workspace with 128-bit stores
+        (elements 4v .. 4v + 3 of math thread j at (v · threads + j) · 4: a warp's store covers
+        512 contiguous bytes); after the math threads' barrier the first math thread counts the
+        split in the tile's counter with one acq_rel atomic at GPU scope (its release is
+        cumulative over the stores the barrier ordered before it, its acquire over the other
+        splits' stores; the pattern of CUTLASS's split-K semaphore). The split that brings the
+        count to k_splits adds every slot in split order (the sum does not depend on which CTA
+        finished last) and resets the counter to zero for the next launch. It loads a batch of
+        `split_k_read_batch` slots before adding any of them: one round trip to L2 per batch,
+        not per split (one per split cost ~0.5 µs each on 64x32 tiles).
+        Returns 1 in that CTA (it stores the tile), else 0."""
         threads = self.num_mma_threads
         frag = cute.size(promoted)
+        vecs = frag // 4
         tile_elems = threads * frag
         tile_base = cutlass.Int64(tile) * k_splits * tile_elems
-        mine = cute.make_tensor(
-            partials_ptr + (tile_base + cutlass.Int64(split) * tile_elems), cute.make_layout(tile_elems)
-        )
-        for i in cutlass.range_constexpr(frag):
-            mine[i * threads + mtid] = promoted[i]
+        partials = partials_ptr.toint()
+        # Byte offsets: the tile's first slot, and this thread's first vector in a slot.
+        tile_bytes = tile_base * 4
+        thread_bytes = cutlass.Int64(mtid * 16)
+
+        piece = cute.make_rmem_tensor(4, cutlass.Float32)
+        for v in cutlass.range_constexpr(vecs):
+            for e in cutlass.range_constexpr(4):
+                piece[e] = promoted[4 * v + e]
+            cute.autovec_copy(piece, self._split_slot_vec(partials, tile_bytes, thread_bytes, split, v, tile_elems))
         barrier.arrive_and_wait()
         arrivals = cute.make_tensor(arrivals_ptr, cute.make_layout(1))
         if mtid == 0:
@@ -1289,24 +1308,37 @@ class HopperGemmKernel(TileOrder):
         last = cutlass.Int32(0)
         if arrivals[0] == k_splits - 1:
             last = cutlass.Int32(1)
+            batch = self.split_k_read_batch
             total = cute.make_rmem_tensor(promoted.shape, cutlass.Float32)
             total.fill(0.0)
-            for s in range(k_splits):
-                if s == split:
-                    for i in cutlass.range_constexpr(frag):
-                        total[i] = total[i] + promoted[i]
-                else:
-                    other = cute.make_tensor(
-                        partials_ptr + (tile_base + cutlass.Int64(s) * tile_elems), cute.make_layout(tile_elems)
-                    )
-                    for i in cutlass.range_constexpr(frag):
-                        total[i] = total[i] + other[i * threads + mtid]
+            got = cute.make_rmem_tensor(batch * frag, cutlass.Float32)
+            for first in range(0, k_splits, batch):
+                # Every load of the batch first, then the adds in split order. This CTA's own
+                # partial is read back too: keeping it in registers across the loads made the
+                # 64x128 and 128x128 kernels spill.
+                for b in cutlass.range_constexpr(batch):
+                    if first + b < k_splits:
+                        for v in cutlass.range_constexpr(vecs):
+                            cute.autovec_copy(
+                                self._split_slot_vec(partials, tile_bytes, thread_bytes, first + b, v, tile_elems), piece
+                            )
+                            for e in cutlass.range_constexpr(4):
+                                got[b * frag + 4 * v + e] = piece[e]
+                for b in cutlass.range_constexpr(batch):
+                    if first + b < k_splits:
+                        for i in cutlass.range_constexpr(frag):
+                            total[i] = total[i] + got[b * frag + i]
             for i in cutlass.range_constexpr(frag):
                 promoted[i] = total[i]
             if mtid == 0:
                 counters = cute.make_tensor(counters_ptr, cute.make_layout(tile + 1))
                 counters[tile] = cutlass.Int32(0)
         return last
+
+    def _split_slot_vec(self, partials, tile_bytes, thread_bytes, split, v, tile_elems: int):
+        """This thread's v-th 128-bit vector in split `split`'s slot of a tile's partials."""
+        offset = tile_bytes + cutlass.Int64(split) * (tile_elems * 4) + (v * self.num_mma_threads * 16 + thread_bytes)
+        return vec16_at(cutlass.Float32, partials, offset)
 
     @cute.jit
     def _k_grouped_total(self, mSizes, per_group):

@@ -32,6 +32,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from cutegen.templates.dtypes import cute_dtype
+from cutegen.templates.gmem_vec import VEC_BYTES, vec16_at
 from cutegen.schedules.spec import (
     PER_TOKEN_WARP_COLS,
     QUANT_GROUP,
@@ -58,7 +59,6 @@ MIN_CTAS_PER_SM = {"per_token": 4, "per_token_staged": 3, "grouped": 3, "per_blo
 # `preferred_smem_carveout` keeps the DSL from querying a GPU for its shared memory per SM when
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
-VEC_BYTES = 16  # one 128-bit access
 # The grouped kernel claims tiles from its counter when it has more than this many per CTA, and
 # otherwise walks bidx, bidx + grid, ... (2 and 8 measured alike on the H200: NOTES.md).
 DYNAMIC_TILES_PER_CTA = 2
@@ -107,24 +107,10 @@ def _quantize_vec(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor):
     out.store((xf * inv).to(cutlass.Float8E4M3FN))
 
 
-def _vec16_at(dtype, base: Int64, offset_bytes: Int64) -> cute.Tensor:
-    """The 16 bytes of global memory at ``base + offset_bytes`` (both 16-byte aligned) as a
-    tensor of `dtype`: one 128-bit access."""
-    return cute.make_tensor(
-        cute.make_ptr(
-            dtype,
-            base + cute.assume(offset_bytes, divby=VEC_BYTES),
-            cute.AddressSpace.gmem,
-            assumed_align=VEC_BYTES,
-        ),
-        cute.make_layout(VEC_BYTES * 8 // dtype.width),
-    )
-
-
 @cute.jit
 def _store_flat16(mQ: cute.Tensor, offset: Int64, frag: cute.Tensor):
     """16 e4m3 bytes to the flat tensor mQ at element `offset` (a multiple of 16): one 128-bit store."""
-    dst = _vec16_at(cutlass.Float8E4M3FN, mQ.iterator.toint(), offset)
+    dst = vec16_at(cutlass.Float8E4M3FN, mQ.iterator.toint(), offset)
     cute.autovec_copy(frag, dst)
 
 
@@ -822,7 +808,7 @@ class GroupedTransposedQuantKernel:
         first = Int64(tok0 + t0) * row_bytes + (h0 + chunk * 8) * 2
         for i in cutlass.range_constexpr(self.loads):
             row = first + row_bytes * (i * self.rows_per_load)
-            src = _vec16_at(cutlass.BFloat16, mX.iterator.toint(), row)
+            src = vec16_at(cutlass.BFloat16, mX.iterator.toint(), row)
             cute.autovec_copy(src, frags[i])
 
     @cute.jit
