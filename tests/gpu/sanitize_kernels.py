@@ -83,7 +83,9 @@ def run_k_grouped(name: str) -> None:
 
 def run_contiguous(name: str) -> None:
     align = grouped_ops.contiguous_alignment()
-    rows = [align, 0, 2 * align]  # an empty group in the middle
+    # An empty group in the middle; 2x1 clusters get a pair of two groups' tiles (no shared B)
+    # and a pair of one group's (shared B).
+    rows = [align, 0, 3 * align]
     m_indices = torch.cat(
         [torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)]
     )

@@ -129,6 +129,29 @@ def test_every_kernel_runs(ops, grouped):
             row += span
 
 
+def test_padding_tile_beside_a_computed_tile(ops, grouped):
+    """Every kernel, a tile of padding rows (random data in A) between two groups' tiles: in a
+    2x1 cluster it is the pair of group 0's tile, so the pair computes it (both CTAs walk the
+    same stages) without sharing B. Its rows are zeros, or left as they were with the opt-out."""
+    sizes = [128, 128, 5]
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 384, 1024, seed=13)
+    m_indices[128:256] = -1
+    for name in ops.runnable_kernels(OP):
+        for zero_padding in (True, False):
+            out = poisoned(qa.shape[0], 384)
+            grouped.m_grouped_fp8_gemm_nt_contiguous(
+                qa, sfa, qb, sb, m_indices, out=out, kernel=name, zero_padding=zero_padding
+            )
+            for gi, row in ((0, 0), (2, 256)):
+                ref = a[row : row + sizes[gi]].float() @ b[gi].float().T
+                assert calc_diff(out[row : row + sizes[gi]].float(), ref) < 1e-3, f"{name}: group {gi}"
+            padding = out[128:256]
+            if zero_padding:
+                assert torch.all(padding == 0), f"{name}: padding tile not zero"
+            else:
+                assert torch.isnan(padding).all(), f"{name}: padding tile written with the opt-out"
+
+
 def test_bad_inputs(grouped):
     from cutegen.runtime.errors import InputError
 

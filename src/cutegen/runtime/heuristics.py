@@ -144,8 +144,10 @@ class CostModel:
     # tile before), but the padding-row selects and the store remain, and the term stands for
     # what the model does not see of the wider tiles' advantage. It favours fewer, wider tiles
     # (160, 192 columns), most where K is short. Fitted on kernel durations of every contiguous
-    # kernel on DeepGEMM's six shapes (docs/perf/2026-11-30-h200-contiguous-kernel-timings.json,
-    # in-sample): 6-8 µs choose within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x.
+    # kernel on DeepGEMM's six shapes (an earlier build's timings, in-sample): 6-8 µs choose
+    # within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x; on the current kernels
+    # (docs/perf/2026-12-01-h200-contiguous-kernel-timings.json, with the 2x1 B-multicast one)
+    # 1.001x.
     grouped_tile_overhead_s: float = 6e-6
     # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`,
     # `tma_store_per_warpgroup`) against the same tile moving it through a ring of sub-tiles:

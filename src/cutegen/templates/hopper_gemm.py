@@ -99,6 +99,13 @@ class StageLoads(NamedTuple):
     tile_m: Any
     tile_n: Any
     group: Any
+    # Contiguous layout with B multicast (2x1 clusters): whether the pair's tiles share B (same
+    # group); when they do not, this CTA loads both halves of its own group's B (`tBgB_other_k`
+    # into `tBsB_other`), each multicast to itself only (`own_mask`).
+    share_b: Any = None
+    tBgB_other_k: Any = None
+    tBsB_other: Any = None
+    own_mask: Any = None
 
 
 class HopperGemmKernel(TileOrder):
@@ -160,6 +167,14 @@ class HopperGemmKernel(TileOrder):
     replaced with `tensormap.replace`, released and acquired through the tensormap proxy fence);
     the scales are TMA-loaded at the group's first block plus the K block.
 
+    Contiguous layout (`m_grouped_fp8_gemm_nt_contiguous`) in 2x1 clusters with B multicast: the
+    two CTAs hold M tiles that may belong to two groups. Both read both tiles' groups (a tile
+    ahead); where they are one group, each loads its half of B and multicasts it to the pair;
+    otherwise each loads both halves of its own group's B, multicast to itself alone. The pair
+    loads and computes unless both tiles are padding, so both CTAs walk the same stages (each
+    CTA's consumers release the other's); a padding tile computed beside its pair's tile has its
+    rows zeroed, or is not written with the opt-out.
+
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
         arrive per stage with the transaction byte count of A+B, completed by the TMA unit; the
@@ -217,6 +232,9 @@ class HopperGemmKernel(TileOrder):
         self.num_mcast_ctas_b = s.cluster_m
         self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
+        # The contiguous layout's 2x1 clusters hold two M tiles that may belong to two groups:
+        # they share B only when they do (`_cluster_groups`).
+        self.b_shared_per_tile = self.is_b_mcast and s.op.is_m_grouped and not s.op.is_masked
         self.raster_along_m = s.raster == Raster.ALONG_M
         # 64-row tiles of the dense GEMMs load the tile that holds row M - 1, when M ends inside
         # it, through a second tensor map of A with A_TAIL_SLICE_ROWS-row boxes, skipping the
@@ -1246,14 +1264,31 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _load_b_and_scales(self, state, barrier, loads: StageLoads):
         """Issue a stage's loads of B, SFA and (weight gradients) per-row SFB."""
-        cute.copy(
-            loads.tma_atom_b,
-            loads.tBgB_k[(None, loads.ab_first_block + state.count)],
-            loads.tBsB[(None, state.index)],
-            tma_bar_ptr=barrier,
-            mcast_mask=loads.b_mcast_mask,
-            tma_desc_ptr=loads.load_desc_b,
-        )
+        if cutlass.const_expr(self.b_shared_per_tile):
+            b_block = loads.ab_first_block + state.count
+            if loads.share_b:
+                cute.copy(
+                    loads.tma_atom_b, loads.tBgB_k[(None, b_block)], loads.tBsB[(None, state.index)],
+                    tma_bar_ptr=barrier, mcast_mask=loads.b_mcast_mask,
+                )
+            else:
+                cute.copy(
+                    loads.tma_atom_b, loads.tBgB_k[(None, b_block)], loads.tBsB[(None, state.index)],
+                    tma_bar_ptr=barrier, mcast_mask=loads.own_mask,
+                )
+                cute.copy(
+                    loads.tma_atom_b, loads.tBgB_other_k[(None, b_block)], loads.tBsB_other[(None, state.index)],
+                    tma_bar_ptr=barrier, mcast_mask=loads.own_mask,
+                )
+        else:
+            cute.copy(
+                loads.tma_atom_b,
+                loads.tBgB_k[(None, loads.ab_first_block + state.count)],
+                loads.tBsB[(None, state.index)],
+                tma_bar_ptr=barrier,
+                mcast_mask=loads.b_mcast_mask,
+                tma_desc_ptr=loads.load_desc_b,
+            )
         if cutlass.const_expr(self.block_scaled):
             if cutlass.const_expr(self.masked):
                 sfa_src = loads.tSFAgSFA[(None, loads.tile_m, state.count, loads.group)]
@@ -1415,14 +1450,18 @@ class HopperGemmKernel(TileOrder):
         cpasync.fence_tma_desc_acquire(desc_b)
 
     @cute.jit
-    def _group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk):
+    def _group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False):
         """Contiguous layout: the group of this CTA's tile in cluster tile t (-1 past the tile
-        sequence, or for padding). Both roles read it one tile ahead, while the tile before
-        runs, so that the latency of the m_indices load is not paid at the tile's start."""
+        sequence, or for padding); with `peer`, that of the other CTA's tile of a 2x1 cluster.
+        Both roles read it one tile ahead, while the tile before runs, so that the latency of
+        the m_indices load is not paid at the tile's start."""
         group = cutlass.Int32(-1)
+        cta_m = cluster_coord_mnk[0]
+        if cutlass.const_expr(peer):
+            cta_m = self.cluster_shape_mn[0] - 1 - cluster_coord_mnk[0]
         if t < num_cluster_tiles:
             ctm, _ = self._cluster_tile_coord(t, ct_m, ct_n)
-            group = self._tile_group(mIdx, ctm * self.cluster_shape_mn[0] + cluster_coord_mnk[0])
+            group = self._tile_group(mIdx, ctm * self.cluster_shape_mn[0] + cta_m)
         return group
 
     @cute.jit
@@ -1617,6 +1656,20 @@ class HopperGemmKernel(TileOrder):
             cute.group_modes(sB, 0, 2),
             cute.group_modes(gB_nk, 0, 2),
         )
+        tBsB_other = None
+        tBgB_other = None
+        b_own_mask = None
+        if cutlass.const_expr(self.b_shared_per_tile):
+            # The peer's half of B (its multicast slice), which this CTA loads itself for tiles
+            # whose pair belongs to two groups; a multicast to this CTA alone.
+            tBsB_other, tBgB_other = cpasync.tma_partition(
+                tma_atom_b,
+                cm - 1 - cluster_coord_mnk[0],
+                b_cta_layout,
+                cute.group_modes(sB, 0, 2),
+                cute.group_modes(gB_nk, 0, 2),
+            )
+            b_own_mask = cutlass.Int16(1) << cutlass.Int16(cta_rank_in_cluster)
 
         warp_group_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WARPGROUP)
         mma_wg_layout = cute.make_layout(self.num_mma_warpgroups, stride=THREADS_PER_WARPGROUP)
@@ -1694,9 +1747,14 @@ class HopperGemmKernel(TileOrder):
                 cute.arch.fence_acq_rel_cta()
             current_group = cutlass.Int32(-1)
             next_group = cutlass.Int32(-1)
+            next_peer_group = cutlass.Int32(-1)
             if cutlass.const_expr(self.m_grouped and not self.masked):
                 next_group = self._group_of_cluster_tile(
                     mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                )
+            if cutlass.const_expr(self.b_shared_per_tile):
+                next_peer_group = self._group_of_cluster_tile(
+                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
                 )
             t = first_tile
             while t < num_cluster_tiles:
@@ -1722,6 +1780,17 @@ class HopperGemmKernel(TileOrder):
                     # A tile of padding rows only is not loaded (nor computed).
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     tBgB_k = tBgB[(None, tile_n, None, cutlass.max(group, 0))]
+                    if cutlass.const_expr(self.b_shared_per_tile):
+                        # The pair shares B when its tiles are one group's; it loads and
+                        # computes unless both are padding, so that both CTAs walk the same
+                        # stages (each releases the other's).
+                        peer_group = next_peer_group
+                        next_peer_group = self._group_of_cluster_tile(
+                            mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
+                        )
+                        share_b = (group == peer_group) & (group >= 0)
+                        tile_k_tiles = k_tile_cnt if (group >= 0) | (peer_group >= 0) else cutlass.Int32(0)
+                        tBgB_other_k = tBgB_other[(None, tile_n, None, cutlass.max(group, 0))]
                 else:
                     tAgA_k = tAgA[(None, tile_m, None)]
                     tBgB_k = tBgB[(None, tile_n, None)]
@@ -1737,6 +1806,10 @@ class HopperGemmKernel(TileOrder):
                     tSFAsSFA, tma_atom_sfb, tSFBgSFB, tSFBsSFB, ab_first_block, first_block,
                     tile_m, tile_n, group,
                 )
+                if cutlass.const_expr(self.b_shared_per_tile):
+                    stage_loads = stage_loads._replace(
+                        share_b=share_b, tBgB_other_k=tBgB_other_k, tBsB_other=tBsB_other, own_mask=b_own_mask
+                    )
                 producer_state.reset_count()
                 if cutlass.const_expr(self.a_tail_slices > 0):
                     rows_in = mA_mk.shape[0] - tile_m * tm
@@ -1827,9 +1900,14 @@ class HopperGemmKernel(TileOrder):
             tiles_done = cutlass.Int32(0)
             contiguous = self.m_grouped and not self.masked
             next_group = cutlass.Int32(-1)
+            next_peer_group = cutlass.Int32(-1)
             if cutlass.const_expr(contiguous):
                 next_group = self._group_of_cluster_tile(
                     mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                )
+            if cutlass.const_expr(self.b_shared_per_tile):
+                next_peer_group = self._group_of_cluster_tile(
+                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
                 )
             t = first_tile
             while t < num_cluster_tiles:
@@ -1859,6 +1937,14 @@ class HopperGemmKernel(TileOrder):
                     row_groups = self._row_groups(promoted, tCcC, mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     sfb_group = cutlass.max(group, 0)
+                    if cutlass.const_expr(self.b_shared_per_tile):
+                        # Computed unless the pair's tiles are both padding (see the producer);
+                        # this CTA's padding rows are zeroed, or not written, after it.
+                        peer_group = next_peer_group
+                        next_peer_group = self._group_of_cluster_tile(
+                            mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
+                        )
+                        tile_k_tiles = k_tile_cnt if (group >= 0) | (peer_group >= 0) else cutlass.Int32(0)
                 tile_sfb = mSFB
                 if cutlass.const_expr(self.split_k):
                     # SFB columns from the split's first K block on (stride 1 along K).
