@@ -513,17 +513,9 @@ def grouped_tile_counter(device: torch.device, stream: int) -> torch.Tensor:
     """The int32 [1] tile counter of grouped-kernel launches on ``stream`` of ``device`` (zero
     between launches); a launch being captured in a CUDA graph gets its own
     (`cutegen.runtime.stream_scratch`)."""
-    if stream_scratch.capturing():
-        return torch.zeros(1, dtype=torch.int32, device=device)
-    key = stream_scratch.stream_key(device, stream)
-    counter = _tile_counters.get(key)
-    if counter is None:
-        with _lock:
-            counter = _tile_counters.get(key)
-            if counter is None:
-                counter = torch.zeros(1, dtype=torch.int32, device=device)
-                _tile_counters[key] = counter
-    return counter
+    return stream_scratch.per_stream(
+        _tile_counters, _lock, device, stream, lambda _: torch.zeros(1, dtype=torch.int32, device=device)
+    )
 
 
 def _grouped_run(x, group_sizes, eps, q, sf, kernel):

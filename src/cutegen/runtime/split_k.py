@@ -50,22 +50,16 @@ def workspace_extents(manifest: KernelManifest, m: int, n: int, k_splits: int) -
 def workspace(device: torch.device, stream: int, tiles: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Counters (zeroed once) and partials of at least the given sizes for launches on ``stream``
     of ``device``; while a CUDA graph is being captured, a fresh pair for that one launch."""
-    if stream_scratch.capturing():
+
+    def make(old: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
         return (
-            torch.zeros(tiles, dtype=torch.int32, device=device),
-            torch.empty(partials, dtype=torch.float32, device=device),
+            torch.zeros(max(tiles, old[0].numel() if old is not None else 0), dtype=torch.int32, device=device),
+            torch.empty(max(partials, old[1].numel() if old is not None else 0), dtype=torch.float32, device=device),
         )
-    key = stream_scratch.stream_key(device, stream)
-    with _lock:
-        have = _workspaces.get(key)
-        if have is not None and have[0].numel() >= tiles and have[1].numel() >= partials:
-            return have
-        grow_tiles = max(tiles, have[0].numel() if have is not None else 0)
-        grow_partials = max(partials, have[1].numel() if have is not None else 0)
-        counters = torch.zeros(grow_tiles, dtype=torch.int32, device=device)
-        partial_buffer = torch.empty(grow_partials, dtype=torch.float32, device=device)
-        _workspaces[key] = (counters, partial_buffer)
-        return counters, partial_buffer
+
+    return stream_scratch.per_stream(
+        _workspaces, _lock, device, stream, make, lambda have: have[0].numel() >= tiles and have[1].numel() >= partials
+    )
 
 
 def launch_arguments(

@@ -10,7 +10,12 @@ graph replays before the kernel), which lives as long as the graph.
 
 from __future__ import annotations
 
+import threading
+from typing import Callable, TypeVar
+
 import torch
+
+T = TypeVar("T")
 
 
 def capturing() -> bool:
@@ -24,4 +29,28 @@ def stream_key(device: torch.device, stream: int) -> tuple[int, int]:
     return int(index), int(stream)
 
 
-__all__ = ["capturing", "stream_key"]
+def per_stream(
+    cache: dict[tuple[int, int], T],
+    lock: threading.Lock | threading.RLock,
+    device: torch.device,
+    stream: int,
+    make: Callable[[T | None], T],
+    fits: Callable[[T], bool] = lambda _: True,
+) -> T:
+    """The scratch of launches on ``stream`` of ``device``: ``cache``'s, or ``make(old)`` (old: the
+    one that no longer `fits`, or None) stored there; while a CUDA graph is being captured,
+    ``make(None)`` for that one launch, not cached."""
+    if capturing():
+        return make(None)
+    key = stream_key(device, stream)
+    have = cache.get(key)
+    if have is not None and fits(have):
+        return have
+    with lock:
+        have = cache.get(key)
+        if have is None or not fits(have):
+            have = cache[key] = make(have)
+        return have
+
+
+__all__ = ["capturing", "per_stream", "stream_key"]

@@ -233,7 +233,7 @@ class HopperGemmKernel(TileOrder):
         self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
         # The contiguous layout's 2x1 clusters hold two M tiles that may belong to two groups:
-        # they share B only when they do (`_cluster_groups`).
+        # they share B only when they are one group's (`_pair_of_tiles`).
         self.b_shared_per_tile = self.is_b_mcast and s.op.is_m_grouped and not s.op.is_masked
         self.raster_along_m = s.raster == Raster.ALONG_M
         # 64-row tiles of the dense GEMMs load the tile that holds row M - 1, when M ends inside
@@ -1201,10 +1201,13 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _next_unit(self, t, k_blocks, clusters, tail):
-        """The cursor after unit t (of k_blocks blocks): the next whole tile, then the start of
-        this cluster's share of the tail, then its next piece there."""
-        tail_start, share_start, _ = tail
+        """The cursor after unit t (of k_blocks blocks): the next tile, t + clusters; with a tail
+        split (`tail`, `_tail_plan`'s), the start of this cluster's share of the tail after the
+        whole tiles, then its next piece there."""
         whole = t + clusters
+        if cutlass.const_expr(tail is None):
+            return whole
+        tail_start, share_start, _ = tail
         whole = tail_start + share_start if whole >= tail_start else whole
         return t + k_blocks if t >= tail_start else whole
 
@@ -1264,31 +1267,26 @@ class HopperGemmKernel(TileOrder):
     @cute.jit
     def _load_b_and_scales(self, state, barrier, loads: StageLoads):
         """Issue a stage's loads of B, SFA and (weight gradients) per-row SFB."""
+        b_block = loads.ab_first_block + state.count
+        b_mask = loads.b_mcast_mask
         if cutlass.const_expr(self.b_shared_per_tile):
-            b_block = loads.ab_first_block + state.count
-            if loads.share_b:
-                cute.copy(
-                    loads.tma_atom_b, loads.tBgB_k[(None, b_block)], loads.tBsB[(None, state.index)],
-                    tma_bar_ptr=barrier, mcast_mask=loads.b_mcast_mask,
-                )
-            else:
-                cute.copy(
-                    loads.tma_atom_b, loads.tBgB_k[(None, b_block)], loads.tBsB[(None, state.index)],
-                    tma_bar_ptr=barrier, mcast_mask=loads.own_mask,
-                )
+            # This CTA's half of B to the pair when it shares B, else to itself (`_pair_of_tiles`).
+            b_mask = loads.b_mcast_mask if loads.share_b else loads.own_mask
+        cute.copy(
+            loads.tma_atom_b,
+            loads.tBgB_k[(None, b_block)],
+            loads.tBsB[(None, state.index)],
+            tma_bar_ptr=barrier,
+            mcast_mask=b_mask,
+            tma_desc_ptr=loads.load_desc_b,
+        )
+        if cutlass.const_expr(self.b_shared_per_tile):
+            if not loads.share_b:
+                # The peer's half of this CTA's own group's B.
                 cute.copy(
                     loads.tma_atom_b, loads.tBgB_other_k[(None, b_block)], loads.tBsB_other[(None, state.index)],
                     tma_bar_ptr=barrier, mcast_mask=loads.own_mask,
                 )
-        else:
-            cute.copy(
-                loads.tma_atom_b,
-                loads.tBgB_k[(None, loads.ab_first_block + state.count)],
-                loads.tBsB[(None, state.index)],
-                tma_bar_ptr=barrier,
-                mcast_mask=loads.b_mcast_mask,
-                tma_desc_ptr=loads.load_desc_b,
-            )
         if cutlass.const_expr(self.block_scaled):
             if cutlass.const_expr(self.masked):
                 sfa_src = loads.tSFAgSFA[(None, loads.tile_m, state.count, loads.group)]
@@ -1463,6 +1461,16 @@ class HopperGemmKernel(TileOrder):
             ctm, _ = self._cluster_tile_coord(t, ct_m, ct_n)
             group = self._tile_group(mIdx, ctm * self.cluster_shape_mn[0] + cta_m)
         return group
+
+    @cute.jit
+    def _pair_of_tiles(self, group, peer_group, k_tile_cnt):
+        """Contiguous layout, 2x1 clusters: (whether the pair shares B, the K blocks both CTAs
+        walk) for tiles of `group` and `peer_group`. They share B when they are one group's; the
+        pair loads and computes unless both tiles are padding, so that both CTAs walk the same
+        stages (each CTA's consumers release the other's). Both roles take it from here."""
+        share_b = (group == peer_group) & (group >= 0)
+        k_tiles = k_tile_cnt if (group >= 0) | (peer_group >= 0) else cutlass.Int32(0)
+        return share_b, k_tiles
 
     @cute.jit
     def _row_groups(self, promoted, tCcC, mIdx, tile_m):
@@ -1781,15 +1789,11 @@ class HopperGemmKernel(TileOrder):
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     tBgB_k = tBgB[(None, tile_n, None, cutlass.max(group, 0))]
                     if cutlass.const_expr(self.b_shared_per_tile):
-                        # The pair shares B when its tiles are one group's; it loads and
-                        # computes unless both are padding, so that both CTAs walk the same
-                        # stages (each releases the other's).
                         peer_group = next_peer_group
                         next_peer_group = self._group_of_cluster_tile(
                             mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
                         )
-                        share_b = (group == peer_group) & (group >= 0)
-                        tile_k_tiles = k_tile_cnt if (group >= 0) | (peer_group >= 0) else cutlass.Int32(0)
+                        share_b, tile_k_tiles = self._pair_of_tiles(group, peer_group, k_tile_cnt)
                         tBgB_other_k = tBgB_other[(None, tile_n, None, cutlass.max(group, 0))]
                 else:
                     tAgA_k = tAgA[(None, tile_m, None)]
@@ -1830,10 +1834,7 @@ class HopperGemmKernel(TileOrder):
                         mainloop_pipeline, producer_state, tile_k_tiles, tma_atom_a, tAgA_k, tAsA,
                         a_mcast_mask, load_desc_a, stage_loads,
                     )
-                if cutlass.const_expr(self.tail_split):
-                    t = self._next_unit(t, tile_k_tiles, tile_stride, tail)
-                else:
-                    t += tile_stride
+                t = self._next_unit(t, tile_k_tiles, tile_stride, tail)
             mainloop_pipeline.producer_tail(producer_state)
 
         if not is_producer_wg:
@@ -1938,13 +1939,12 @@ class HopperGemmKernel(TileOrder):
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     sfb_group = cutlass.max(group, 0)
                     if cutlass.const_expr(self.b_shared_per_tile):
-                        # Computed unless the pair's tiles are both padding (see the producer);
-                        # this CTA's padding rows are zeroed, or not written, after it.
+                        # This CTA's padding rows are zeroed, or not written, after the main loop.
                         peer_group = next_peer_group
                         next_peer_group = self._group_of_cluster_tile(
                             mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
                         )
-                        tile_k_tiles = k_tile_cnt if (group >= 0) | (peer_group >= 0) else cutlass.Int32(0)
+                        _, tile_k_tiles = self._pair_of_tiles(group, peer_group, k_tile_cnt)
                 tile_sfb = mSFB
                 if cutlass.const_expr(self.split_k):
                     # SFB columns from the split's first K block on (stride 1 along K).
@@ -2026,10 +2026,7 @@ class HopperGemmKernel(TileOrder):
                         epilogue_barrier.arrive_and_wait()
 
                 tiles_done += 1
-                if cutlass.const_expr(self.tail_split):
-                    t = self._next_unit(t, tile_k_tiles, tile_stride, tail)
-                else:
-                    t += tile_stride
+                t = self._next_unit(t, tile_k_tiles, tile_stride, tail)
 
             store_pipeline.producer_tail()
 
