@@ -45,7 +45,7 @@ def bf16_row(shape, ours_us, anchor_us):
     return row
 
 
-def fp8_row(shape, ours_us, cublas_us, deepgemm):
+def fp8_row(shape, ours_us, cublas_us, deepgemm, b_copy_us=None):
     m, n, k = shape
     return {
         "shape": list(shape),
@@ -56,6 +56,7 @@ def fp8_row(shape, ours_us, cublas_us, deepgemm):
         "cublas_tflops": _gemm_tflops(m, n, k, cublas_us) if cublas_us else None,
         "deepgemm_tflops": deepgemm,
         "b_gbs": (n * k + n * (k // 128) * 4) / ours_us / 1e3,
+        "b_copy_us": b_copy_us,
     }
 
 
@@ -82,9 +83,9 @@ def synthetic() -> dict:
         },
         "fp8_gemm_nt": {
             "rows": [
-                fp8_row((4096, 4096, 7168), 200.0, 250.0, 1436),  # compute-bound
-                fp8_row((64, 2112, 7168), 20.0, None, 180),       # memory-bound; cuBLAS n/a
-                fp8_row((128, 576, 7168), 10.0, 12.0, None),      # DeepGEMM n/a
+                fp8_row((4096, 4096, 7168), 200.0, 250.0, 1436, 8.0),  # compute-bound
+                fp8_row((64, 2112, 7168), 20.0, None, 180, 9.0),       # memory-bound; cuBLAS n/a
+                fp8_row((128, 576, 7168), 10.0, 12.0, None, 4.0),      # DeepGEMM n/a
             ],
             "copy_gbs": COPY_GBS,
         },
@@ -205,6 +206,24 @@ def test_fp8_table_na_values_and_geomeans(full):
     assert f"vs DeepGEMM † **{g_dg:.3f}**" in text and "2 of 3 shapes" in text
     assert f"vs cuBLAS blockwise **{geo([1.25, 1.2]):.3f}**" in text
     assert "not measured in this run" in text  # the † footnote
+
+
+def test_fp8_table_compares_with_a_copy_of_b(full):
+    """Each row's copy of B (same run, same timing) beside cutegen's time; rows up to M = 128
+    summarised; results from before that reference have neither column."""
+    _, text = full
+    rows = table(text, "## FP8 block-scaled GEMM")
+    assert [r["copy of B µs"] for r in rows] == ["8.0", "9.0", "4.0"]
+    assert [r["vs copy of B"] for r in rows] == ["0.04", "0.45", "0.40"]
+    assert f"At M <= 128: geometric mean **{geo([9.0 / 20.0, 4.0 / 10.0]):.3f}** (min 0.400, 2 shapes)." in text
+
+
+def test_fp8_results_without_a_copy_of_b(tmp_path):
+    results = {"environment": dict(ENV), "fp8_gemm_nt": {"rows": [fp8_row((64, 2112, 7168), 20.0, 22.0, 180)]}}
+    text = report.write_report(results, tmp_path, settings=report.Settings(plots=False))[0].read_text()
+    cols = header_of(text, "## FP8 block-scaled GEMM")
+    assert "B stream GB/s" in cols and "copy of B µs" not in cols and "vs copy of B" not in cols
+    assert "copy of B µs:" not in text
 
 
 def test_grouped_and_wgrad_tables(full):

@@ -313,6 +313,15 @@ def bf16_points(entry: Any) -> list[GemmPoint]:
     return points
 
 
+# Rows up to this M are summarised against the copy of B: there a GEMM is mostly a stream of B.
+SMALL_M = 128
+
+
+def _shape_m(r: dict) -> int | None:
+    shape = r.get("shape")
+    return int(shape[0]) if isinstance(shape, (list, tuple)) and shape else None
+
+
 def fp8_points(entry: Any) -> list[GemmPoint]:
     return [
         _shape_point(
@@ -322,7 +331,7 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
                 _anchor("cuBLAS blockwise", flops, r.get("cublas_us"), r.get("cublas_tflops")),
                 _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
             ],
-            extra={"b_gbs": num(r.get("b_gbs"))},
+            extra={"b_gbs": num(r.get("b_gbs")), "b_copy_us": num(r.get("b_copy_us")), "m": _shape_m(r)},
         )
         for r in _rows(entry)
     ]
@@ -474,6 +483,10 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
     has_b = any(p.extra.get("b_gbs") is not None for p in pts) or sec.op == "fp8_gemm_nt"
     if has_b:
         header.append("B stream GB/s")
+    # Results from before the copy-of-B reference have no such column.
+    has_b_copy = any(p.extra.get("b_copy_us") is not None for p in pts)
+    if has_b_copy:
+        header += ["copy of B µs", "vs copy of B"]
     rows = []
     ratios: dict[str, list[float | None]] = {a.name: [] for a in names}
     pcts = []
@@ -500,6 +513,9 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
             row += [fmt_tflops(got.tflops if got else None), fmt(r, ".3f")]
         if has_b:
             row.append(fmt(p.extra.get("b_gbs"), ".0f"))
+        if has_b_copy:
+            b_copy = p.extra.get("b_copy_us")
+            row += [fmt(b_copy, ".1f"), fmt(b_copy / p.ours_us if b_copy and p.ours_us else None, ".2f")]
         rows.append(row)
     lines = _table(header, rows)
     stats = {
@@ -750,6 +766,15 @@ def render(
             copy = positive(entry.get("copy_gbs")) if isinstance(entry, dict) else None
             body += ["", f"B stream GB/s: bytes of B and its scales over cutegen's time (copy bandwidth "
                          f"{fmt(copy, '.0f')} GB/s)."]
+            if any(p.extra.get("b_copy_us") is not None for p in sec.points):
+                body += ["", "copy of B µs: a device-to-device copy of B's bytes (read once, written once), "
+                             "timed in the same run and the same way as the GEMM; vs copy of B = that time "
+                             "over cutegen's (above 1, the whole GEMM takes less time than copying B)."]
+                small_m = [p.extra["b_copy_us"] / p.ours_us for p in sec.points
+                           if p.extra.get("b_copy_us") and p.ours_us and (p.extra.get("m") or 0) <= SMALL_M]
+                if small_m:
+                    body[-1] += (f" At M <= {SMALL_M}: geometric mean **{geomean(small_m):.3f}** "
+                                 f"(min {min(small_m):.3f}, {_count(len(small_m), 'shape')}).")
         kernels = sorted({p.kernel for p in sec.points if p.kernel and short_kernel(p.kernel) != p.kernel})
         if kernels:
             body += ["", "<details><summary>Kernels (full names)</summary>", ""]
