@@ -110,6 +110,25 @@ def test_sass_has_the_mma_and_no_local_memory(built, name):
     assert mma in (built["out"] / name / "sass.txt").read_text()
 
 
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_loads_choose_their_l2_policies_from_m(built, name):
+    """Dense GEMMs pick evict-first for B and evict-last for A at run time when M spans at most
+    STREAMED_B_MAX_TILE_ROWS tile rows, else the default policy (0); every A/B load carries one."""
+    from cutegen.templates.hopper_gemm import L2_EVICT_FIRST, L2_EVICT_LAST, STREAMED_B_MAX_TILE_ROWS
+
+    ptx = (built["out"] / name / "kernel.ptx").read_text()
+    tile_m = KernelManifest.from_json((built["out"] / name / "manifest.json").read_text()).grid.tile_m
+    selects = re.findall(r"setp\.lt\.s32\s+(%p\d+), %r\d+, (\d+);\s+selp\.b64\s+(%rd\d+), (\d+), 0, \1;"
+                         r"\s+selp\.b64\s+(%rd\d+), (\d+), 0, \1;", ptx)
+    assert len(selects) == 1, selects
+    _, bound, first_reg, first, last_reg, last = selects[0]
+    assert int(bound) == STREAMED_B_MAX_TILE_ROWS * tile_m + 1  # M < bound: at most that many tile rows
+    assert (int(first), int(last)) == (L2_EVICT_FIRST, L2_EVICT_LAST)
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global\S*L2::cache_hint \[[^]]+\], "
+                       r"\[[^]]+\], \[[^]]+\],(?: %rs\d+,)? (%rd\d+);", ptx)
+    assert first_reg in loads and last_reg in loads
+
+
 def test_catalogue_indexes_the_build(built):
     cat = Catalogue.from_json((built["out"] / "catalogue.json").read_text())
     assert sorted(k.name for k in cat.kernels) == sorted(REPRESENTATIVE)
