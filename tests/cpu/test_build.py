@@ -129,6 +129,32 @@ def test_loads_choose_their_l2_policies_from_m(built, name):
     assert first_reg in loads and last_reg in loads
 
 
+def test_prune_removes_only_kernels_no_schedule_produces(built, tmp_path, capsys):
+    """`cutegen build --prune` drops a stale kernel folder (its manifest names a kernel the schedule
+    files no longer produce) and keeps the others, whatever the patterns built, and non-kernel folders."""
+    import shutil
+
+    from cutegen.gen.cli import main
+
+    out = tmp_path / "build"
+    shutil.copytree(built["out"], out)
+    name = REPRESENTATIVE[1]
+    stale = out / "old_kernel"
+    shutil.copytree(out / name, stale)
+    manifest = json.loads((stale / "manifest.json").read_text())
+    manifest["name"] = name.replace("64x128x64", "64x96x64")
+    (stale / "manifest.json").write_text(json.dumps(manifest))
+    (out / "notes").mkdir()
+    (out / "notes" / "readme.txt").write_text("not a kernel")
+    assert main(["build", "-o", str(out), "-j", "1", name]) == 0
+    assert stale.is_dir() and len(Catalogue.from_json((out / "catalogue.json").read_text()).kernels) == 4
+    assert main(["build", "-o", str(out), "-j", "1", "--prune", name]) == 0
+    assert not stale.exists() and (out / "notes" / "readme.txt").is_file()
+    cat = Catalogue.from_json((out / "catalogue.json").read_text())
+    assert sorted(k.name for k in cat.kernels) == sorted(REPRESENTATIVE)
+    assert f"pruned 1 stale kernel folder(s) from {out}\n  {manifest['name']}" in capsys.readouterr().out
+
+
 def test_catalogue_indexes_the_build(built):
     cat = Catalogue.from_json((built["out"] / "catalogue.json").read_text())
     assert sorted(k.name for k in cat.kernels) == sorted(REPRESENTATIVE)

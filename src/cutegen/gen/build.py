@@ -381,6 +381,27 @@ def write_catalogue(out_dir: Path) -> Catalogue:
     return cat
 
 
+def prune_build_dir(out_dir: Path, keep: set[str]) -> list[str]:
+    """Remove the kernel folders of `out_dir` whose manifest names a kernel not in `keep` (stale
+    kernels of schedules no longer produced), rewrite catalogue.json, and return the names removed
+    (sorted). Folders without a readable manifest are left alone."""
+    out_dir = Path(out_dir)
+    removed = []
+    for manifest_path in sorted(out_dir.glob(f"*/{MANIFEST_FILE}")):
+        folder = manifest_path.parent
+        if folder.name.startswith("."):
+            continue
+        try:
+            name = KernelManifest.from_json(manifest_path.read_text()).name
+        except (OSError, ValueError):  # ManifestError and UnicodeDecodeError are ValueErrors
+            continue
+        if name not in keep:
+            shutil.rmtree(folder)
+            removed.append(name)
+    write_catalogue(out_dir)
+    return sorted(removed)
+
+
 def build_schedules(
     schedules: list[Schedule],
     out_dir: Path,

@@ -435,6 +435,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     )
     report = build_schedules(schedules, out_dir=out_dir, jobs=jobs, force=args.force)
     print(report.summary())
+    if args.prune:
+        from cutegen.gen.build import prune_build_dir
+
+        # What stays: every valid schedule of the schedule files, whatever this run built.
+        keep = {e.name for e in select(_entries(args, None, None), [], False)}
+        removed = prune_build_dir(out_dir, keep)
+        print(f"pruned {len(removed)} stale kernel folder(s) from {out_dir}" + "".join(f"\n  {n}" for n in removed))
     return 0 if report.ok else 1
 
 
@@ -767,6 +774,12 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--arch", choices=archs, help="only this architecture")
     bd.add_argument("--op", choices=ops, help="only this op")
     bd.add_argument("--force", action="store_true", help="rebuild kernels that are up to date")
+    bd.add_argument(
+        "--prune",
+        action="store_true",
+        help="then remove the folder's kernels that no schedule file (shipped or --schedules) "
+        "produces any more, e.g. after an upgrade (patterns, --arch and --op do not narrow what stays)",
+    )
     bd.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
     bd.set_defaults(func=cmd_build)
 
