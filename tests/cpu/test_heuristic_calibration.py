@@ -212,6 +212,14 @@ def test_ties_go_to_the_multicast_of_the_larger_operand():
     assert "_c1x2_mca_" in large_m[0].name and not large_m[0].shares_larger_operand
 
 
+def test_whole_tile_epilogues_mirror_the_schedules():
+    """The heuristic's list of the epilogues that stage the whole output tile is the schedule
+    vocabulary's (`Epilogue.stages_whole_tile`), by value."""
+    from cutegen.schedules.spec import Epilogue
+
+    assert set(heuristics.WHOLE_TILE_EPILOGUES) == {e.value for e in Epilogue if e.stages_whole_tile}
+
+
 def test_tail_split_rule_mirrors_the_kernels():
     """The heuristic's copy of the kernels' tail-split rule: same constants, and the cases that
     decided them (66 clusters of two CTAs, 132 of one)."""
