@@ -356,13 +356,16 @@ def _copy_entry_to(entry: Path, dest: Path) -> None:
         raise
 
 
+def _kernel_manifests(out_dir: Path) -> list[Path]:
+    """The manifest of every kernel folder in `out_dir` (folders starting with "." are staging)."""
+    return [p for p in sorted(out_dir.glob(f"*/{MANIFEST_FILE}")) if not p.parent.name.startswith(".")]
+
+
 def write_catalogue(out_dir: Path) -> Catalogue:
     """Index every kernel folder in `out_dir` into catalogue.json (atomically)."""
     entries = []
     toolchain: dict[str, str] = {}
-    for manifest_path in sorted(out_dir.glob(f"*/{MANIFEST_FILE}")):
-        if manifest_path.parent.name.startswith("."):
-            continue
+    for manifest_path in _kernel_manifests(out_dir):
         m = KernelManifest.from_json(manifest_path.read_text())
         toolchain = dict(m.toolchain)
         entries.append(
@@ -387,16 +390,13 @@ def prune_build_dir(out_dir: Path, keep: set[str]) -> list[str]:
     (sorted). Folders without a readable manifest are left alone."""
     out_dir = Path(out_dir)
     removed = []
-    for manifest_path in sorted(out_dir.glob(f"*/{MANIFEST_FILE}")):
-        folder = manifest_path.parent
-        if folder.name.startswith("."):
-            continue
+    for manifest_path in _kernel_manifests(out_dir):
         try:
             name = KernelManifest.from_json(manifest_path.read_text()).name
         except (OSError, ValueError):  # ManifestError and UnicodeDecodeError are ValueErrors
             continue
         if name not in keep:
-            shutil.rmtree(folder)
+            shutil.rmtree(manifest_path.parent)
             removed.append(name)
     write_catalogue(out_dir)
     return sorted(removed)

@@ -317,9 +317,10 @@ def bf16_points(entry: Any) -> list[GemmPoint]:
 SMALL_M = 128
 
 
-def _shape_m(r: dict) -> int | None:
-    shape = r.get("shape")
-    return int(shape[0]) if isinstance(shape, (list, tuple)) and shape else None
+def _vs_copy_of_b(p: GemmPoint) -> float | None:
+    """The copy of B's time over cutegen's (above 1: the GEMM takes less time than copying B)."""
+    b_copy = p.extra.get("b_copy_us")
+    return b_copy / p.ours_us if b_copy and p.ours_us else None
 
 
 def fp8_points(entry: Any) -> list[GemmPoint]:
@@ -331,7 +332,8 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
                 _anchor("cuBLAS blockwise", flops, r.get("cublas_us"), r.get("cublas_tflops")),
                 _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
             ],
-            extra={"b_gbs": num(r.get("b_gbs")), "b_copy_us": num(r.get("b_copy_us")), "m": _shape_m(r)},
+            extra={"b_gbs": num(r.get("b_gbs")), "b_copy_us": num(r.get("b_copy_us")),
+                   "m": (_shape(r.get("shape")) or (None,))[0]},
         )
         for r in _rows(entry)
     ]
@@ -514,8 +516,7 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
         if has_b:
             row.append(fmt(p.extra.get("b_gbs"), ".0f"))
         if has_b_copy:
-            b_copy = p.extra.get("b_copy_us")
-            row += [fmt(b_copy, ".1f"), fmt(b_copy / p.ours_us if b_copy and p.ours_us else None, ".2f")]
+            row += [fmt(p.extra.get("b_copy_us"), ".1f"), fmt(_vs_copy_of_b(p), ".2f")]
         rows.append(row)
     lines = _table(header, rows)
     stats = {
@@ -770,8 +771,8 @@ def render(
                 body += ["", "copy of B µs: a device-to-device copy of B's bytes (read once, written once), "
                              "timed in the same run and the same way as the GEMM; vs copy of B = that time "
                              "over cutegen's (above 1, the whole GEMM takes less time than copying B)."]
-                small_m = [p.extra["b_copy_us"] / p.ours_us for p in sec.points
-                           if p.extra.get("b_copy_us") and p.ours_us and (p.extra.get("m") or 0) <= SMALL_M]
+                small_m = [r for p in sec.points if (p.extra.get("m") or 0) <= SMALL_M
+                           and (r := _vs_copy_of_b(p)) is not None]
                 if small_m:
                     body[-1] += (f" At M <= {SMALL_M}: geometric mean **{geomean(small_m):.3f}** "
                                  f"(min {min(small_m):.3f}, {_count(len(small_m), 'shape')}).")

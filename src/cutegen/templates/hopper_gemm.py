@@ -1237,6 +1237,17 @@ class HopperGemmKernel(TileOrder):
         return (m + self.tile_shape_mnk[0] - 1) // self.tile_shape_mnk[0] <= STREAMED_B_MAX_TILE_ROWS
 
     @cute.jit
+    def _load_policies(self, m):
+        """(B's, A's) L2 policy for M rows: evict-first and evict-last where B is streamed, else
+        the default (0) for both."""
+        b_policy = cutlass.Int64(0)
+        a_policy = cutlass.Int64(0)
+        if self._streams_b(m):
+            b_policy = cutlass.Int64(L2_EVICT_FIRST)
+            a_policy = cutlass.Int64(L2_EVICT_LAST)
+        return b_policy, a_policy
+
+    @cute.jit
     def _produce_whole_tile(
         self, pipe, state, k_tiles, tma_atom_a, tAgA_k, tAsA, a_mcast_mask, load_desc_a, loads: StageLoads
     ):
@@ -1784,12 +1795,9 @@ class HopperGemmKernel(TileOrder):
             current_group = cutlass.Int32(-1)
             next_group = cutlass.Int32(-1)
             next_peer_group = cutlass.Int32(-1)
-            b_policy = cutlass.Int64(0)
-            a_policy = cutlass.Int64(0)
+            load_policies = None
             if cutlass.const_expr(self.hints_streamed_b):
-                if self._streams_b(mA_mk.shape[0]):
-                    b_policy = cutlass.Int64(L2_EVICT_FIRST)
-                    a_policy = cutlass.Int64(L2_EVICT_LAST)
+                load_policies = self._load_policies(mA_mk.shape[0])
             if cutlass.const_expr(self.m_grouped and not self.masked):
                 next_group = self._group_of_cluster_tile(
                     mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
@@ -1845,6 +1853,7 @@ class HopperGemmKernel(TileOrder):
                     tile_m, tile_n, group,
                 )
                 if cutlass.const_expr(self.hints_streamed_b):
+                    b_policy, a_policy = load_policies
                     stage_loads = stage_loads._replace(b_cache_policy=b_policy, a_cache_policy=a_policy)
                 if cutlass.const_expr(self.b_shared_per_tile):
                     stage_loads = stage_loads._replace(
