@@ -5,8 +5,9 @@ every default `fp8_gemm_nt` kernel (split-K kernels at 2-12 splits under "fp8_ge
 keyed NAME@SPLITS), docs/perf/2026-12-01-h200-contiguous-kernel-timings.json those of the
 contiguous M-grouped kernels (with each problem's group sizes), and
 docs/perf/2026-12-01-h200-wgrad-kernel-timings.json those of the weight-gradient ops (`cutegen
-tune --timings-out`: the dense kernels with tail-split last waves, measured 2026-12-01; the
-k-grouped ones of 2026-11-30, where a shape M,N,K is 4 groups of K tokens). The heuristic only
+tune --timings-out`: the dense kernels with tail-split last waves, 160- and 176-wide tiles
+included, measured 2026-12-01; the k-grouped ones of 2026-11-30, where a shape M,N,K is 4 groups
+of K tokens). The heuristic only
 sees the kernels' names (tile, cluster, multicast), so this pins how far its choice may fall
 behind the fastest kernel measured, shape by shape, with no GPU.
 """
@@ -123,9 +124,10 @@ def test_weight_gradient_choice_stays_close_to_the_fastest_measured_kernel():
         regrets = regrets_of(op, timings[op], scale)
         worst = max(regrets, key=regrets.get)
         geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
-        # Measured with the model of this commit (per-row-scale factors fitted on these timings
-        # and the 2026-11-30 dense ones): dense 1.001 geometric mean, worst 1.012; k-grouped
-        # 1.002, worst 1.005.
+        # Measured with the model of this commit (per-row-scale factors fitted on earlier dense
+        # timings, unchanged since the 160- and 176-wide tiles joined): dense 1.008 geometric
+        # mean, worst 1.031 (7168x4096x8192: 128x128 in a 2x1 cluster chosen, 128x160 in a 2x1
+        # cluster fastest); k-grouped 1.002, worst 1.005.
         assert regrets[worst] < 1.06, f"{op} {worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
         assert geomean < 1.02, f"{op}: geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 

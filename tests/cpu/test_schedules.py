@@ -607,6 +607,16 @@ def test_sfb_boundaries_cover_every_tile_position():
                 assert (col < boundary) == (8 * (col // 8) < boundary)
 
 
+def test_per_row_scales_have_no_scale_block_limit_on_tile_n():
+    """Weight gradients scale B per row, so a tile may span any number of 128-column blocks: the
+    176-wide tile the block-scaled GEMM rejects is valid there (and a default schedule)."""
+    wide = dict(a_dtype=DType.E4M3, b_dtype=DType.E4M3, c_dtype=DType.F32, scale=ScaleFormat.F32,
+                tile_k=128, tile_n=176, producer_regs=24, consumer_regs=240)
+    assert "scale_blocks_per_tile" in {v.name for v in violations(bad(op=Op.FP8_GEMM_NT, **wide))}
+    assert "scale_blocks_per_tile" not in {v.name for v in violations(bad(op=Op.FP8_WGRAD_GEMM_NT, **wide))}
+    assert any(s.tile_n == 176 for s in default_schedules(op=Op.FP8_WGRAD_GEMM_NT))
+
+
 def test_whole_tile_epilogue_schedules():
     """The default 256x128 FP8 twins of the ring kernels stage the whole tile and store it per
     math warpgroup (tma_store_per_warpgroup): same stages, 64-row sub-tiles, a name tag of their

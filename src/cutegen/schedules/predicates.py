@@ -539,8 +539,8 @@ def scale_blocks_per_tile(s: Schedule) -> str | None:
         return None
     if s.tile_k != SCALE_BLOCK:
         return f"tile_k={s.tile_k}: block-scaled ops promote per {SCALE_BLOCK}-wide K block, so tile_k must be {SCALE_BLOCK}"
-    if s.tile_n <= 0:
-        return None  # tile_n_wgmma reports it
+    if s.tile_n <= 0 or s.op.scales_b_per_row:
+        return None  # tile_n_wgmma reports it; per-row SFB has no 128-column blocks
     span = s.tile_n - math.gcd(s.tile_n, SCALE_BLOCK)
     if span <= SCALE_BLOCK:
         return None
