@@ -5,11 +5,11 @@
  *
  * EXPORT_DIR  a folder made by `cutegen export` holding at least one fp8_gemm_nt kernel
  * KERNEL      a kernel name of that export; "all" runs every fp8_gemm_nt kernel (default: the first)
- * M N K       the problem (default 1000 1536 2048; N a multiple of 8, K a multiple of 128)
+ * M N K       the problem (default 1000 1536 2048; N a multiple of 8, K a multiple of 16)
  *
  * D[M, N] (bf16) = (A[M, K] e4m3 · sfa) @ (B[N, K] e4m3 · sfb)^T with DeepSeek-V3's scales: sfa fp32
  * per 1x128 of A, stored MN-major with the column stride align(M, 4) (TMA-aligned); sfb fp32 per
- * 128x128 block of B, row-major [ceil(N/128), K/128]. A and B hold multiples of 1/8 in [-1, 1] and
+ * 128x128 block of B, row-major [ceil(N/128), ceil(K/128)]. A and B hold multiples of 1/8 in [-1, 1] and
  * the scales are powers of two, so every product, block sum and promotion is exact in fp32: the
  * CPU reference (double, on 16 rows spread over M, all N columns) is exact and the kernel's only
  * error is the final rounding to bf16.
@@ -57,7 +57,7 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   uint8_t *ha = NULL, *hb = NULL;
   float *hsfa = NULL, *hsfb = NULL;
   uint16_t* hd = NULL;
-  const int KB = K / SCALE_BLOCK, NB = (N + SCALE_BLOCK - 1) / SCALE_BLOCK, MA = (M + 3) / 4 * 4;
+  const int KB = (K + SCALE_BLOCK - 1) / SCALE_BLOCK, NB = (N + SCALE_BLOCK - 1) / SCALE_BLOCK, MA = (M + 3) / 4 * 4;
   size_t sa = (size_t)M * K, sb = (size_t)N * K, sd = (size_t)M * N, i;
   size_t ssfa = (size_t)MA * KB, ssfb = (size_t)NB * KB;
   int status = 2, rows = M < 16 ? M : 16, r, n, kk, loaded = 0, m, kb;
@@ -107,7 +107,7 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
       double ref = 0.0, got = from_bf16(hd[(size_t)row * N + n]);
       for (kb = 0; kb < KB; kb++) {
         double block = 0.0;
-        for (kk = kb * SCALE_BLOCK; kk < (kb + 1) * SCALE_BLOCK; kk++)
+        for (kk = kb * SCALE_BLOCK; kk < K && kk < (kb + 1) * SCALE_BLOCK; kk++)
           block += (double)qa[(size_t)row * K + kk] * (double)qb[(size_t)n * K + kk] / 64.0;
         ref += block * sfa_value(row, kb) * sfb_value(n / SCALE_BLOCK, kb);
       }
@@ -134,9 +134,9 @@ done:
 }
 
 static int check_problem(int M, int N, int K) {
-  if (M < 1 || N < 8 || N % 8 != 0 || K < SCALE_BLOCK || K % SCALE_BLOCK != 0) {
-    fprintf(stderr, "c_launcher_fp8: need M >= 1, N a multiple of 8, K a multiple of %d; got M=%d N=%d K=%d\n",
-            SCALE_BLOCK, M, N, K);
+  if (M < 1 || N < 8 || N % 8 != 0 || K < 16 || K % 16 != 0) {
+    fprintf(stderr, "c_launcher_fp8: need M >= 1, N a multiple of 8, K a multiple of 16; got M=%d N=%d K=%d\n",
+            M, N, K);
     return 2;
   }
   return 0;

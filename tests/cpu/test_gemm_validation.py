@@ -68,6 +68,8 @@ def test_valid_operands():
         assert dense(out=torch.empty(M, N, dtype=torch.bfloat16, device="cuda")) == (M, N, K)
         # UE8M0 scales packed four per int32 (taken by the sm_100a kernels)
         assert dense(sfa=mn_major(M, KW, I32), sfb=torch.empty(NB, KW, dtype=I32, device="cuda")) == (M, N, K)
+        # K not a multiple of 128: the last scale block is partial (K = 576: 5 scale blocks)
+        assert dense(a=fp8(M, 576), b=fp8(N, 576), sfa=mn_major(M, 5), sfb=torch.empty(NB, 5, device="cuda")) == (M, N, 576)
         assert wgrad() == (M, N, K)
         assert contiguous() == (M, N, K, G)
         assert masked() == (G, M, N, K)
@@ -75,7 +77,9 @@ def test_valid_operands():
 
 BAD = [
     (dense, "a", lambda: {"a": torch.empty(M, K, dtype=torch.bfloat16, device="cuda")}),
-    (dense, "a", lambda: {"a": fp8(M, K + 64), "b": fp8(N, K + 64)}),  # K not a multiple of 128
+    (dense, "a", lambda: {"a": torch.empty_strided((M, K + 8), (K + 16, 1), dtype=E4M3, device="cuda"),
+                          "b": torch.empty_strided((N, K + 8), (K + 16, 1), dtype=E4M3, device="cuda")}),  # K % 16
+    (dense, "sfa", lambda: {"a": fp8(M, K + 64), "b": fp8(N, K + 64)}),  # K/128 rounded up: one more scale block
     (dense, "b", lambda: {"b": fp8(N, K - 128)}),
     (dense, "b", lambda: {"b": torch.empty_strided((N, K), (K + 8, 1), dtype=E4M3, device="cuda")}),
     (dense, "sfa", lambda: {"sfa": torch.empty(M, KB, device="cuda")}),  # row-major, not MN-major

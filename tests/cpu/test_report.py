@@ -424,7 +424,7 @@ def test_bench_decode_option_and_table(monkeypatch):
     assert main(["bench", "--op", "fp8_gemm_nt", "--decode"]) == 0
     assert seen["decode"] is True and "--decode" in seen["command"]
     assert main(["bench", "--op", "fp8_gemm_nt"]) == 0 and seen["decode"] is False
-    assert {m for m, _, _ in bench.DECODE_SHAPES} == {1, 16, 32} and len(bench.DECODE_SHAPES) == 21
+    assert {m for m, _, _ in bench.DECODE_SHAPES} == {1, 16, 32} and len(bench.DECODE_SHAPES) == 24
     assert not any(shape in bench.DEEPGEMM_FP8_TFLOPS for shape in bench.DECODE_SHAPES)
     row = {"shape": [1, 4096, 7168], "kernel": "x_sff32_64x32x128_c1x1_r40", "ours_us": 13.7, "ours_tflops": 4.3,
            "cublas_us": 22.0, "cublas_tflops": 2.7, "deepgemm_tflops": None, "b_gbs": 2150.0}

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = REPO / "examples" / "c_launcher"
 SHAPES = [(1000, 1536, 2048), (1, 256, 64), (333, 200, 136)]
 # FP8: K a multiple of 128; ragged M and N (N a multiple of 8, not of any tile).
-FP8_SHAPES = [(1000, 1536, 2048), (1, 264, 128), (333, 200, 384)]
+FP8_SHAPES = [(1000, 1536, 2048), (1, 264, 128), (333, 200, 384), (100, 7168, 576), (64, 200, 16)]
 
 
 def cuda_include() -> Path | None:

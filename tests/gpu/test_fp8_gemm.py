@@ -18,11 +18,14 @@ pytestmark = pytest.mark.gpu
 
 OP = "fp8_gemm_nt"
 NK = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+# K not a multiple of 128 (DeepGEMM's N 7168, K 576; K = 208 and 16: the last scale block partial,
+# the kernel's last K block reading zeros past K).
+PARTIAL_K = [(m, 7168, 576) for m in (1, 64, 128, 4096)] + [(333, 200, 208), (100, 256, 16)]
 SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in NK] + [
     (1000, 2112, 7168),
     (4095, 4096, 512),
     (333, 200, 384),  # N not a multiple of any tile, nor of the 128-row scale block
-]
+] + PARTIAL_K
 FP8_MAX = 448.0
 
 
@@ -36,33 +39,41 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def padded_k(t: torch.Tensor) -> torch.Tensor:
+    """t [R, K] as fp32 [R, ceil(K/128) * 128], zeros past K (a partial last scale block)."""
+    r, k = t.shape
+    out = torch.zeros(r, ceil_div(k, 128) * 128, device=t.device, dtype=torch.float32)
+    out[:, :k] = t.float()
+    return out
+
+
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """1x128 blocks along K: q e4m3 [M, K], scales fp32 [M, K/128] (row-major)."""
+    """1x128 blocks along K: q e4m3 [M, K], scales fp32 [M, ceil(K/128)] (row-major)."""
     m, k = x.shape
-    xg = x.float().view(m, k // 128, 128)
+    xg = padded_k(x).view(m, -1, 128)
     s = xg.abs().amax(dim=2).clamp(min=1e-4) / FP8_MAX
     q = (xg / s.unsqueeze(2)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.view(m, k), s
+    return q.view(m, -1)[:, :k].contiguous(), s
 
 
 def quantize_per_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """128x128 blocks: q e4m3 [N, K], scales fp32 [ceil(N/128), K/128]."""
+    """128x128 blocks: q e4m3 [N, K], scales fp32 [ceil(N/128), ceil(K/128)]."""
     n, k = w.shape
     npad = ceil_div(n, 128) * 128
-    wp = torch.zeros(npad, k, device=w.device, dtype=torch.float32)
-    wp[:n] = w.float()
-    wg = wp.view(npad // 128, 128, k // 128, 128)
+    wp = torch.zeros(npad, ceil_div(k, 128) * 128, device=w.device, dtype=torch.float32)
+    wp[:n] = padded_k(w)
+    wg = wp.view(npad // 128, 128, -1, 128)
     s = wg.abs().amax(dim=(1, 3)).clamp(min=1e-4) / FP8_MAX
     q = (wg / s[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.view(npad, k)[:n].contiguous(), s.contiguous()
+    return q.view(npad, -1)[:n, :k].contiguous(), s.contiguous()
 
 
 def dequantized_reference(qa, sa, qb, sb) -> torch.Tensor:
     m, k = qa.shape
     n = qb.shape[0]
-    a = qa.float().view(m, k // 128, 128) * sa.unsqueeze(2)
-    b = qb.float().view(n, k // 128, 128) * sb.repeat_interleave(128, dim=0)[:n].unsqueeze(2)
-    return a.view(m, k) @ b.view(n, k).T
+    a = padded_k(qa).view(m, -1, 128) * sa.unsqueeze(2)
+    b = padded_k(qb).view(n, -1, 128) * sb.repeat_interleave(128, dim=0)[:n].unsqueeze(2)
+    return a.view(m, -1) @ b.view(n, -1).T
 
 
 def make_problem(m: int, n: int, k: int, seed: int = 0):
@@ -108,7 +119,9 @@ def test_matches_references(ops, fp8, m, n, k):
     check(out, a, b, qa, sa, qb, sb, f"{m}x{n}x{k} via {ops.choose_kernel(OP, m, n, k)}")
 
 
-@pytest.mark.parametrize("m, n, k", [(1000, 1000, 512), (4096, 4096, 256)], ids=["small-grid", "full-grid"])
+@pytest.mark.parametrize(
+    "m, n, k", [(1000, 1000, 512), (4096, 4096, 256), (1000, 1000, 576)], ids=["small-grid", "full-grid", "partial-k"]
+)
 def test_every_kernel_runs(ops, fp8, m, n, k):
     a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=3)
     sfa = fp8.to_mn_major_tma_aligned(sa)
@@ -137,7 +150,7 @@ def test_64_row_kernels_at_ragged_small_m(ops, fp8, m):
             check(out, a, b, qa, sa, qb, sb, f"{name} at M={m}, {splits} splits")
 
 
-SPLIT_SHAPES = [(1, 576, 7168), (64, 2112, 7168), (128, 200, 896), (333, 4096, 1664), (64, 576, 256)]
+SPLIT_SHAPES = [(1, 576, 7168), (64, 2112, 7168), (128, 200, 896), (333, 4096, 1664), (64, 576, 256), (64, 7168, 1088)]
 
 
 @pytest.mark.parametrize("m, n, k", SPLIT_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SPLIT_SHAPES])
@@ -152,7 +165,7 @@ def test_split_k_kernels(ops, fp8, m, n, k):
     sfa = fp8.to_mn_major_tma_aligned(sa)
     names = [x for x in ops.runnable_kernels(OP, scale="f32") if "_episk_" in x]
     assert names, "the catalogue has no split-K fp8_gemm_nt kernel"
-    k_blocks = k // 128
+    k_blocks = ceil_div(k, 128)
     for name in names:
         batch_edges = {s for s in (4, 7, 8, 9, 15, 17) if s <= k_blocks}
         for splits in sorted({1, 2, 3, max(1, k_blocks // 2), k_blocks} | batch_edges):
@@ -264,8 +277,8 @@ def test_bad_inputs_name_the_argument(fp8):
         fp8.fp8_gemm_nt(qa, sa.contiguous(), qb, sb)
     with pytest.raises(InputError, match="'a'.*float8_e4m3fn"):
         fp8.fp8_gemm_nt(a, sfa, qb, sb)
-    with pytest.raises(InputError, match="'a'.*multiple of 128"):
-        fp8.fp8_gemm_nt(qa[:, :192], sfa[:, :2], qb[:, :192], sb[:, :2])
+    with pytest.raises(InputError, match="'a'.*multiple of 16"):
+        fp8.fp8_gemm_nt(qa[:, :200], sfa[:, :2], qb[:, :200], sb[:, :2])
     with pytest.raises(InputError, match="'sfb'.*shape"):
         fp8.fp8_gemm_nt(qa, sfa, qb, sb[:1])
     with pytest.raises(InputError, match="'sfb'.*float32"):

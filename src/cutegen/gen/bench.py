@@ -191,18 +191,21 @@ def bench_bf16_gemm(shapes=BF16_SHAPES) -> tuple[list[BenchRow], dict]:
     return rows, overhead
 
 
-# DeepGEMM on our H200 (its own benchmark, July 2025 build), TFLOPS: the anchors to beat.
+# DeepGEMM on our H200 (its own benchmark, July 2025 build), TFLOPS: the anchors to beat, at
+# DeepGEMM's own 21 shapes (its N = 7168, K = 576 problems included).
 DEEPGEMM_FP8_TFLOPS = {
-    (64, 2112, 7168): 180, (64, 576, 7168): 112, (64, 24576, 1536): 295, (64, 32768, 512): 241,
+    (64, 2112, 7168): 180, (64, 7168, 576): 112, (64, 24576, 1536): 295, (64, 32768, 512): 241,
     (64, 7168, 16384): 389, (64, 4096, 7168): 257, (64, 7168, 2048): 238,
-    (128, 2112, 7168): 333, (128, 576, 7168): 204, (128, 24576, 1536): 540, (128, 32768, 512): 431,
+    (128, 2112, 7168): 333, (128, 7168, 576): 204, (128, 24576, 1536): 540, (128, 32768, 512): 431,
     (128, 7168, 16384): 625, (128, 4096, 7168): 459, (128, 7168, 2048): 408,
-    (4096, 2112, 7168): 1155, (4096, 576, 7168): 894, (4096, 24576, 1536): 1326,
+    (4096, 2112, 7168): 1155, (4096, 7168, 576): 894, (4096, 24576, 1536): 1326,
     (4096, 32768, 512): 1003, (4096, 7168, 16384): 1465, (4096, 4096, 7168): 1436,
     (4096, 7168, 2048): 1280,
 }
-FP8_SHAPES = sorted(DEEPGEMM_FP8_TFLOPS)
-# Decode-sized M (`cutegen bench --decode`): DeepGEMM's (N, K) pairs at M = 1, 16 and 32, where
+# Besides DeepGEMM's shapes, the (N, K) = (576, 7168) problems of DeepSeek-V3's MLA projection,
+# which DeepGEMM published no numbers for: measured beside cuBLAS only.
+FP8_SHAPES = sorted(set(DEEPGEMM_FP8_TFLOPS) | {(m, 576, 7168) for m in (64, 128, 4096)})
+# Decode-sized M (`cutegen bench --decode`): the (N, K) pairs of FP8_SHAPES at M = 1, 16 and 32, where
 # DeepGEMM published no numbers; the anchor is cuBLAS blockwise in the same run.
 DECODE_SHAPES = [(m, n, k) for m in (1, 16, 32) for n, k in sorted({(n, k) for _, n, k in FP8_SHAPES})]
 
@@ -228,8 +231,8 @@ def _fp8_inputs(m: int, n: int, k: int):
 
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
-    sfa = torch.rand(m, k // 128, device="cuda") + 0.5
-    sfb = torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5
+    sfa = torch.rand(m, -(-k // 128), device="cuda") + 0.5
+    sfb = torch.rand(-(-n // 128), -(-k // 128), device="cuda") + 0.5
     return a, to_mn_major_tma_aligned(sfa), b, sfb.contiguous(), sfa
 
 
@@ -240,7 +243,7 @@ def _cublas_blockwise(a, sfa_rows, b, sfb):
 
     m, k = a.shape
     n = b.shape[0]
-    kb = k // 128
+    kb = -(-k // 128)
     l4 = -(-kb // 4) * 4
     # [M, K/128] with strides (1, M), which scaled_mm checks literally (at M = 1 too, where
     # .t().contiguous().t() would keep stride K/128 for the size-1 mode).
@@ -248,7 +251,9 @@ def _cublas_blockwise(a, sfa_rows, b, sfb):
     scale_a.copy_(sfa_rows)
     sb = torch.zeros(sfb.shape[0], l4, device=a.device)
     sb[:, :kb] = sfb
-    scale_b = sb.t()[:kb]  # [K/128, N/128] view with strides (1, L4)
+    # [L4, N/128] with strides (1, L4): scaled_mm wants the K-block count rounded up to 4 in the
+    # shape itself once ceil(K/128) is not a multiple of 4 (K = 576: 8 x 56, not 5 x 56).
+    scale_b = sb.t()
     st = F.ScalingType
     return lambda: F.scaled_mm(a, b.t(), scale_a, st.BlockWise1x128, scale_b, st.BlockWise128x128,
                                output_dtype=torch.bfloat16)
@@ -296,7 +301,7 @@ def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
                 "cublas_us": cublas,
                 "cublas_tflops": flops / cublas / 1e6 if cublas else None,
                 "deepgemm_tflops": DEEPGEMM_FP8_TFLOPS.get((m, n, k)),
-                "b_gbs": (n * k + n * (k // 128) * 4) / ours / 1e3,
+                "b_gbs": (n * k + n * -(-k // 128) * 4) / ours / 1e3,
                 "b_copy_us": b_copy,
             }
         )

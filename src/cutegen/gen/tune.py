@@ -62,8 +62,8 @@ def _runner(
     if op == "fp8_gemm_nt":
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
-        sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
-        sfb = torch.rand(-(-n // 128), k // 128, device="cuda") + 0.5
+        sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, -(-k // 128), device="cuda") + 0.5)
+        sfb = torch.rand(-(-n // 128), -(-k // 128), device="cuda") + 0.5
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
         def run(entry: str):

@@ -5,7 +5,10 @@ D[M, N] (bf16) = Σ_kb (A[:, kb] · sfa[:, kb]) · (B[:, kb] · sfb[n/128, kb])�
 after every 128-wide K block:
 
 * ``a`` [M, K], ``b`` [N, K]: ``torch.float8_e4m3fn`` CUDA tensors, K-major (``stride(1) == 1``),
-  K a multiple of 128, row strides multiples of 16 elements (16 bytes), 16-byte aligned bases.
+  K a multiple of 16, row strides multiples of 16 elements (16 bytes), 16-byte aligned bases. K
+  need not be a multiple of 128: the last scale block then covers the remaining K % 128 columns
+  (what ``per_token_quant_fp8`` and ``per_block_quant_fp8`` write for such K), and the kernel's
+  last K block reads zeros past K.
 * ``sfa``: fp32 [M, ⌈K/128⌉] per 1x128 block of A, **MN-major and TMA-aligned**: strides
   (1, align(M, 4)) — the layout DeepGEMM users produce. `to_mn_major_tma_aligned` converts a
   row-major SFA into it (and returns it unchanged when it already is).
@@ -77,8 +80,8 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
     n, kb = b.shape
     if kb != k:
         raise _fail("b", f"must have K = a.shape[1] = {k} columns, got shape {list(b.shape)}")
-    if k % SCALE_BLOCK:
-        raise _fail("a", f"must have K a multiple of {SCALE_BLOCK} (one scale per 128 along K), got K = {k}")
+    if k % FP8_ROW_ALIGN_ELEMS:
+        raise _fail("a", f"must have K a multiple of {FP8_ROW_ALIGN_ELEMS} (16-byte rows for TMA), got K = {k}")
     k_blocks, n_blocks = ceil_div(k, SCALE_BLOCK), ceil_div(n, SCALE_BLOCK)
     for arg, t in (("sfa", sfa), ("sfb", sfb)):
         if not isinstance(t, torch.Tensor):

@@ -192,6 +192,8 @@ class Score:
     shares_larger_operand: bool = False
     # Compute is the largest of its time terms.
     compute_bound: bool = True
+    # One wave whose time is the chain of K-block latencies (neither compute nor memory).
+    latency_bound: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -373,6 +375,7 @@ def _score(
         ring = manifest.wgmma_accumulators
         latency = ceil_div(k, SCALE_BLOCK) * model.block_latency_s.get(ring, model.block_latency_s[1])
     compute_bound = compute >= max(memory, latency)
+    latency_bound = waves == 1 and latency > max(compute, memory)
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
@@ -405,6 +408,7 @@ def _score(
         k_splits=k_splits,
         shares_larger_operand=not compute_bound and shares_larger,
         compute_bound=compute_bound,
+        latency_bound=latency_bound,
     )
 
 
@@ -413,13 +417,17 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     if not scores:
         return []
     best = min(s.estimated_us for s in scores)
-    # Everything within the tolerance of the best is a tie, broken by the stable preferences.
+    # Everything within the tolerance of the best is a tie, broken by the stable preferences:
+    # the larger tile (fewer bytes in all), except where one wave's K-block latencies bound the
+    # time: there the smaller tile, whose more CTAs each wait for fewer bytes per K block (H200
+    # kernel timings, NOTES.md: 64x7168x576 ran 1.10x faster in 64x64 tiles than in 64x128).
     def key(s: Score) -> tuple:
         tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
+        area = s.tile_m * s.tile_n
         return (
             0 if tied else 1,
             s.estimated_us if not tied else 0.0,
-            -(s.tile_m * s.tile_n),
+            area if s.latency_bound else -area,
             -(s.useful_multicast if s.compute_bound or s.shares_larger_operand else 1),
             0 if s.shares_larger_operand else 1,
             s.cluster_m * s.cluster_n,

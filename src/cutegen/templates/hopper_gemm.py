@@ -155,8 +155,9 @@ class HopperGemmKernel(TileOrder):
         its own bulk group) only its sub-tiles, so the two warpgroups never wait for each other
         and one's epilogue overlaps the other's main loop.
 
-    Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; K a
-    multiple of 128 = tile_k): each stage also holds the tile's column of SFA (tile_m fp32, loaded
+    Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; tile_k =
+    128, one scale block; `fp8_gemm_nt` also takes K not a multiple of 128: its last K block reads
+    zeros past K and its own, partial scale block): each stage also holds the tile's column of SFA (tile_m fp32, loaded
     by TMA with A from the MN-major, TMA-aligned SFA [M, ⌈K/128⌉]; each stage's column starts
     128-byte aligned); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math threads (one
     or two values per K block: a tile spans at most two 128-column scale blocks, and the main
