@@ -52,10 +52,11 @@ def run_fp8(name: str) -> None:
     # K = 7 blocks: a split-K kernel runs 3 splits of 3, 3 and 1 blocks. N = 1000: a 1x2 cluster of
     # 160-wide tiles has a CTA whose tile starts past the last 128-column SFB block (run with
     # PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that a read past SFB leaves its allocation).
-    # M = 300 and 17: tiles whose rows run past M (A's TMA box partly out of bounds).
-    qb, sb = _block_scaled(torch.randn(1000, 896, device="cuda", dtype=torch.bfloat16))
-    for m in (300, 17):
-        qa, sa = _fp8(m, 896)
+    # M = 300 and 17: tiles whose rows run past M (A's TMA box partly out of bounds). K = 592:
+    # the last K block 80 columns deep (its scale block partial, the TMA box past K).
+    for m, k in ((300, 896), (17, 896), (300, 592)):
+        qb, sb = _block_scaled(torch.randn(1000, k, device="cuda", dtype=torch.bfloat16))
+        qa, sa = _fp8(m, k)
         fp8_ops.fp8_gemm_nt(qa, sa, qb, sb, kernel=name, k_splits=3 if "_episk_" in name else None)
 
 
