@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from cutegen.gen.report import GEMM_OPS, short_kernel
+from cutegen.runtime.params import SCALE_BLOCK, ceil_div
 
 BF16_SHAPES = [
     (4096, 4096, 4096),
@@ -231,8 +232,8 @@ def _fp8_inputs(m: int, n: int, k: int):
 
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
-    sfa = torch.rand(m, -(-k // 128), device="cuda") + 0.5
-    sfb = torch.rand(-(-n // 128), -(-k // 128), device="cuda") + 0.5
+    sfa = torch.rand(m, ceil_div(k, SCALE_BLOCK), device="cuda") + 0.5
+    sfb = torch.rand(ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), device="cuda") + 0.5
     return a, to_mn_major_tma_aligned(sfa), b, sfb.contiguous(), sfa
 
 
@@ -243,8 +244,8 @@ def _cublas_blockwise(a, sfa_rows, b, sfb):
 
     m, k = a.shape
     n = b.shape[0]
-    kb = -(-k // 128)
-    l4 = -(-kb // 4) * 4
+    kb = ceil_div(k, SCALE_BLOCK)
+    l4 = ceil_div(kb, 4) * 4
     # [M, K/128] with strides (1, M), which scaled_mm checks literally (at M = 1 too, where
     # .t().contiguous().t() would keep stride K/128 for the size-1 mode).
     scale_a = torch.empty_strided((m, kb), (1, m), device=a.device, dtype=torch.float32)
@@ -301,7 +302,7 @@ def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
                 "cublas_us": cublas,
                 "cublas_tflops": flops / cublas / 1e6 if cublas else None,
                 "deepgemm_tflops": DEEPGEMM_FP8_TFLOPS.get((m, n, k)),
-                "b_gbs": (n * k + n * -(-k // 128) * 4) / ours / 1e3,
+                "b_gbs": (n * k + n * ceil_div(k, SCALE_BLOCK) * 4) / ours / 1e3,
                 "b_copy_us": b_copy,
             }
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from cutegen.gen.bench import time_cuda
+from cutegen.runtime.params import SCALE_BLOCK, ceil_div
 
 TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous")
 # A k-grouped shape M,N,K is timed as this many groups of K tokens each unless told otherwise
@@ -62,8 +63,8 @@ def _runner(
     if op == "fp8_gemm_nt":
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
-        sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, -(-k // 128), device="cuda") + 0.5)
-        sfb = torch.rand(-(-n // 128), -(-k // 128), device="cuda") + 0.5
+        sfa = fp8_ops.to_mn_major_tma_aligned(torch.rand(m, ceil_div(k, SCALE_BLOCK), device="cuda") + 0.5)
+        sfb = torch.rand(ceil_div(n, SCALE_BLOCK), ceil_div(k, SCALE_BLOCK), device="cuda") + 0.5
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
         def run(entry: str):

@@ -157,9 +157,9 @@ class HopperGemmKernel(TileOrder):
 
     Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; tile_k =
     128, one scale block; `fp8_gemm_nt` also takes K not a multiple of 128: its last K block reads
-    zeros past K and its own, partial scale block): each stage also holds the tile's column of SFA (tile_m fp32, loaded
-    by TMA with A from the MN-major, TMA-aligned SFA [M, ⌈K/128⌉]; each stage's column starts
-    128-byte aligned); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math threads (one
+    zeros past K and its own, partial scale block): each stage also holds the tile's column of
+    SFA (tile_m fp32, loaded by TMA with A from the MN-major, TMA-aligned SFA [M, ⌈K/128⌉]; each
+    stage's column starts 128-byte aligned); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math threads (one
     or two values per K block: a tile spans at most two 128-column scale blocks, and the main
     loop is compiled once per column where the second block can begin, so that each accumulator
     chunk's scale is fixed at compile time), or, for the weight gradient, staged per row of B by
