@@ -471,3 +471,37 @@ def test_driver_version_never_raises():
 
     v = bench.driver_version()
     assert v is None or isinstance(v, str)
+
+
+def test_deepgemm_in_run_columns_agreement_and_method(tmp_path, monkeypatch):
+    """Rows with DeepGEMM's own kernel timed in the run (`bench --deepgemm`) get its µs, TFLOPS and
+    ratio beside the fixed DeepGEMM numbers, a note on how its outputs compared, and a Method line;
+    `--deepgemm` reaches bench.main."""
+    rows = [fp8_row((4096, 7168, 16384), 680.0, 720.0, 1465, 57.0), fp8_row((64, 2112, 7168), 10.0, 22.0, 180, 9.3)]
+    rows[0].update(deepgemm_run_us=640.0, deepgemm_run_tflops=_gemm_tflops(4096, 7168, 16384, 640.0),
+                   deepgemm_run_equal=True, deepgemm_run_calc_diff=0.0, deepgemm_run_config="256x128 c1x2 s3")
+    rows[1]["kernel"] = rows[1]["kernel"].replace("_epitma_", "_episk_")
+    rows[1].update(deepgemm_run_us=10.5, deepgemm_run_tflops=_gemm_tflops(64, 2112, 7168, 10.5),
+                   deepgemm_run_equal=False, deepgemm_run_calc_diff=3e-10, deepgemm_run_config="64x16 c1x1 s16")
+    env = dict(ENV, deepgemm_in_run="DeepGEMM commit abc1234 2026-06-23")
+    results = {"environment": env, "fp8_gemm_nt": {"rows": rows, "copy_gbs": COPY_GBS}}
+    text = report.write_report(results, tmp_path, settings=report.Settings(plots=False))[0].read_text()
+    got = table(text, "## FP8 block-scaled GEMM")
+    assert [r["DeepGEMM in this run µs"] for r in got] == ["640.0", "10.5"]
+    assert [r["vs DeepGEMM in this run"] for r in got] == ["0.941", "1.050"]
+    assert "bitwise equal to cutegen's on 1 of 2 shapes" in text
+    assert "on 64x2112x7168 calc_diff at most 3.0e-10 (cutegen's split-K kernels" in text
+    assert "DeepGEMM commit abc1234 2026-06-23" in text and "`cutegen bench --deepgemm`" in text
+    assert "DeepGEMM in this run" in text.split("## Summary")[1].split("## Method")[0]
+
+    from cutegen.gen import bench
+
+    seen = {}
+    monkeypatch.setattr(bench, "main", lambda **kwargs: seen.update(kwargs) or 0)
+    (tmp_path / "dg").mkdir()
+    (tmp_path / "dg" / "deepgemm.json").write_text("{}")
+    assert main(["bench", "--op", "fp8_gemm_nt", "--deepgemm", str(tmp_path / "dg")]) == 0
+    assert seen["deepgemm_dir"] == str(tmp_path / "dg") and "--deepgemm" in seen["command"]
+    text = bench.render_fp8(rows, dict(ENV), COPY_GBS)
+    assert "DeepGEMM in this run TFLOPS" in text and "bitwise equal" in text and "calc_diff 3.0e-10" in text
+    assert "vs DeepGEMM in this run: " in text.splitlines()[-1]

@@ -270,7 +270,35 @@ def copy_bandwidth_gbs() -> float:
     return 2 * src.numel() / us / 1e3
 
 
-def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
+def _deepgemm_in_run(anchor, a, sfa, b, sfb, ours_out) -> dict:
+    """DeepGEMM's own kernel for this shape (a `cutegen deepgemm-build` folder), checked against
+    cutegen's output on the same operands, then timed the same way."""
+    import torch
+
+    m, k = a.shape
+    n = b.shape[0]
+    entry = anchor.config(m, n, k)
+    if entry is None:
+        return {}
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch = anchor.launcher(a, sfa, b, sfb, d)
+    launch()
+    torch.cuda.synchronize()
+    x, y = d.double(), ours_out.double()
+    diff = float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+    us = time_cuda(launch)
+    return {
+        "deepgemm_run_us": us,
+        "deepgemm_run_tflops": 2.0 * m * n * k / us / 1e6,
+        "deepgemm_run_config": f"{entry['block_m']}x{entry['block_n']} c{entry['cluster_m']}x{entry['cluster_n']} s{entry['stages']}",
+        "deepgemm_run_equal": bool(torch.equal(d, ours_out)),
+        "deepgemm_run_calc_diff": diff,
+    }
+
+
+def bench_fp8_gemm(shapes=FP8_SHAPES, deepgemm=None) -> list[dict]:
+    """`deepgemm`: a `DeepGemmAnchor` (cutegen.gen.deepgemm_anchor) whose kernels are timed beside
+    ours on the shapes it was built for, or None."""
     import torch
 
     from cutegen.runtime import fp8_ops, ops
@@ -306,6 +334,8 @@ def bench_fp8_gemm(shapes=FP8_SHAPES) -> list[dict]:
                 "b_copy_us": b_copy,
             }
         )
+        if deepgemm is not None:
+            rows[-1].update(_deepgemm_in_run(deepgemm, a, sfa, b, sfb, out))
         del a, sfa, b, sfb, sfa_rows, out, b_dst
     return rows
 
@@ -320,7 +350,11 @@ def render_fp8(rows: list[dict], env: dict, copy_gbs: float, title: str = "fp8_g
         "| copy of B µs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    vs_cublas, vs_dg = [], []
+    in_run = any(r.get("deepgemm_run_us") for r in rows)
+    if in_run:
+        lines[2] += " DeepGEMM in this run TFLOPS | vs it | its output vs cutegen's |"
+        lines[3] += " --- | --- | --- |"
+    vs_cublas, vs_dg, vs_dg_run = [], [], []
     for r in rows:
         cb = r["cublas_tflops"]
         dg = r["deepgemm_tflops"]
@@ -338,12 +372,21 @@ def render_fp8(rows: list[dict], env: dict, copy_gbs: float, title: str = "fp8_g
             f"{rd and f'{rd:.2f}' or 'n/a'} | {100 * r['b_gbs'] / copy_gbs:.0f} | "
             f"{bc and f'{bc:.1f}' or 'n/a'} |"
         )
+        if in_run:
+            dr = r.get("deepgemm_run_tflops")
+            rr = r["ours_tflops"] / dr if dr else None
+            if rr:
+                vs_dg_run.append(rr)
+            same = r.get("deepgemm_run_equal")
+            lines[-1] += (f" {dr and f'{dr:.0f}' or 'n/a'} | {rr and f'{rr:.3f}' or 'n/a'} | "
+                          f"{'n/a' if same is None else ('bitwise equal' if same else 'calc_diff %.1e' % r['deepgemm_run_calc_diff'])} |")
 
     def geo(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
     versus_dg = f"vs DeepGEMM: {geo(vs_dg):.3f} (min {min(vs_dg):.3f}); " if vs_dg else ""
-    lines += ["", f"Geometric mean {versus_dg}vs cuBLAS blockwise: {geo(vs_cublas):.3f}"]
+    versus_run = f"vs DeepGEMM in this run: {geo(vs_dg_run):.3f} (min {min(vs_dg_run):.3f}); " if vs_dg_run else ""
+    lines += ["", f"Geometric mean {versus_dg}{versus_run}vs cuBLAS blockwise: {geo(vs_cublas):.3f}"]
     return "\n".join(lines) + "\n"
 
 
@@ -607,7 +650,8 @@ def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
 
 
 def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: str | None = None,
-         command: str | None = None, every_kernel: bool = False, decode: bool = False) -> int:
+         command: str | None = None, every_kernel: bool = False, decode: bool = False,
+         deepgemm_dir: str | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
@@ -633,9 +677,15 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
             "rows": [dataclasses.asdict(r) | {"ours_tflops": r.ours_tflops, "anchor_tflops": r.anchor_tflops, "ratio": r.ratio} for r in rows],
             "host_overhead_us": overhead,
         }
+    deepgemm = None
+    if deepgemm_dir:
+        from cutegen.gen.deepgemm_anchor import DeepGemmAnchor
+
+        deepgemm = DeepGemmAnchor(deepgemm_dir)
+        env["deepgemm_in_run"] = deepgemm.describe()
     if "fp8_gemm_nt" in ops and "fp8_gemm_nt" in available:
         copy_gbs = copy_bandwidth_gbs()
-        rows = bench_fp8_gemm()
+        rows = bench_fp8_gemm(deepgemm=deepgemm)
         print(render_fp8(rows, env, copy_gbs))
         results["fp8_gemm_nt"] = {"rows": rows, "copy_gbs": copy_gbs}
         if decode:  # in the results JSON and printed; the report covers the DeepGEMM shapes only

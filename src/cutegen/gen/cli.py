@@ -690,12 +690,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"{PROG} bench", *(f"--op {o}" for o in args.op or ()),
         *(["--json-out", args.json_out] if args.json_out else []), *(["--report", report_dir] if report_dir else []),
         *(["--every-kernel"] if args.every_kernel else []), *(["--decode"] if args.decode else []),
-        f"--timer {args.timer}",
+        *(["--deepgemm", args.deepgemm] if args.deepgemm else []), f"--timer {args.timer}",
     ])
+    if args.deepgemm and not (Path(args.deepgemm) / "deepgemm.json").is_file():
+        raise CliError(f"--deepgemm {args.deepgemm}: no deepgemm.json there; make it with `{PROG} deepgemm-build`", 2)
     ops = tuple(args.op) if args.op else OPS
     set_timer(args.timer)
     return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command,
-                      every_kernel=args.every_kernel, decode=args.decode)
+                      every_kernel=args.every_kernel, decode=args.decode, deepgemm_dir=args.deepgemm)
+
+
+# ---- deepgemm-build ----------------------------------------------------------------------------
+
+
+def cmd_deepgemm_build(args: argparse.Namespace) -> int:
+    from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS, FP8_SHAPES
+    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, build
+
+    shapes = FP8_SHAPES if args.all_shapes else sorted(DEEPGEMM_FP8_TFLOPS)
+    try:
+        entries = build(shapes, Path(args.deepgemm), Path(args.cutlass), Path(args.output), nvcc=args.nvcc,
+                        jobs=args.jobs, sms=args.sms, progress=lambda line: print(f"  built {line}", flush=True))
+    except DeepGemmBuildError as exc:
+        raise CliError(str(exc), 2 if "nvcc failed" not in str(exc) else 1) from exc
+    print(f"{len(entries)} DeepGEMM kernels in {args.output}; time them with `{PROG} bench --op fp8_gemm_nt "
+          f"--deepgemm {args.output}`")
+    return 0
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -841,7 +861,25 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
                     help="kernel: the calls' GPU kernel durations as CUPTI records them, as DeepGEMM's own "
                          "benchmark timed its numbers (default); event: CUDA events around each call")
+    bn.add_argument("--deepgemm", metavar="DIR",
+                    help="fp8_gemm_nt: also time DeepGEMM's own kernels from a `deepgemm-build` folder beside "
+                         "cutegen's, same operands, checked against cutegen's output first")
     bn.set_defaults(func=cmd_bench)
+
+    dg = sub.add_parser(
+        "deepgemm-build",
+        help="compile DeepGEMM's dense FP8 kernel (from your checkout, with nvcc) for the benchmark's shapes, "
+             "as an anchor for `bench --deepgemm`",
+    )
+    dg.add_argument("--deepgemm", required=True, metavar="DIR", help="a DeepGEMM checkout (deepseek-ai/DeepGEMM)")
+    dg.add_argument("--cutlass", required=True, metavar="DIR", help="a CUTLASS checkout (its include/ is used)")
+    dg.add_argument("-o", "--output", default="build/deepgemm", metavar="DIR", help="where the cubins go")
+    dg.add_argument("--nvcc", help="the nvcc to use (default: the one on PATH; CUDA 12.8 or newer)")
+    dg.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    dg.add_argument("--sms", type=int, default=132, help="SMs of the GPU the kernels are for (H200/H100 SXM: 132)")
+    dg.add_argument("--all-shapes", action="store_true",
+                    help="also the (N, K) = (576, 7168) shapes DeepGEMM published no numbers for")
+    dg.set_defaults(func=cmd_deepgemm_build)
 
     rp = sub.add_parser(
         "report",

@@ -331,12 +331,21 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
             lambda flops: [
                 _anchor("cuBLAS blockwise", flops, r.get("cublas_us"), r.get("cublas_tflops")),
                 _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
+                # DeepGEMM's own kernel timed in this run (`cutegen bench --deepgemm`), when it was.
+                *([_anchor(DEEPGEMM_IN_RUN, flops, r.get("deepgemm_run_us"), r.get("deepgemm_run_tflops"))]
+                  if any(x.get("deepgemm_run_us") for x in _rows(entry)) else []),
             ],
             extra={"b_gbs": num(r.get("b_gbs")), "b_copy_us": num(r.get("b_copy_us")),
-                   "m": (_shape(r.get("shape")) or (None,))[0]},
+                   "m": (_shape(r.get("shape")) or (None,))[0],
+                   "deepgemm_run_equal": r.get("deepgemm_run_equal"),
+                   "deepgemm_run_calc_diff": num(r.get("deepgemm_run_calc_diff")),
+                   "deepgemm_run_config": r.get("deepgemm_run_config")},
         )
         for r in _rows(entry)
     ]
+
+
+DEEPGEMM_IN_RUN = "DeepGEMM in this run"
 
 
 def wgrad_bytes(m: int, n: int, k: int) -> float:
@@ -537,6 +546,22 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
     return lines, stats
 
 
+def _deepgemm_agreement(points: list[GemmPoint]) -> str:
+    """How DeepGEMM's outputs in this run compared with cutegen's on the same operands, and the
+    configurations its heuristic picked."""
+    equal = [p for p in points if p.extra.get("deepgemm_run_equal")]
+    others = [p for p in points if not p.extra.get("deepgemm_run_equal")]
+    text = (f"{DEEPGEMM_IN_RUN}: its output was bitwise equal to cutegen's on {len(equal)} of "
+            f"{_count(len(points), 'shape')} (the two kernels promote in the same order)")
+    if others:
+        worst = max((p.extra.get("deepgemm_run_calc_diff") or 0.0) for p in others)
+        split = all("_episk_" in (p.kernel or "") for p in others)
+        text += (f"; on {', '.join(p.plot_label for p in others)} calc_diff at most {worst:.1e}"
+                 + (" (cutegen's split-K kernels add the K blocks in another order)" if split else ""))
+    configs = ", ".join(f"{p.plot_label} {cell(p.extra.get('deepgemm_run_config'))}" for p in points)
+    return text + f". Its configurations (tile, cluster, stages): {configs}."
+
+
 def _summary_line(op: str, stats: dict) -> str:
     parts = []
     for name, (g, xs, same_run) in stats["ratios"].items():
@@ -654,7 +679,7 @@ def _header(env: dict, command: str | None, source: str | None, generated_by: st
 
 def _method(
     sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event",
-    fresh_allocations: bool = False,
+    fresh_allocations: bool = False, deepgemm_in_run: str | None = None,
 ) -> list[str]:
     """The report's Method section; `timer` is the results' (runs before there was a choice used events),
     `fresh_allocations` whether each GEMM shape's operands were fresh allocations (runs since 2026-12-01)."""
@@ -702,6 +727,12 @@ def _method(
         lines.append(
             "- † not measured in this run: DeepGEMM's own benchmark on this project's H200 (the numbers in "
             "`cutegen.gen.bench`), kept as the targets to beat."
+        )
+    if deepgemm_in_run:
+        lines.append(
+            f"- {DEEPGEMM_IN_RUN}: DeepGEMM's own dense FP8 kernel in the configuration its heuristic picks, "
+            f"compiled by `cutegen deepgemm-build` ({cell(deepgemm_in_run)}), launched on the same operands "
+            "and timed the same way (`cutegen bench --deepgemm`); its output was compared with cutegen's first."
         )
     return lines
 
@@ -776,6 +807,9 @@ def render(
                 if small_m:
                     body[-1] += (f" At M <= {SMALL_M}: geometric mean **{geomean(small_m):.3f}** "
                                  f"(min {min(small_m):.3f}, {_count(len(small_m), 'shape')}).")
+            checked = [p for p in sec.points if p.extra.get("deepgemm_run_equal") is not None]
+            if checked:
+                body += ["", _deepgemm_agreement(checked)]
         kernels = sorted({p.kernel for p in sec.points if p.kernel and short_kernel(p.kernel) != p.kernel})
         if kernels:
             body += ["", "<details><summary>Kernels (full names)</summary>", ""]
@@ -824,7 +858,7 @@ def render(
     lines += ["", "## Summary", "", SUMMARY_BEGIN, *(summary or ["- no results"]), SUMMARY_END, ""]
     lines += _method(
         sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"),
-        bool(env.get("fresh_allocations")),
+        bool(env.get("fresh_allocations")), env.get("deepgemm_in_run"),
     )
     lines += body + roof_lines + tail
     return "\n".join(lines) + "\n", plan

@@ -1,0 +1,109 @@
+"""CPU tier: the in-run DeepGEMM anchor's build side (configuration choice, generated source, nvcc
+command, errors). Compiling for real needs nvcc and DeepGEMM and CUTLASS checkouts: set
+CUTEGEN_TEST_DEEPGEMM and CUTEGEN_TEST_CUTLASS to run that test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cutegen.gen import cli
+from cutegen.gen import deepgemm_anchor as dga
+from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS
+
+
+# What DeepGEMM's SM90 heuristic picks on 132 SMs (its cost model, re-implemented by
+# `choose_config`); the in-run timings of 2026-12-01 used exactly these.
+EXPECTED = {
+    (64, 2112, 7168): (64, 16, 1, 1, 16),
+    (64, 24576, 1536): (64, 96, 2, 1, 10),
+    (64, 7168, 16384): (64, 64, 1, 1, 13),
+    (128, 24576, 1536): (128, 192, 1, 1, 4),
+    (128, 32768, 512): (128, 128, 1, 2, 5),
+    (128, 7168, 16384): (64, 112, 1, 1, 9),
+    (4096, 2112, 7168): (128, 192, 2, 1, 4),
+    (4096, 7168, 16384): (256, 128, 1, 2, 3),
+    (4096, 32768, 512): (256, 128, 1, 2, 3),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(EXPECTED), ids=lambda s: "x".join(map(str, s)))
+def test_choice_matches_deepgemms_heuristic(shape):
+    c = dga.choose_config(*shape)
+    assert (c.block_m, c.block_n, c.cluster_m, c.cluster_n, c.stages) == EXPECTED[shape]
+
+
+def test_every_candidate_fits_shared_memory_and_names_are_one_to_one():
+    for m, n, k in DEEPGEMM_FP8_TFLOPS:
+        cands = dga.candidates(m, n, k, 132)
+        assert cands
+        assert all(c.smem_bytes <= dga.SMEM_CAPACITY and c.stages >= 3 for c in cands)
+        names = [c.name for c in cands]
+        assert len(set(names)) == len(names)
+
+
+def test_no_cluster_for_a_single_wave():
+    """DeepGEMM's model never multicasts when the tiles fit in one wave (64 x 2112: 132 tiles)."""
+    c = dga.choose_config(64, 2112, 7168)
+    assert c.cluster_size == 1
+    assert dga.modelled_cycles(dga.DeepGemmConfig(64, 2112, 7168, 64, 16, 1, 2, 16, 0), 132) == 2**63 - 1
+
+
+def test_kernel_source_instantiates_the_chosen_configuration():
+    c = dga.choose_config(4096, 7168, 16384)
+    src = dga.kernel_source(c, sms=132)
+    assert "#include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>" in src
+    # N and K compiled in, M at run time; 256x128 tiles, 3 stages, 128 TMA and 256 math threads,
+    # a cluster of two multicasting A, 132 SMs.
+    assert "cute::UMMA::Major::K, 0, 7168, 16384, 1," in src
+    assert "256, 128, 128, 128, 128, 128," in src
+    assert "3, 128, 256," in src and "2, true," in src and "132, GemmType::Normal" in src
+    assert c.threads == 384 and c.swizzle_d == 128 and c.multicast_on_a
+
+
+def test_nvcc_command_uses_the_checkouts_and_sm90a(tmp_path):
+    cmd = dga.nvcc_command("nvcc", tmp_path / "k.cu", tmp_path / "k.cubin", Path("/dg"), Path("/cutlass"))
+    assert "--gpu-architecture=sm_90a" in cmd and "-std=c++20" in cmd and "-cubin" in cmd
+    assert "-I/dg/deep_gemm/include" in cmd and "-I/cutlass/include" in cmd
+
+
+def test_missing_checkouts_name_the_argument(tmp_path):
+    with pytest.raises(dga.DeepGemmBuildError, match="--deepgemm"):
+        dga.build([(64, 2112, 7168)], tmp_path / "nope", tmp_path, tmp_path / "out")
+    (tmp_path / "dg" / Path(dga.KERNEL_HEADER).parent).mkdir(parents=True)
+    (tmp_path / "dg" / dga.KERNEL_HEADER).write_text("")
+    with pytest.raises(dga.DeepGemmBuildError, match="--cutlass"):
+        dga.build([(64, 2112, 7168)], tmp_path / "dg", tmp_path / "nope", tmp_path / "out")
+
+
+def test_cli_reports_bad_checkouts_and_folders(tmp_path, capsys):
+    rc = cli.main(["deepgemm-build", "--deepgemm", str(tmp_path), "--cutlass", str(tmp_path), "-o", str(tmp_path / "o")])
+    assert rc == 2 and "--deepgemm" in capsys.readouterr().err
+    rc = cli.main(["bench", "--deepgemm", str(tmp_path)])
+    assert rc == 2 and "deepgemm.json" in capsys.readouterr().err
+
+
+def test_anchor_folder_without_its_index_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="deepgemm-build"):
+        dga.DeepGemmAnchor(tmp_path)
+    (tmp_path / dga.CONFIG_FILE).write_text(json.dumps({"kernels": [{"m": 1, "n": 2, "k": 3, "name": "x"}]}))
+    anchor = dga.DeepGemmAnchor(tmp_path)
+    assert anchor.config(1, 2, 3)["name"] == "x" and anchor.config(1, 2, 4) is None
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("CUTEGEN_TEST_DEEPGEMM") and os.environ.get("CUTEGEN_TEST_CUTLASS") and shutil.which("nvcc")),
+    reason="needs nvcc and CUTEGEN_TEST_DEEPGEMM / CUTEGEN_TEST_CUTLASS checkouts",
+)
+def test_build_compiles_deepgemms_kernel(tmp_path):
+    pytest.importorskip("cutegen.gen.sass")
+    entries = dga.build([(4096, 7168, 16384)], Path(os.environ["CUTEGEN_TEST_DEEPGEMM"]),
+                        Path(os.environ["CUTEGEN_TEST_CUTLASS"]), tmp_path, jobs=1)
+    (e,) = entries
+    assert (tmp_path / e["cubin"]).stat().st_size > 0 and dga.KERNEL_SYMBOL in e["entry"]
+    meta = json.loads((tmp_path / dga.CONFIG_FILE).read_text())
+    assert meta["kernels"][0]["name"] == e["name"]
