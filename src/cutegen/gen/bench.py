@@ -24,6 +24,7 @@ import statistics
 import time
 from typing import Callable
 
+from cutegen.gen.deepgemm_anchor import IN_RUN_LABEL
 from cutegen.gen.report import GEMM_OPS, short_kernel
 from cutegen.runtime.params import SCALE_BLOCK, ceil_div
 
@@ -352,7 +353,7 @@ def render_fp8(rows: list[dict], env: dict, copy_gbs: float, title: str = "fp8_g
     ]
     in_run = any(r.get("deepgemm_run_us") for r in rows)
     if in_run:
-        lines[2] += " DeepGEMM in this run TFLOPS | vs it | its output vs cutegen's |"
+        lines[2] += f" {IN_RUN_LABEL} TFLOPS | vs it | its output vs cutegen's |"
         lines[3] += " --- | --- | --- |"
     vs_cublas, vs_dg, vs_dg_run = [], [], []
     for r in rows:
@@ -385,7 +386,7 @@ def render_fp8(rows: list[dict], env: dict, copy_gbs: float, title: str = "fp8_g
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
     versus_dg = f"vs DeepGEMM: {geo(vs_dg):.3f} (min {min(vs_dg):.3f}); " if vs_dg else ""
-    versus_run = f"vs DeepGEMM in this run: {geo(vs_dg_run):.3f} (min {min(vs_dg_run):.3f}); " if vs_dg_run else ""
+    versus_run = f"vs {IN_RUN_LABEL}: {geo(vs_dg_run):.3f} (min {min(vs_dg_run):.3f}); " if vs_dg_run else ""
     lines += ["", f"Geometric mean {versus_dg}{versus_run}vs cuBLAS blockwise: {geo(vs_cublas):.3f}"]
     return "\n".join(lines) + "\n"
 

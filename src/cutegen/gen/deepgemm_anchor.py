@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 CONFIG_FILE = "deepgemm.json"
+# How reports and printouts name this anchor.
+IN_RUN_LABEL = "DeepGEMM in this run"
 # The kernel's header inside a DeepGEMM checkout, and a header every CUTLASS checkout has.
 KERNEL_HEADER = "deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh"
 CUTLASS_HEADER = "include/cute/tensor.hpp"

@@ -42,6 +42,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from cutegen.gen.deepgemm_anchor import IN_RUN_LABEL as DEEPGEMM_IN_RUN
+
 FP8_PEAK_TFLOPS = 1979.0
 BF16_PEAK_TFLOPS = 989.0
 NOMINAL_HBM_GBS = 4800.0
@@ -345,7 +347,6 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
     ]
 
 
-DEEPGEMM_IN_RUN = "DeepGEMM in this run"
 
 
 def wgrad_bytes(m: int, n: int, k: int) -> float:
