@@ -705,14 +705,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_deepgemm_build(args: argparse.Namespace) -> int:
     from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS, FP8_SHAPES
-    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, build
+    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, build
 
     shapes = FP8_SHAPES if args.all_shapes else sorted(DEEPGEMM_FP8_TFLOPS)
     try:
         entries = build(shapes, Path(args.deepgemm), Path(args.cutlass), Path(args.output), nvcc=args.nvcc,
                         jobs=args.jobs, sms=args.sms, progress=lambda line: print(f"  built {line}", flush=True))
     except DeepGemmBuildError as exc:
-        raise CliError(str(exc), 2 if "nvcc failed" not in str(exc) else 1) from exc
+        raise CliError(str(exc), 1 if isinstance(exc, DeepGemmCompileError) else 2) from exc
     print(f"{len(entries)} DeepGEMM kernels in {args.output}; time them with `{PROG} bench --op fp8_gemm_nt "
           f"--deepgemm {args.output}`")
     return 0

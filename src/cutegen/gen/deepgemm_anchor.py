@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from cutegen.runtime.params import ceil_div
+
 CONFIG_FILE = "deepgemm.json"
 # How reports and printouts name this anchor.
 IN_RUN_LABEL = "DeepGEMM in this run"
@@ -50,12 +52,8 @@ BLOCK_N_MAX_1D2D = 192
 L1_BYTES_PER_CYCLE_PER_SM = 128
 WGMMA_M = 64
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _align(x: int, a: int) -> int:
-    return _cdiv(x, a) * a
+    return ceil_div(x, a) * a
 
 
 def swizzle_bytes(block: int, elem_bytes: int) -> int:
@@ -118,7 +116,7 @@ def pipeline(m: int, n: int, k: int, block_m: int, block_n: int) -> tuple[int, i
     smem_d = _align(block_m * block_n * 2, 1024)
     barriers = MAX_STAGES * 8 * 2
     sfb_rows = 1 if BLOCK_K % block_n == 0 else 2
-    smem_sfb = _align(_cdiv(k, BLOCK_K) * 4 * sfb_rows, 8)
+    smem_sfb = _align(ceil_div(k, BLOCK_K) * 4 * sfb_rows, 8)
     fixed = smem_d + barriers + smem_sfb
     per_stage = block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128)
     stages = min((SMEM_CAPACITY - fixed) // per_stage, MAX_STAGES)
@@ -151,8 +149,10 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[DeepGemmConfig]:
 def modelled_cycles(c: DeepGemmConfig, sms: int) -> int:
     """DeepGEMM's SM90 cost model: L1 and L2 bytes over their per-cycle bandwidths, divided by the
     wave efficiency; clusters are never chosen for a single wave."""
-    blocks = _cdiv(c.m, c.block_m) * _cdiv(c.n, c.block_n)
-    waves = _cdiv(blocks, sms)
+    blocks = ceil_div(c.m, c.block_m) * ceil_div(c.n, c.block_n)
+    waves = ceil_div(blocks, sms)
+    if c.cluster_size > 1 and waves <= 1:
+        return 2**63 - 1
     l2_per_cycle = int(min(64.0 * sms, 8e6 / 1.3e3))
     l1_per_cycle = L1_BYTES_PER_CYCLE_PER_SM * sms
     l2_ab = c.k * (c.block_m // c.cluster_n + c.block_n // c.cluster_m)
@@ -161,10 +161,7 @@ def modelled_cycles(c: DeepGemmConfig, sms: int) -> int:
     cd = c.block_m * c.block_n * 2
     l2_cycles = (l2_ab + cd) * blocks // l2_per_cycle
     l1_cycles = (l1_ab + l1_tc + cd) * blocks // l1_per_cycle
-    cycles = int(max(l1_cycles, l2_cycles) / (blocks / (waves * sms)))
-    if c.cluster_size > 1 and waves <= 1:
-        return 2**63 - 1
-    return cycles
+    return int(max(l1_cycles, l2_cycles) / (blocks / (waves * sms)))
 
 
 def choose_config(m: int, n: int, k: int, sms: int = 132) -> DeepGemmConfig:
@@ -172,13 +169,7 @@ def choose_config(m: int, n: int, k: int, sms: int = 132) -> DeepGemmConfig:
     cands = candidates(m, n, k, sms)
     if not cands:
         raise ValueError(f"DeepGEMM's heuristic has no 1D2D tile for {m}x{n}x{k}")
-    best = cands[0]
-    best_cycles = modelled_cycles(best, sms)
-    for c in cands[1:]:
-        cycles = modelled_cycles(c, sms)
-        if cycles < best_cycles:
-            best, best_cycles = c, cycles
-    return best
+    return min(cands, key=lambda c: modelled_cycles(c, sms))  # min keeps the first of equals
 
 
 def kernel_source(c: DeepGemmConfig, sms: int = 132) -> str:
@@ -201,7 +192,11 @@ static void instantiate() {{
 
 
 class DeepGemmBuildError(RuntimeError):
-    pass
+    """A build that cannot start: missing checkouts, nvcc or cuobjdump."""
+
+
+class DeepGemmCompileError(DeepGemmBuildError):
+    """nvcc rejected a generated kernel source."""
 
 
 def check_sources(deepgemm: Path, cutlass: Path) -> None:
@@ -253,7 +248,7 @@ def build(
         source.write_text(kernel_source(c, sms))
         proc = subprocess.run(nvcc_command(nvcc, source, cubin, deepgemm, cutlass), capture_output=True, text=True)
         if proc.returncode != 0:
-            raise DeepGemmBuildError(f"nvcc failed for {c.name}:\n{proc.stderr[-3000:]}")
+            raise DeepGemmCompileError(f"nvcc failed for {c.name}:\n{proc.stderr[-3000:]}")
         if progress:
             progress(f"{c.name}: {c.describe()}")
         return {**dataclasses.asdict(c), "name": c.name, "cubin": cubin.name, "entry": _entry_name(cubin),
@@ -339,7 +334,7 @@ class DeepGemmAnchor:
             TmaArgs("e4m3", 2, a.data_ptr(), (k, m), (k,), (BLOCK_K, bm), (1, 1), swizzle="128B", l2_promotion="256B"),
             TmaArgs("e4m3", 2, b.data_ptr(), (k, n), (k,), (BLOCK_K, bn), (1, 1), swizzle="128B", l2_promotion="256B"),
             TmaArgs("bf16", 2, d.data_ptr(), (n, m), (2 * n,), (sd // 2, bm), (1, 1), swizzle=swizzle[sd], l2_promotion="256B"),
-            TmaArgs("f32", 2, sfa.data_ptr(), (rows_sfa, _cdiv(k, BLOCK_K)), (4 * rows_sfa,), (bm, 1), (1, 1), l2_promotion="256B"),
+            TmaArgs("f32", 2, sfa.data_ptr(), (rows_sfa, ceil_div(k, BLOCK_K)), (4 * rows_sfa,), (bm, 1), (1, 1), l2_promotion="256B"),
         ]
         storage = [ctypes.c_uint64(sfb.data_ptr()), ctypes.c_uint64(0), ctypes.c_uint32(m), ctypes.c_uint32(n),
                    ctypes.c_uint32(k)] + [ctypes.create_string_buffer(encode_tiled(t), 128) for t in maps]

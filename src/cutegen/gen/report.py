@@ -326,6 +326,7 @@ def _vs_copy_of_b(p: GemmPoint) -> float | None:
 
 
 def fp8_points(entry: Any) -> list[GemmPoint]:
+    in_run = any(r.get("deepgemm_run_us") for r in _rows(entry))
     return [
         _shape_point(
             r,
@@ -335,7 +336,7 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
                 _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
                 # DeepGEMM's own kernel timed in this run (`cutegen bench --deepgemm`), when it was.
                 *([_anchor(DEEPGEMM_IN_RUN, flops, r.get("deepgemm_run_us"), r.get("deepgemm_run_tflops"))]
-                  if any(x.get("deepgemm_run_us") for x in _rows(entry)) else []),
+                  if in_run else []),
             ],
             extra={"b_gbs": num(r.get("b_gbs")), "b_copy_us": num(r.get("b_copy_us")),
                    "m": (_shape(r.get("shape")) or (None,))[0],
@@ -345,8 +346,6 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
         )
         for r in _rows(entry)
     ]
-
-
 
 
 def wgrad_bytes(m: int, n: int, k: int) -> float:
