@@ -101,9 +101,93 @@ def test_anchor_folder_without_its_index_is_refused(tmp_path):
 )
 def test_build_compiles_deepgemms_kernel(tmp_path):
     pytest.importorskip("cutegen.gen.sass")
-    entries = dga.build([(4096, 7168, 16384)], Path(os.environ["CUTEGEN_TEST_DEEPGEMM"]),
-                        Path(os.environ["CUTEGEN_TEST_CUTLASS"]), tmp_path, jobs=1)
-    (e,) = entries
-    assert (tmp_path / e["cubin"]).stat().st_size > 0 and dga.KERNEL_SYMBOL in e["entry"]
+    problems = [(4096, 7168, 16384), dga.DeepGemmProblem(dga.DeepGemmKernel.CONTIGUOUS_1D2D, 30720, 4096, 7168, 4),
+                dga.DeepGemmProblem(dga.DeepGemmKernel.WGRAD_1D1D, 7168, 2112, 4096)]
+    entries = dga.build(problems, Path(os.environ["CUTEGEN_TEST_DEEPGEMM"]),
+                        Path(os.environ["CUTEGEN_TEST_CUTLASS"]), tmp_path, jobs=2)
+    assert [e["kernel"] for e in entries] == ["1d2d", "contiguous_1d2d", "1d1d"]
+    for e in entries:
+        assert (tmp_path / e["cubin"]).stat().st_size > 0 and dga.DeepGemmKernel(e["kernel"]).symbol in e["entry"]
     meta = json.loads((tmp_path / dga.CONFIG_FILE).read_text())
-    assert meta["kernels"][0]["name"] == e["name"]
+    assert [k["name"] for k in meta["kernels"]] == [e["name"] for e in entries]
+    anchor = dga.DeepGemmAnchor(tmp_path)
+    assert anchor.config(30720, 4096, 7168, dga.DeepGemmKernel.CONTIGUOUS_1D2D, 4)["config"] == "128x192 c2x1 s4"
+
+
+# DeepGEMM's choices for the contiguous benchmark problems (total rows of 128-aligned groups) and
+# the dense weight-gradient ones; the in-run timings of 2026-12-02 used exactly these.
+def test_contiguous_and_weight_gradient_choices():
+    from cutegen.gen.bench import DEEPGEMM_GROUPED_CONTIGUOUS, DEEPGEMM_WGRAD, WGRAD_KS, deepgemm_problems
+
+    problems = deepgemm_problems(["m_grouped_fp8_gemm_nt_contiguous", "fp8_wgrad_gemm_nt"])
+    assert len(problems) == len(DEEPGEMM_GROUPED_CONTIGUOUS) + len(DEEPGEMM_WGRAD) * len(WGRAD_KS)
+    for p in problems:
+        c = p.config()
+        assert (c.block_m, c.block_n, c.cluster_m, c.cluster_n, c.stages) == (
+            (128, 192, 2, 1, 4) if p.kernel is dga.DeepGemmKernel.CONTIGUOUS_1D2D else (128, 152, 2, 1, 4))
+        assert c.smem_bytes <= dga.SMEM_CAPACITY
+    contiguous = [p for p in problems if p.kernel is dga.DeepGemmKernel.CONTIGUOUS_1D2D]
+    assert all(p.m % dga.CONTIGUOUS_ALIGNMENT == 0 and p.groups > 1 for p in contiguous)
+    assert {p.groups for p in contiguous} == {4, 8, 32}
+
+
+def test_problem_sets_per_op():
+    from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS, FP8_SHAPES, deepgemm_problems
+
+    assert len(deepgemm_problems(["fp8_gemm_nt"])) == len(DEEPGEMM_FP8_TFLOPS)
+    assert len(deepgemm_problems(["fp8_gemm_nt"], all_shapes=True)) == len(FP8_SHAPES)
+    assert dga.kernel_by_op("fp8_wgrad_gemm_nt") is dga.DeepGemmKernel.WGRAD_1D1D
+    with pytest.raises(ValueError, match="k_grouped_fp8_gemm_nt_contiguous"):
+        dga.kernel_by_op("k_grouped_fp8_gemm_nt_contiguous")
+
+
+def test_candidates_follow_each_kernels_rules():
+    dense = dga.candidates(4096, 7168, 16384, 132)
+    contiguous = dga.candidates(32768, 4096, 7168, 132, dga.DeepGemmKernel.CONTIGUOUS_1D2D, 4)
+    wgrad = dga.candidates(7168, 2112, 4096, 132, dga.DeepGemmKernel.WGRAD_1D1D)
+    assert {c.block_m for c in dense} == {64, 128, 256}
+    assert {c.block_m for c in contiguous} == {128}
+    # fp32 D: no 256-row tiles, N blocks of 16 and 24 + 16i up to 160.
+    assert {c.block_m for c in wgrad} == {64, 128}
+    assert sorted({c.block_n for c in wgrad}) == [16, 24, 40, 56, 72, 88, 104, 120, 136, 152]
+    stages, smem = dga.pipeline(7168, 2112, 4096, 128, 152, dga.DeepGemmKernel.WGRAD_1D1D)
+    # D tile 128x152 fp32 (76 KB), the barriers, then A, B, SFA and SFB per stage.
+    assert stages == 4 and smem == 77824 + 256 + 4 * (16384 + 19456 + 512 + 640)
+    names = [c.name for c in dense + contiguous + wgrad]
+    assert len(set(names)) == len(names)
+    assert contiguous[0].name.startswith("deepgemm_contiguous_1d2d_g4_32768x4096x7168_")
+    assert wgrad[0].name.startswith("deepgemm_1d1d_7168x2112x4096_")
+
+
+def test_kernel_sources_of_the_grouped_and_1d1d_kernels():
+    c = dga.choose_config(30720, 4096, 7168, 132, dga.DeepGemmKernel.CONTIGUOUS_1D2D, 4)
+    src = dga.kernel_source(c)
+    assert "#include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>" in src
+    assert "cute::UMMA::Major::K, 0, 4096, 7168, 4," in src and "GemmType::MGroupedContiguous" in src
+    c = dga.choose_config(7168, 2112, 4096, 132, dga.DeepGemmKernel.WGRAD_1D1D)
+    src = dga.kernel_source(c)
+    assert "#include <deep_gemm/impls/sm90_fp8_gemm_1d1d.cuh>" in src and "sm90_fp8_gemm_1d1d_impl<" in src
+    assert "0, 2112, 4096, 1," in src and "128, 152, 128, 128, 128," in src
+    assert "4, 128, 256," in src and "2, false," in src and "132, GemmType::Normal, float>" in src
+    assert c.swizzle_d == 0 and c.store_block_m == 64 and c.kernel.accumulates
+
+
+def test_anchor_looks_kernels_up_by_kind(tmp_path):
+    kernels = [{"m": 64, "n": 2112, "k": 7168, "name": "legacy"},  # a folder from before the kinds
+               {"kernel": "contiguous_1d2d", "groups": 4, "m": 30720, "n": 4096, "k": 7168, "name": "c"},
+               {"kernel": "1d1d", "m": 7168, "n": 2112, "k": 4096, "name": "w"}]
+    (tmp_path / dga.CONFIG_FILE).write_text(json.dumps({"kernels": kernels}))
+    anchor = dga.DeepGemmAnchor(tmp_path)
+    assert anchor.config(64, 2112, 7168)["name"] == "legacy"
+    assert anchor.config(30720, 4096, 7168, dga.DeepGemmKernel.CONTIGUOUS_1D2D, 4)["name"] == "c"
+    assert anchor.config(30720, 4096, 7168, dga.DeepGemmKernel.CONTIGUOUS_1D2D, 8) is None
+    assert anchor.config(7168, 2112, 4096, dga.DeepGemmKernel.WGRAD_1D1D)["name"] == "w"
+    assert anchor.config(7168, 2112, 4096) is None
+    assert anchor.kernels() == set(dga.DeepGemmKernel)
+    with pytest.raises(KeyError, match="no DeepGEMM 1d1d kernel built for 1x2x3"):
+        anchor._entry(1, 2, 3, dga.DeepGemmKernel.WGRAD_1D1D)
+
+
+def test_cli_build_takes_ops(tmp_path, capsys):
+    rc = cli.main(["deepgemm-build", "--deepgemm", str(tmp_path), "--cutlass", str(tmp_path), "--op", "nope"])
+    assert rc == 2 and "invalid choice" in capsys.readouterr().err

@@ -505,3 +505,42 @@ def test_deepgemm_in_run_columns_agreement_and_method(tmp_path, monkeypatch):
     text = bench.render_fp8(rows, dict(ENV), COPY_GBS)
     assert "DeepGEMM in this run TFLOPS" in text and "bitwise equal" in text and "calc_diff 3.0e-10" in text
     assert "vs DeepGEMM in this run: " in text.splitlines()[-1]
+
+
+def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
+    """The contiguous grouped and weight-gradient sections carry DeepGEMM's kernels timed in the
+    run like fp8_gemm_nt does: their columns, how the outputs compared (one line of text even
+    where plot labels break lines) and which kernels the Method line names."""
+    from cutegen.gen import bench
+
+    contiguous = [grouped_row(4, 8192, 4096, 7168, 1000.0, 1100.0, 1345),
+                  grouped_row(8, 4096, 7168, 2048, 500.0, None, 1240)]
+    for r, us in zip(contiguous, (900.0, 520.0)):
+        r.update(deepgemm_run_us=us, deepgemm_run_tflops=_gemm_tflops(r["groups"] * r["rows_per_group"], r["n"], r["k"], us),
+                 deepgemm_run_equal=True, deepgemm_run_calc_diff=0.0, deepgemm_run_config="128x192 c2x1 s4")
+    wgrad = [{"shape": [7168, 2112, 4096], "ours_us": 150.0, "ours_tflops": _gemm_tflops(7168, 2112, 4096, 150.0),
+              "deepgemm_tflops": 952, "deepgemm_run_us": 160.0,
+              "deepgemm_run_tflops": _gemm_tflops(7168, 2112, 4096, 160.0), "deepgemm_run_equal": False,
+              "deepgemm_run_calc_diff": 2e-16, "deepgemm_run_config": "128x152 c2x1 s4"}]
+    env = dict(ENV, deepgemm_in_run="DeepGEMM commit abc1234 2026-06-23")
+    results = {"environment": env, "m_grouped_fp8_gemm_nt_contiguous": contiguous, "fp8_wgrad_gemm_nt": wgrad}
+    text = report.write_report(results, tmp_path, settings=report.Settings(plots=False))[0].read_text()
+    got = table(text, "## M-grouped FP8 GEMM, contiguous")
+    assert [r["DeepGEMM in this run µs"] for r in got] == ["900.0", "520.0"]
+    assert [r["vs DeepGEMM in this run"] for r in got] == ["0.900", "1.040"]
+    assert "bitwise equal to cutegen's on 2 of 2 shapes" in text
+    assert "4x~8192 N4096 K7168 128x192 c2x1 s4, 8x~4096 N7168 K2048 128x192 c2x1 s4." in text
+    got = table(text, "## FP8 weight-gradient GEMM")
+    assert [r["vs DeepGEMM in this run"] for r in got] == ["1.067"]
+    assert "compared with cutegen's on 1 shape; calc_diff at most 2.0e-16" in text
+    method = text.split("## Method")[1].split("\n## ")[0]
+    assert "over the contiguous layout for `m_grouped_fp8_gemm_nt_contiguous`" in method
+    assert "1D1D kernel (fp32 D accumulated) for `fp8_wgrad_gemm_nt`" in method
+    assert "for `fp8_gemm_nt`" not in method  # no dense rows carried it in this run
+
+    printed = bench.render_grouped(contiguous, dict(ENV))
+    assert "DeepGEMM in this run TFLOPS" in printed and "| 0.90 | bitwise equal |" in printed
+    printed = bench.render_vs_deepgemm(wgrad, "fp8_wgrad_gemm_nt", "M, N, K")
+    assert "| 1.07 | calc_diff 2.0e-16 |" in printed
+    # Rows without the in-run anchor print as before.
+    assert "in this run" not in bench.render_vs_deepgemm([dict(wgrad[0], deepgemm_run_us=None)], "t", "M, N, K")

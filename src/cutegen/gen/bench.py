@@ -282,17 +282,33 @@ def _deepgemm_in_run(anchor, a, sfa, b, sfb, ours_out) -> dict:
     if entry is None:
         return {}
     d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    launch = anchor.launcher(a, sfa, b, sfb, d)
+    return _deepgemm_in_run_timed(entry, lambda out: anchor.launcher(a, sfa, b, sfb, out), d, ours_out,
+                                  2.0 * m * n * k)
+
+
+def _deepgemm_in_run_timed(entry: dict, make_launch, d, ours_out, flops: float, rows_mask=None,
+                           reset=None) -> dict:
+    """Run DeepGEMM's kernel `make_launch(d)` once into `d` (poisoned or, for accumulating kernels,
+    reset by `reset`), compare with cutegen's `ours_out` (over `rows_mask` rows only, when given),
+    then time it the same way as cutegen's call."""
+    import torch
+
+    launch = make_launch(d)
+    if reset is not None:
+        reset()
     launch()
     torch.cuda.synchronize()
-    x, y = d.double(), ours_out.double()
+    x, y = (d[rows_mask], ours_out[rows_mask]) if rows_mask is not None else (d, ours_out)
+    equal = bool(torch.equal(x, y))
+    x, y = x.double(), y.double()
     diff = float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
     us = time_cuda(launch)
     return {
         "deepgemm_run_us": us,
-        "deepgemm_run_tflops": 2.0 * m * n * k / us / 1e6,
-        "deepgemm_run_config": f"{entry['block_m']}x{entry['block_n']} c{entry['cluster_m']}x{entry['cluster_n']} s{entry['stages']}",
-        "deepgemm_run_equal": bool(torch.equal(d, ours_out)),
+        "deepgemm_run_tflops": flops / us / 1e6,
+        "deepgemm_run_config": entry.get("config") or
+        f"{entry['block_m']}x{entry['block_n']} c{entry['cluster_m']}x{entry['cluster_n']} s{entry['stages']}",
+        "deepgemm_run_equal": equal,
         "deepgemm_run_calc_diff": diff,
     }
 
@@ -399,21 +415,55 @@ DEEPGEMM_GROUPED_CONTIGUOUS = {
 }
 
 
-def bench_grouped_contiguous() -> list[dict]:
-    """m_grouped_fp8_gemm_nt_contiguous beside a loop of cuBLAS blockwise calls (one per group)."""
+# The contiguous benchmark aligns each group's rows to this (DeepGEMM's alignment; every cutegen
+# contiguous kernel accepts it).
+CONTIGUOUS_BENCH_ALIGNMENT = 128
+
+
+def contiguous_group_sizes(groups: int, expected: int, n: int) -> tuple[list[int], list[int]]:
+    """(real rows, aligned span) per group of a contiguous benchmark problem: sizes drawn from
+    0.7-1.3 x `expected` with a fixed seed, so every run (and `cutegen deepgemm-build`) sees the
+    same problem."""
     import random
 
+    rng = random.Random(groups * 1000 + n)
+    sizes = [int(expected * rng.uniform(0.7, 1.3)) for _ in range(groups)]
+    return sizes, [ceil_div(s, CONTIGUOUS_BENCH_ALIGNMENT) * CONTIGUOUS_BENCH_ALIGNMENT for s in sizes]
+
+
+def deepgemm_problems(ops, all_shapes: bool = False) -> list:
+    """The problems `cutegen deepgemm-build` compiles DeepGEMM's kernels for: every benchmark
+    shape of the ops given that has a DeepGEMM counterpart (`DeepGemmKernel`); `all_shapes`
+    adds the fp8_gemm_nt shapes DeepGEMM published no numbers for."""
+    from cutegen.gen.deepgemm_anchor import DeepGemmKernel, DeepGemmProblem
+
+    problems = []
+    if "fp8_gemm_nt" in ops:
+        shapes = FP8_SHAPES if all_shapes else sorted(DEEPGEMM_FP8_TFLOPS)
+        problems += [DeepGemmProblem(DeepGemmKernel.DENSE_1D2D, *s) for s in shapes]
+    if "m_grouped_fp8_gemm_nt_contiguous" in ops:
+        for groups, expected, n, k in DEEPGEMM_GROUPED_CONTIGUOUS:
+            total = sum(contiguous_group_sizes(groups, expected, n)[1])
+            problems.append(DeepGemmProblem(DeepGemmKernel.CONTIGUOUS_1D2D, total, n, k, groups))
+    if "fp8_wgrad_gemm_nt" in ops:
+        problems += [DeepGemmProblem(DeepGemmKernel.WGRAD_1D1D, m, n, k)
+                     for (m, n) in DEEPGEMM_WGRAD for k in WGRAD_KS]
+    return problems
+
+
+def bench_grouped_contiguous(deepgemm=None) -> list[dict]:
+    """m_grouped_fp8_gemm_nt_contiguous beside a loop of cuBLAS blockwise calls (one per group)
+    and, with `deepgemm` (a `DeepGemmAnchor`), DeepGEMM's own contiguous kernel."""
     import torch
 
+    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import grouped_ops
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
     rows = []
     for (groups, expected, n, k), anchor in DEEPGEMM_GROUPED_CONTIGUOUS.items():
         fresh_allocations()
-        rng = random.Random(groups * 1000 + n)
-        sizes = [int(expected * rng.uniform(0.7, 1.3)) for _ in range(groups)]
-        spans = [-(-s // 128) * 128 for s in sizes]
+        sizes, spans = contiguous_group_sizes(groups, expected, n)
         total = sum(spans)
         m_indices = torch.full((total,), -1, dtype=torch.int32, device="cuda")
         row = 0
@@ -427,16 +477,24 @@ def bench_grouped_contiguous() -> list[dict]:
         sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
         out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
         starts = [sum(spans[:g]) for g in range(groups)]
+        run_ours = lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out)
         rows.append(
             _grouped_row(
-                (groups, expected, n, k), sum(sizes), anchor,
-                lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out),
+                (groups, expected, n, k), sum(sizes), anchor, run_ours,
                 lambda: [
                     _cublas_blockwise(a[r : r + span], sfa_rows[r : r + span], b[g], sfb[g])
                     for g, (r, span) in enumerate(zip(starts, spans))
                 ],
             )
         )
+        if deepgemm is not None and deepgemm.config(total, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups):
+            run_ours()
+            real = m_indices >= 0  # DeepGEMM leaves padding rows alone; cutegen zeroes them
+            rows[-1].update(_deepgemm_in_run_timed(
+                deepgemm.config(total, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups),
+                lambda d: deepgemm.contiguous_launcher(a, sfa, b, sfb, m_indices, d),
+                torch.full((total, n), float("nan"), device="cuda", dtype=torch.bfloat16),
+                out, 2.0 * sum(sizes) * n * k, rows_mask=real))
         del a, b, sfa_rows, sfa, sfb, out, m_indices
     return rows
 
@@ -461,18 +519,30 @@ def _grouped_row(problem, real_rows: int, anchor, run_ours, make_cublas_calls) -
     }
 
 
+def _in_run_cells(r: dict) -> str:
+    """The in-run DeepGEMM cells of a printed row: TFLOPS, cutegen's ratio and the comparison."""
+    dr = r.get("deepgemm_run_tflops")
+    if not dr:
+        return " n/a | n/a | n/a |"
+    same = "bitwise equal" if r.get("deepgemm_run_equal") else f"calc_diff {r['deepgemm_run_calc_diff']:.1e}"
+    return f" {dr:.0f} | {r['ours_tflops'] / dr:.2f} | {same} |"
+
+
 def render_grouped(rows: list[dict], env: dict, op: str = "m_grouped_fp8_gemm_nt_contiguous") -> str:
+    in_run = any(r.get("deepgemm_run_us") for r in rows)
+    extra = f" {IN_RUN_LABEL} TFLOPS | vs it | outputs |" if in_run else ""
     lines = [
         f"# {op} on {env['gpu']} ({env['date']}); TFLOPS count real rows only",
         "",
-        "| groups x rows | N, K | TFLOPS | cuBLAS loop TFLOPS | DeepGEMM TFLOPS | vs DeepGEMM |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| groups x rows | N, K | TFLOPS | cuBLAS loop TFLOPS | DeepGEMM TFLOPS | vs DeepGEMM |" + extra,
+        "| --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if in_run else ""),
     ]
     for r in rows:
         cb = r["cublas_loop_tflops"]
         lines.append(
             f"| {r['groups']} x ~{r['rows_per_group']} | {r['n']}, {r['k']} | {r['ours_tflops']:.0f} | "
             f"{cb and f'{cb:.0f}' or 'n/a'} | {r['deepgemm_tflops']} | {r['ours_tflops'] / r['deepgemm_tflops']:.2f} |"
+            + (_in_run_cells(r) if in_run else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -514,22 +584,25 @@ def bench_grouped_masked() -> list[dict]:
 
 
 # DeepGEMM's dense weight-gradient numbers on our H200, TFLOPS: (M, N) -> (K=4096, K=8192).
+WGRAD_KS = (4096, 8192)
 DEEPGEMM_WGRAD = {
     (7168, 2112): (952, 1045), (1536, 24576): (1009, 1071), (512, 32768): (914, 1008),
     (16384, 7168): (1015, 1057), (7168, 4096): (979, 1046), (2048, 7168): (940, 1033),
 }
 
 
-def bench_wgrad() -> list[dict]:
-    """fp8_wgrad_gemm_nt (D += A·Bᵀ, fp32) beside DeepGEMM's numbers from the anchors."""
+def bench_wgrad(deepgemm=None) -> list[dict]:
+    """fp8_wgrad_gemm_nt (D += A·Bᵀ, fp32) beside DeepGEMM's numbers from the anchors and, with
+    `deepgemm` (a `DeepGemmAnchor`), DeepGEMM's own 1D1D kernel on the same operands."""
     import torch
 
+    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import fp8_ops
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
     rows = []
     for (m, n), anchors in DEEPGEMM_WGRAD.items():
-        for k, anchor in zip((4096, 8192), anchors):
+        for k, anchor in zip(WGRAD_KS, anchors):
             fresh_allocations()
             a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
             b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
@@ -539,6 +612,17 @@ def bench_wgrad() -> list[dict]:
             ours = time_cuda(lambda: fp8_ops.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d))
             rows.append({"shape": [m, n, k], "ours_us": ours, "ours_tflops": 2.0 * m * n * k / ours / 1e6,
                          "deepgemm_tflops": anchor})
+            entry = deepgemm.config(m, n, k, DeepGemmKernel.WGRAD_1D1D) if deepgemm is not None else None
+            if entry is not None:
+                # Both accumulate into D: the same non-zero C for each, then one call each.
+                c = torch.randn(m, n, device="cuda")
+                d.copy_(c)
+                fp8_ops.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d)
+                theirs = torch.empty_like(c)
+                rows[-1].update(_deepgemm_in_run_timed(
+                    entry, lambda out: deepgemm.wgrad_launcher(a, sfa, b, sfb, out), theirs, d,
+                    2.0 * m * n * k, reset=lambda: theirs.copy_(c)))
+                del c, theirs
             del a, b, sfa, sfb, d
     return rows
 
@@ -643,10 +727,14 @@ OPS = (*GEMM_OPS, "quantize")
 
 
 def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
-    """A Markdown table of rows whose only anchor is DeepGEMM's published TFLOPS."""
-    lines = [f"# {title}", "", f"| {shape_header} | TFLOPS | DeepGEMM | ratio |", "| --- | --- | --- | --- |"]
+    """A Markdown table of rows beside DeepGEMM's published TFLOPS (and its kernel in this run,
+    where it was timed)."""
+    in_run = any(r.get("deepgemm_run_us") for r in rows)
+    extra = f" {IN_RUN_LABEL} | vs it | outputs |" if in_run else ""
+    lines = [f"# {title}", "", f"| {shape_header} | TFLOPS | DeepGEMM | ratio |" + extra,
+             "| --- | --- | --- | --- |" + (" --- | --- | --- |" if in_run else "")]
     lines += [f"| {', '.join(map(str, r['shape']))} | {r['ours_tflops']:.0f} | {r['deepgemm_tflops']} | "
-              f"{r['ours_tflops'] / r['deepgemm_tflops']:.2f} |" for r in rows]
+              f"{r['ours_tflops'] / r['deepgemm_tflops']:.2f} |" + (_in_run_cells(r) if in_run else "") for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -694,7 +782,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
             print(render_fp8(rows, env, copy_gbs, "fp8_gemm_nt at decode-sized M"))
             results["fp8_gemm_nt_decode"] = {"rows": rows, "copy_gbs": copy_gbs}
     if "m_grouped_fp8_gemm_nt_contiguous" in ops and "m_grouped_fp8_gemm_nt_contiguous" in available:
-        rows = bench_grouped_contiguous()
+        rows = bench_grouped_contiguous(deepgemm=deepgemm)
         print(render_grouped(rows, env))
         results["m_grouped_fp8_gemm_nt_contiguous"] = rows
     if "m_grouped_fp8_gemm_nt_masked" in ops and "m_grouped_fp8_gemm_nt_masked" in available:
@@ -702,7 +790,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         print(render_grouped(rows, env, "m_grouped_fp8_gemm_nt_masked"))
         results["m_grouped_fp8_gemm_nt_masked"] = rows
     for op, bench_op, title, shape_header in (
-        ("fp8_wgrad_gemm_nt", bench_wgrad, "fp32 D += A·Bᵀ", "M, N, K"),
+        ("fp8_wgrad_gemm_nt", lambda: bench_wgrad(deepgemm=deepgemm), "fp32 D += A·Bᵀ", "M, N, K"),
         ("k_grouped_fp8_gemm_nt_contiguous", bench_k_grouped, "fp32 D[g] += A_g·B_gᵀ", "G, M, N, mean k"),
     ):
         if op in ops and op in available:

@@ -704,16 +704,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_deepgemm_build(args: argparse.Namespace) -> int:
-    from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS, FP8_SHAPES
-    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, build
+    from cutegen.gen.bench import deepgemm_problems
+    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, DeepGemmKernel, build
 
-    shapes = FP8_SHAPES if args.all_shapes else sorted(DEEPGEMM_FP8_TFLOPS)
+    ops = args.op or [k.op for k in DeepGemmKernel]
+    problems = deepgemm_problems(ops, all_shapes=args.all_shapes)
+    print(f"compiling DeepGEMM's kernels for {len(problems)} problems ({', '.join(ops)}) with {args.jobs} jobs",
+          flush=True)
     try:
-        entries = build(shapes, Path(args.deepgemm), Path(args.cutlass), Path(args.output), nvcc=args.nvcc,
+        entries = build(problems, Path(args.deepgemm), Path(args.cutlass), Path(args.output), nvcc=args.nvcc,
                         jobs=args.jobs, sms=args.sms, progress=lambda line: print(f"  built {line}", flush=True))
     except DeepGemmBuildError as exc:
         raise CliError(str(exc), 1 if isinstance(exc, DeepGemmCompileError) else 2) from exc
-    print(f"{len(entries)} DeepGEMM kernels in {args.output}; time them with `{PROG} bench --op fp8_gemm_nt "
+    op_args = " ".join(f"--op {op}" for op in ops)
+    print(f"{len(entries)} DeepGEMM kernels in {args.output}; time them with `{PROG} bench {op_args} "
           f"--deepgemm {args.output}`")
     return 0
 
@@ -862,14 +866,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="kernel: the calls' GPU kernel durations as CUPTI records them, as DeepGEMM's own "
                          "benchmark timed its numbers (default); event: CUDA events around each call")
     bn.add_argument("--deepgemm", metavar="DIR",
-                    help="fp8_gemm_nt: also time DeepGEMM's own kernels from a `deepgemm-build` folder beside "
-                         "cutegen's, same operands, checked against cutegen's output first")
+                    help="fp8_gemm_nt, m_grouped_fp8_gemm_nt_contiguous and fp8_wgrad_gemm_nt: also time "
+                         "DeepGEMM's own kernels from a `deepgemm-build` folder beside cutegen's, same operands, "
+                         "checked against cutegen's output first")
     bn.set_defaults(func=cmd_bench)
 
     dg = sub.add_parser(
         "deepgemm-build",
-        help="compile DeepGEMM's dense FP8 kernel (from your checkout, with nvcc) for the benchmark's shapes, "
-             "as an anchor for `bench --deepgemm`",
+        help="compile DeepGEMM's FP8 kernels (dense 1D2D, contiguous grouped 1D2D, dense 1D1D weight gradient; "
+             "from your checkout, with nvcc) for the benchmark's problems, as an anchor for `bench --deepgemm`",
     )
     dg.add_argument("--deepgemm", required=True, metavar="DIR", help="a DeepGEMM checkout (deepseek-ai/DeepGEMM)")
     dg.add_argument("--cutlass", required=True, metavar="DIR", help="a CUTLASS checkout (its include/ is used)")
@@ -877,6 +882,10 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--nvcc", help="the nvcc to use (default: the one on PATH; CUDA 12.8 or newer)")
     dg.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     dg.add_argument("--sms", type=int, default=132, help="SMs of the GPU the kernels are for (H200/H100 SXM: 132)")
+    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
+
+    dg.add_argument("--op", action="append", choices=[k.op for k in DeepGemmKernel],
+                    help="only the DeepGEMM counterpart of this op (repeatable; default: all three)")
     dg.add_argument("--all-shapes", action="store_true",
                     help="also the (N, K) = (576, 7168) shapes DeepGEMM published no numbers for")
     dg.set_defaults(func=cmd_deepgemm_build)

@@ -1,19 +1,26 @@
 """DeepGEMM's own Hopper FP8 GEMM kernels as an anchor measured in the same run as cutegen's.
 
 DeepGEMM (deepseek-ai/DeepGEMM, MIT) compiles its kernels at run time from CUDA C++ headers. This
-module compiles its dense 1D2D kernel (`sm90_fp8_gemm_1d2d_impl`: 1x128 activation scales, 128x128
-weight scales, bf16 D) ahead of time with nvcc, from a DeepGEMM checkout and a CUTLASS checkout the
-user names, one cubin per benchmark shape in the configuration DeepGEMM's own heuristic picks
-(`choose_config`), and launches those cubins through cuda-python beside cutegen's kernels:
+module compiles three of its SM90 kernels ahead of time with nvcc, from a DeepGEMM checkout and a
+CUTLASS checkout the user names, one cubin per benchmark problem in the configuration DeepGEMM's
+own heuristic picks (`choose_config`), and launches those cubins through cuda-python beside
+cutegen's kernels (`DeepGemmKernel` lists them):
+
+- the dense 1D2D kernel (`sm90_fp8_gemm_1d2d_impl`: 1x128 activation scales, 128x128 weight
+  scales, bf16 D), beside `fp8_gemm_nt`;
+- the same kernel over the contiguous grouped layout (`m_indices`), beside
+  `m_grouped_fp8_gemm_nt_contiguous`;
+- the dense 1D1D kernel (`sm90_fp8_gemm_1d1d_impl`: 1x128 scales on both operands, fp32 D
+  accumulated in place), beside `fp8_wgrad_gemm_nt`.
 
     cutegen deepgemm-build --deepgemm ~/DeepGEMM --cutlass ~/cutlass -o build/deepgemm   # CPU, nvcc
-    cutegen bench --op fp8_gemm_nt --deepgemm build/deepgemm                              # the GPU
+    cutegen bench --deepgemm build/deepgemm                                               # the GPU
 
 Nothing of DeepGEMM is part of cutegen: the generated source only includes DeepGEMM's header from
 the given checkout and instantiates its kernel template; the folder written holds the user's own
 build of it (cubins, their sources, `deepgemm.json`). The bench checks each DeepGEMM result against
-cutegen's on the same operands before timing it (the two kernels promote in the same order, so
-they agree to the bit).
+cutegen's on the same operands before timing it (the 1D2D kernels promote in the same order as
+cutegen's, so they agree to the bit).
 
 Building needs nvcc with sm_90a support (CUDA 12.8 or newer) and no GPU; launching needs only
 cuda-python, torch and a Hopper GPU (this module never imports the CuTe DSL).
@@ -22,6 +29,7 @@ cuda-python, torch and a Hopper GPU (this module never imports the CuTe DSL).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import re
@@ -36,8 +44,9 @@ from cutegen.runtime.params import ceil_div
 CONFIG_FILE = "deepgemm.json"
 # How reports and printouts name this anchor.
 IN_RUN_LABEL = "DeepGEMM in this run"
-# The kernel's header inside a DeepGEMM checkout, and a header every CUTLASS checkout has.
-KERNEL_HEADER = "deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh"
+# The kernels' folder inside a DeepGEMM checkout, and a header every CUTLASS checkout has.
+KERNEL_DIR = "deep_gemm/include/deep_gemm/impls"
+KERNEL_HEADER = f"{KERNEL_DIR}/sm90_fp8_gemm_1d2d.cuh"
 CUTLASS_HEADER = "include/cute/tensor.hpp"
 KERNEL_SYMBOL = "sm90_fp8_gemm_1d2d_impl"
 
@@ -49,8 +58,57 @@ TMA_THREADS = 128
 BLOCK_K = 128
 BLOCK_N_STEP = 16
 BLOCK_N_MAX_1D2D = 192
+# 1D1D with an fp32 D: N blocks start at 24 (and 16) to avoid bank conflicts, and stop at 160
+# for registers.
+BLOCK_N_START_1D1D_F32 = 24
+BLOCK_N_MAX_1D1D = 160
+# DeepGEMM's contiguous layout aligns each group to this many rows and tiles M by it.
+CONTIGUOUS_ALIGNMENT = 128
 L1_BYTES_PER_CYCLE_PER_SM = 128
 WGMMA_M = 64
+
+
+class DeepGemmKernel(enum.Enum):
+    """The DeepGEMM SM90 kernels this anchor builds, each the counterpart of one cutegen op."""
+
+    DENSE_1D2D = "1d2d"
+    CONTIGUOUS_1D2D = "contiguous_1d2d"
+    WGRAD_1D1D = "1d1d"
+
+    @property
+    def op(self) -> str:
+        """The cutegen op it is timed beside."""
+        return {"1d2d": "fp8_gemm_nt", "contiguous_1d2d": "m_grouped_fp8_gemm_nt_contiguous",
+                "1d1d": "fp8_wgrad_gemm_nt"}[self.value]
+
+    @property
+    def symbol(self) -> str:
+        return "sm90_fp8_gemm_1d1d_impl" if self is DeepGemmKernel.WGRAD_1D1D else KERNEL_SYMBOL
+
+    @property
+    def header(self) -> str:
+        return f"{KERNEL_DIR}/{self.symbol.removesuffix('_impl')}.cuh"
+
+    @property
+    def gemm_type(self) -> str:
+        return "MGroupedContiguous" if self is DeepGemmKernel.CONTIGUOUS_1D2D else "Normal"
+
+    @property
+    def d_bytes(self) -> int:
+        """Bytes per element of D: bf16 for 1D2D, fp32 for 1D1D."""
+        return 4 if self is DeepGemmKernel.WGRAD_1D1D else 2
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether D is read as well as written (the 1D1D kernel reduce-adds into D)."""
+        return self is DeepGemmKernel.WGRAD_1D1D
+
+
+def kernel_by_op(op: str) -> DeepGemmKernel:
+    for kernel in DeepGemmKernel:
+        if kernel.op == op:
+            return kernel
+    raise ValueError(f"no DeepGEMM anchor kernel for {op!r} (have: {', '.join(k.op for k in DeepGemmKernel)})")
 
 def _align(x: int, a: int) -> int:
     return ceil_div(x, a) * a
@@ -66,7 +124,8 @@ def swizzle_bytes(block: int, elem_bytes: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class DeepGemmConfig:
-    """One DeepGEMM 1D2D kernel instantiation for one (M, N, K): its tile, cluster and pipeline."""
+    """One DeepGEMM kernel instantiation for one problem: its tile, cluster and pipeline. For the
+    contiguous layout M is the total row count (every group's rows and padding) over `groups`."""
 
     m: int
     n: int
@@ -77,6 +136,8 @@ class DeepGemmConfig:
     cluster_n: int
     stages: int
     smem_bytes: int
+    kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D
+    groups: int = 1
 
     @property
     def cluster_size(self) -> int:
@@ -97,95 +158,153 @@ class DeepGemmConfig:
 
     @property
     def swizzle_d(self) -> int:
-        return swizzle_bytes(self.block_n, 2)
+        """D's TMA swizzle in bytes; 0 (none) for the fp32 D of the 1D1D kernel."""
+        return 0 if self.kernel.d_bytes == 4 else swizzle_bytes(self.block_n, self.kernel.d_bytes)
+
+    @property
+    def store_block_m(self) -> int:
+        """Rows of D per TMA store: the 1D1D kernel stores one warpgroup's 64 rows at a time."""
+        return WGMMA_M if self.kernel is DeepGemmKernel.WGRAD_1D1D else self.block_m
 
     @property
     def name(self) -> str:
         """Total and one-to-one over the fields that change the cubin or its launch."""
-        return (f"deepgemm_1d2d_{self.m}x{self.n}x{self.k}_{self.block_m}x{self.block_n}"
+        groups = f"_g{self.groups}" if self.kernel is DeepGemmKernel.CONTIGUOUS_1D2D else ""
+        return (f"deepgemm_{self.kernel.value}{groups}_{self.m}x{self.n}x{self.k}_{self.block_m}x{self.block_n}"
                 f"_c{self.cluster_m}x{self.cluster_n}_s{self.stages}")
 
     def describe(self) -> str:
         mc = f"multicast {'A' if self.multicast_on_a else 'B'}" if self.cluster_size > 1 else "no multicast"
         return f"{self.block_m}x{self.block_n}, cluster {self.cluster_m}x{self.cluster_n} ({mc}), {self.stages} stages"
 
+    def short(self) -> str:
+        """Tile, cluster and stages, as reports print them."""
+        return f"{self.block_m}x{self.block_n} c{self.cluster_m}x{self.cluster_n} s{self.stages}"
 
-def pipeline(m: int, n: int, k: int, block_m: int, block_n: int) -> tuple[int, int]:
-    """(stages, dynamic shared memory) of a DeepGEMM 1D2D tile: the whole bf16 D tile, the
-    per-tile SFB row(s) and the barriers besides the stages of A, B and SFA."""
-    smem_d = _align(block_m * block_n * 2, 1024)
+
+def pipeline(m: int, n: int, k: int, block_m: int, block_n: int,
+             kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D) -> tuple[int, int]:
+    """(stages, dynamic shared memory) of a DeepGEMM tile: the whole D tile and the barriers
+    besides the stages of A, B and SFA; 1D2D adds the per-tile SFB row(s), 1D1D an SFB stage."""
+    smem_d = _align(block_m * block_n * kernel.d_bytes, 1024)
     barriers = MAX_STAGES * 8 * 2
-    sfb_rows = 1 if BLOCK_K % block_n == 0 else 2
-    smem_sfb = _align(ceil_div(k, BLOCK_K) * 4 * sfb_rows, 8)
+    if kernel is DeepGemmKernel.WGRAD_1D1D:
+        smem_sfb, sfb_per_stage = 0, _align(block_n * 4, 128)
+    else:
+        sfb_rows = 1 if BLOCK_K % block_n == 0 else 2
+        smem_sfb, sfb_per_stage = _align(ceil_div(k, BLOCK_K) * 4 * sfb_rows, 8), 0
     fixed = smem_d + barriers + smem_sfb
-    per_stage = block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128)
+    per_stage = block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128) + sfb_per_stage
     stages = min((SMEM_CAPACITY - fixed) // per_stage, MAX_STAGES)
     return stages, fixed + stages * per_stage
 
 
-def candidates(m: int, n: int, k: int, sms: int) -> list[DeepGemmConfig]:
-    """The tiles DeepGEMM's SM90 heuristic considers for a dense bf16-output 1D2D GEMM."""
-    block_ms = [64, 128, 256] + ([16] if m <= 16 else []) + ([32] if m <= 32 else [])
+def _block_ms(m: int, kernel: DeepGemmKernel) -> list[int]:
+    if kernel is DeepGemmKernel.CONTIGUOUS_1D2D:
+        return [CONTIGUOUS_ALIGNMENT]
+    small = ([16] if m <= 16 else []) + ([32] if m <= 32 else [])
+    # 256-row tiles only with a bf16 D (registers).
+    return [64, 128] + small + ([256] if kernel.d_bytes == 2 else [])
+
+
+def _block_ns(kernel: DeepGemmKernel) -> list[int]:
+    if kernel is DeepGemmKernel.WGRAD_1D1D:
+        return [BLOCK_N_STEP] + list(range(BLOCK_N_START_1D1D_F32, BLOCK_N_MAX_1D1D + 1, BLOCK_N_STEP))
+    return list(range(BLOCK_N_STEP, BLOCK_N_MAX_1D2D + 1, BLOCK_N_STEP))
+
+
+def _sfb_unroll_allows(block_n: int) -> bool:
+    """The 1D2D kernel's unrolled SFB choice (its own static assertion)."""
+    spill = block_n - BLOCK_K
+    return not (block_n > BLOCK_K and block_n % spill and BLOCK_K % spill)
+
+
+def candidates(m: int, n: int, k: int, sms: int, kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D,
+               groups: int = 1) -> list[DeepGemmConfig]:
+    """The tiles DeepGEMM's SM90 heuristic considers, in its order."""
     out = []
     for cluster_m in (1, 2):
         for cluster_n in (1, 2):
             if cluster_m * cluster_n > 2 or sms % (cluster_m * cluster_n):
                 continue
-            for block_m in block_ms:
-                for block_n in range(BLOCK_N_STEP, BLOCK_N_MAX_1D2D + 1, BLOCK_N_STEP):
-                    # The kernel's unrolled SFB choice needs these (its own static assertion).
-                    spill = block_n - BLOCK_K
-                    if block_n > BLOCK_K and block_n % spill and BLOCK_K % spill:
+            for block_m in _block_ms(m, kernel):
+                for block_n in _block_ns(kernel):
+                    if kernel is not DeepGemmKernel.WGRAD_1D1D and not _sfb_unroll_allows(block_n):
                         continue
                     if block_m > 128 and block_n > 128:  # registers
                         continue
-                    stages, smem = pipeline(m, n, k, block_m, block_n)
+                    stages, smem = pipeline(m, n, k, block_m, block_n, kernel)
                     if stages < 3 or (block_m * block_n < 128 * 192 and stages < 4):
                         continue
-                    out.append(DeepGemmConfig(m, n, k, block_m, block_n, cluster_m, cluster_n, stages, smem))
+                    out.append(DeepGemmConfig(m, n, k, block_m, block_n, cluster_m, cluster_n, stages, smem,
+                                              kernel, groups))
     return out
 
 
 def modelled_cycles(c: DeepGemmConfig, sms: int) -> int:
     """DeepGEMM's SM90 cost model: L1 and L2 bytes over their per-cycle bandwidths, divided by the
-    wave efficiency; clusters are never chosen for a single wave."""
+    wave efficiency; clusters are never chosen for a single wave. (The contiguous layout counts
+    its total rows as one problem, as DeepGEMM does.)"""
     blocks = ceil_div(c.m, c.block_m) * ceil_div(c.n, c.block_n)
     waves = ceil_div(blocks, sms)
     if c.cluster_size > 1 and waves <= 1:
         return 2**63 - 1
     l2_per_cycle = int(min(64.0 * sms, 8e6 / 1.3e3))
     l1_per_cycle = L1_BYTES_PER_CYCLE_PER_SM * sms
+    tile_d = c.block_m * c.block_n * c.kernel.d_bytes
     l2_ab = c.k * (c.block_m // c.cluster_n + c.block_n // c.cluster_m)
     l1_ab = c.k * (c.block_m + c.block_n)
-    l1_tc = c.k * (max(WGMMA_M, c.block_m) + c.block_n) + c.block_m * c.block_n * 2
-    cd = c.block_m * c.block_n * 2
+    l1_tc = c.k * (max(WGMMA_M, c.block_m) + c.block_n) + tile_d
+    cd = tile_d * (2 if c.kernel.accumulates else 1)
     l2_cycles = (l2_ab + cd) * blocks // l2_per_cycle
     l1_cycles = (l1_ab + l1_tc + cd) * blocks // l1_per_cycle
     return int(max(l1_cycles, l2_cycles) / (blocks / (waves * sms)))
 
 
-def choose_config(m: int, n: int, k: int, sms: int = 132) -> DeepGemmConfig:
+def choose_config(m: int, n: int, k: int, sms: int = 132, kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D,
+                  groups: int = 1) -> DeepGemmConfig:
     """The configuration DeepGEMM's SM90 heuristic picks (the first of the cheapest, in its order)."""
-    cands = candidates(m, n, k, sms)
+    cands = candidates(m, n, k, sms, kernel, groups)
     if not cands:
-        raise ValueError(f"DeepGEMM's heuristic has no 1D2D tile for {m}x{n}x{k}")
+        raise ValueError(f"DeepGEMM's heuristic has no {kernel.value} tile for {m}x{n}x{k}")
     return min(cands, key=lambda c: modelled_cycles(c, sms))  # min keeps the first of equals
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepGemmProblem:
+    """One problem to build a DeepGEMM kernel for; for the contiguous layout M is the total rows."""
+
+    kernel: DeepGemmKernel
+    m: int
+    n: int
+    k: int
+    groups: int = 1
+
+    def config(self, sms: int = 132) -> DeepGemmConfig:
+        return choose_config(self.m, self.n, self.k, sms, self.kernel, self.groups)
 
 
 def kernel_source(c: DeepGemmConfig, sms: int = 132) -> str:
     """A translation unit instantiating DeepGEMM's kernel for `c` on a GPU of `sms` SMs (N and K
     compiled in, as DeepGEMM's default `compiled_dims` does; M at run time)."""
-    return f"""// Generated by cutegen deepgemm-build: DeepGEMM's sm90_fp8_gemm_1d2d_impl for {c.m}x{c.n}x{c.k}.
-#include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
+    head = f"// Generated by cutegen deepgemm-build: DeepGEMM's {c.kernel.symbol} for {c.name}.\n"
+    if c.kernel is DeepGemmKernel.WGRAD_1D1D:
+        args = (f"0, {c.n}, {c.k}, {c.groups},\n        {c.block_m}, {c.block_n}, {BLOCK_K}, 128, 128,\n"
+                f"        {c.stages}, {TMA_THREADS}, {c.math_threads},\n"
+                f"        {c.cluster_size}, {str(c.multicast_on_a).lower()},\n"
+                f"        {sms}, GemmType::{c.kernel.gemm_type}, float")
+    else:
+        args = (f"cute::UMMA::Major::K, 0, {c.n}, {c.k}, {c.groups},\n"
+                f"        {c.block_m}, {c.block_n}, {BLOCK_K}, 128, 128, {c.swizzle_d},\n"
+                f"        {c.stages}, {TMA_THREADS}, {c.math_threads},\n"
+                f"        {c.cluster_size}, {str(c.multicast_on_a).lower()},\n"
+                f"        {sms}, GemmType::{c.kernel.gemm_type}, cutlass::bfloat16_t,\n"
+                f"        epilogue::transform::EpilogueIdentity")
+    return head + f"""#include <{c.kernel.header.removeprefix('deep_gemm/include/')}>
 using namespace deep_gemm;
 static void instantiate() {{
-    auto ptr = reinterpret_cast<void*>(&sm90_fp8_gemm_1d2d_impl<
-        cute::UMMA::Major::K, 0, {c.n}, {c.k}, 1,
-        {c.block_m}, {c.block_n}, {BLOCK_K}, 128, 128, {c.swizzle_d},
-        {c.stages}, {TMA_THREADS}, {c.math_threads},
-        {c.cluster_size}, {str(c.multicast_on_a).lower()},
-        {sms}, GemmType::Normal, cutlass::bfloat16_t,
-        epilogue::transform::EpilogueIdentity>);
+    auto ptr = reinterpret_cast<void*>(&{c.kernel.symbol}<
+        {args}>);
     (void)ptr;
 }}
 """
@@ -199,9 +318,10 @@ class DeepGemmCompileError(DeepGemmBuildError):
     """nvcc rejected a generated kernel source."""
 
 
-def check_sources(deepgemm: Path, cutlass: Path) -> None:
-    if not (deepgemm / KERNEL_HEADER).is_file():
-        raise DeepGemmBuildError(f"--deepgemm {deepgemm}: no {KERNEL_HEADER} (expected a DeepGEMM checkout)")
+def check_sources(deepgemm: Path, cutlass: Path, kernels: Iterable[DeepGemmKernel] = (DeepGemmKernel.DENSE_1D2D,)) -> None:
+    for header in sorted({k.header for k in kernels}):
+        if not (deepgemm / header).is_file():
+            raise DeepGemmBuildError(f"--deepgemm {deepgemm}: no {header} (expected a DeepGEMM checkout)")
     if not (cutlass / CUTLASS_HEADER).is_file():
         raise DeepGemmBuildError(f"--cutlass {cutlass}: no {CUTLASS_HEADER} (expected a CUTLASS checkout)")
 
@@ -216,32 +336,38 @@ def nvcc_command(nvcc: str, source: Path, cubin: Path, deepgemm: Path, cutlass: 
     ]
 
 
-def _entry_name(cubin: Path) -> str:
+def _entry_name(cubin: Path, symbol: str = KERNEL_SYMBOL) -> str:
     from cutegen.gen.sass import find_cuobjdump
 
     tool = find_cuobjdump()
     if tool is None:
         raise DeepGemmBuildError("cuobjdump not found (pip install 'cutegen[gen]')")
     elf = subprocess.run([str(tool), "-elf", str(cubin)], capture_output=True, text=True, check=True).stdout
-    names = sorted(set(re.findall(r"\.text\.(_Z\S*" + KERNEL_SYMBOL + r"\S*)", elf)))
+    names = sorted(set(re.findall(r"\.text\.(_Z\S*" + symbol + r"\S*)", elf)))
     if len(names) != 1:
-        raise DeepGemmBuildError(f"{cubin}: expected one {KERNEL_SYMBOL} entry, found {names}")
+        raise DeepGemmBuildError(f"{cubin}: expected one {symbol} entry, found {names}")
     return names[0]
 
 
+def _as_problem(p: DeepGemmProblem | tuple[int, int, int]) -> DeepGemmProblem:
+    return p if isinstance(p, DeepGemmProblem) else DeepGemmProblem(DeepGemmKernel.DENSE_1D2D, *p)
+
+
 def build(
-    shapes: Iterable[tuple[int, int, int]], deepgemm: Path, cutlass: Path, out_dir: Path,
+    problems: Iterable[DeepGemmProblem | tuple[int, int, int]], deepgemm: Path, cutlass: Path, out_dir: Path,
     nvcc: str | None = None, jobs: int = 2, sms: int = 132,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
-    """Compile DeepGEMM's kernel for each shape into `out_dir` and write its `deepgemm.json`."""
+    """Compile DeepGEMM's kernel for each problem (an (M, N, K) tuple is a dense 1D2D one) into
+    `out_dir` and write its `deepgemm.json`."""
     deepgemm, cutlass, out_dir = Path(deepgemm).expanduser(), Path(cutlass).expanduser(), Path(out_dir)
-    check_sources(deepgemm, cutlass)
+    problems = [_as_problem(p) for p in problems]
+    check_sources(deepgemm, cutlass, {p.kernel for p in problems})
     nvcc = nvcc or shutil.which("nvcc")
     if not nvcc:
         raise DeepGemmBuildError("nvcc not found: put CUDA 12.8 or newer on PATH, or pass --nvcc")
     out_dir.mkdir(parents=True, exist_ok=True)
-    configs = list(dict.fromkeys(choose_config(m, n, k, sms) for m, n, k in shapes))
+    configs = list(dict.fromkeys(p.config(sms) for p in problems))
 
     def one(c: DeepGemmConfig) -> dict:
         source, cubin = out_dir / f"{c.name}.cu", out_dir / f"{c.name}.cubin"
@@ -251,8 +377,9 @@ def build(
             raise DeepGemmCompileError(f"nvcc failed for {c.name}:\n{proc.stderr[-3000:]}")
         if progress:
             progress(f"{c.name}: {c.describe()}")
-        return {**dataclasses.asdict(c), "name": c.name, "cubin": cubin.name, "entry": _entry_name(cubin),
-                "threads": c.threads, "swizzle_d": c.swizzle_d, "sms": sms}
+        return {**dataclasses.asdict(c), "kernel": c.kernel.value, "name": c.name, "cubin": cubin.name,
+                "entry": _entry_name(cubin, c.kernel.symbol), "threads": c.threads, "swizzle_d": c.swizzle_d,
+                "store_block_m": c.store_block_m, "config": c.short(), "sms": sms}
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         entries = list(pool.map(one, configs))
@@ -273,8 +400,12 @@ def _describe_checkout(path: Path) -> str:
 # ---- launching (the GPU machine: cuda-python and torch, no CuTe DSL) ----------------------------
 
 
+def _key(kernel: str, m: int, n: int, k: int, groups: int) -> tuple:
+    return (kernel, m, n, k, groups)
+
+
 class DeepGemmAnchor:
-    """The kernels of a `deepgemm-build` folder, looked up by shape and launched on torch tensors."""
+    """The kernels of a `deepgemm-build` folder, looked up by problem and launched on torch tensors."""
 
     def __init__(self, folder: str | os.PathLike[str]):
         self.folder = Path(folder)
@@ -285,14 +416,22 @@ class DeepGemmAnchor:
             raise FileNotFoundError(f"--deepgemm {self.folder}: cannot read {CONFIG_FILE} ({exc}); "
                                     "make it with `cutegen deepgemm-build`") from exc
         self.meta = meta
-        self.by_shape = {(e["m"], e["n"], e["k"]): e for e in meta["kernels"]}
+        # Folders written before the grouped and 1D1D kernels hold dense 1D2D entries only.
+        self.by_problem = {
+            _key(e.get("kernel", DeepGemmKernel.DENSE_1D2D.value), e["m"], e["n"], e["k"], e.get("groups", 1)): e
+            for e in meta["kernels"]
+        }
         self._functions: dict[str, Any] = {}
 
     def describe(self) -> str:
         return f"DeepGEMM {self.meta.get('deepgemm')}, CUTLASS {self.meta.get('cutlass')}, {self.meta.get('nvcc')}"
 
-    def config(self, m: int, n: int, k: int) -> dict | None:
-        return self.by_shape.get((m, n, k))
+    def config(self, m: int, n: int, k: int, kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D,
+               groups: int = 1) -> dict | None:
+        return self.by_problem.get(_key(kernel.value, m, n, k, groups))
+
+    def kernels(self) -> set[DeepGemmKernel]:
+        return {DeepGemmKernel(key[0]) for key in self.by_problem}
 
     def _function(self, e: dict) -> Any:
         from cutegen.runtime.driver import check, cu, ensure_context
@@ -307,37 +446,94 @@ class DeepGemmAnchor:
             self._functions[e["name"]] = fn
         return fn
 
+    def _entry(self, m: int, n: int, k: int, kernel: DeepGemmKernel, groups: int = 1) -> dict:
+        e = self.config(m, n, k, kernel, groups)
+        if e is None:
+            what = f"{groups} groups, " if kernel is DeepGemmKernel.CONTIGUOUS_1D2D else ""
+            raise KeyError(f"no DeepGEMM {kernel.value} kernel built for {what}{m}x{n}x{k} in {self.folder}")
+        return e
+
     def launcher(self, a: Any, sfa: Any, b: Any, sfb: Any, d: Any) -> Callable[[], None]:
-        """A call computing D = A·Bᵀ with DeepGEMM's kernel: A e4m3 [M, K], SFA fp32 MN-major and
-        TMA-aligned, B e4m3 [N, K], SFB fp32 [⌈N/128⌉, ⌈K/128⌉] K-major, D bf16 [M, N]
+        """A call computing D = A·Bᵀ with DeepGEMM's dense 1D2D kernel: A e4m3 [M, K], SFA fp32
+        MN-major and TMA-aligned, B e4m3 [N, K], SFB fp32 [⌈N/128⌉, ⌈K/128⌉] K-major, D bf16 [M, N]
         (all contiguous, as DeepGEMM takes them), with its own tensor maps."""
-        import ctypes
-
-        import torch
-
-        from cutegen.runtime.driver import check, cu
-        from cutegen.runtime.params import TmaArgs
-        from cutegen.runtime.tma import encode_tiled
-
         m, k = a.shape
         n = b.shape[0]
-        e = self.config(m, n, k)
-        if e is None:
-            raise KeyError(f"no DeepGEMM kernel built for {m}x{n}x{k} in {self.folder}")
+        e = self._entry(m, n, k, DeepGemmKernel.DENSE_1D2D)
+        return self._launch_1d2d(e, a, sfa, b, sfb, d, m, n, k, groups=1, m_indices=None)
+
+    def contiguous_launcher(self, a: Any, sfa: Any, b: Any, sfb: Any, m_indices: Any, d: Any) -> Callable[[], None]:
+        """The contiguous grouped layout with DeepGEMM's 1D2D kernel: A e4m3 [ΣM, K], B e4m3
+        [G, N, K], SFB fp32 [G, ⌈N/128⌉, ⌈K/128⌉], `m_indices` int32 [ΣM] (-1 on padding rows,
+        each group aligned to CONTIGUOUS_ALIGNMENT rows), D bf16 [ΣM, N]."""
+        m, k = a.shape
+        groups, n = b.shape[0], b.shape[1]
+        if m % CONTIGUOUS_ALIGNMENT:
+            raise ValueError(f"DeepGEMM's contiguous layout needs the total rows ({m}) to be a multiple of "
+                             f"{CONTIGUOUS_ALIGNMENT}")
+        e = self._entry(m, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups)
+        return self._launch_1d2d(e, a, sfa, b, sfb, d, m, n, k, groups=groups, m_indices=m_indices)
+
+    def _launch_1d2d(self, e, a, sfa, b, sfb, d, m, n, k, groups, m_indices) -> Callable[[], None]:
+        import ctypes
+
+        from cutegen.runtime.params import TmaArgs
+
         if sfa.stride(0) != 1 or sfa.stride(1) != _align(m, 4) or not sfb.is_contiguous():
             raise ValueError("DeepGEMM takes SFA MN-major TMA-aligned and SFB contiguous")
-        fn = self._function(e)
         bm, bn, sd = e["block_m"], e["block_n"], e["swizzle_d"]
         swizzle = {16: "none", 32: "32B", 64: "64B", 128: "128B"}
         rows_sfa = _align(m, 4)
         maps = [  # DeepGEMM's host code: L2 promotion 256B, K-major boxes of one 128-byte row
             TmaArgs("e4m3", 2, a.data_ptr(), (k, m), (k,), (BLOCK_K, bm), (1, 1), swizzle="128B", l2_promotion="256B"),
-            TmaArgs("e4m3", 2, b.data_ptr(), (k, n), (k,), (BLOCK_K, bn), (1, 1), swizzle="128B", l2_promotion="256B"),
+            TmaArgs("e4m3", 2, b.data_ptr(), (k, n * groups), (k,), (BLOCK_K, bn), (1, 1), swizzle="128B",
+                    l2_promotion="256B"),
             TmaArgs("bf16", 2, d.data_ptr(), (n, m), (2 * n,), (sd // 2, bm), (1, 1), swizzle=swizzle[sd], l2_promotion="256B"),
             TmaArgs("f32", 2, sfa.data_ptr(), (rows_sfa, ceil_div(k, BLOCK_K)), (4 * rows_sfa,), (bm, 1), (1, 1), l2_promotion="256B"),
         ]
-        storage = [ctypes.c_uint64(sfb.data_ptr()), ctypes.c_uint64(0), ctypes.c_uint32(m), ctypes.c_uint32(n),
-                   ctypes.c_uint32(k)] + [ctypes.create_string_buffer(encode_tiled(t), 128) for t in maps]
+        grouped = ctypes.c_uint64(m_indices.data_ptr() if m_indices is not None else 0)
+        scalars = [ctypes.c_uint64(sfb.data_ptr()), grouped, ctypes.c_uint32(m), ctypes.c_uint32(n), ctypes.c_uint32(k)]
+        return self._launch(e, scalars, maps)
+
+    def wgrad_launcher(self, a: Any, sfa: Any, b: Any, sfb: Any, d: Any) -> Callable[[], None]:
+        """D += A·Bᵀ with DeepGEMM's dense 1D1D kernel: A e4m3 [M, K], B e4m3 [N, K], SFA [M, ⌈K/128⌉]
+        and SFB [N, ⌈K/128⌉] fp32, MN-major and TMA-aligned, D fp32 [M, N] (reduce-added in place)."""
+        import ctypes
+
+        from cutegen.runtime.params import TmaArgs
+
+        m, k = a.shape
+        n = b.shape[0]
+        e = self._entry(m, n, k, DeepGemmKernel.WGRAD_1D1D)
+        for name, sf, rows in (("SFA", sfa, m), ("SFB", sfb, n)):
+            if sf.stride(0) != 1 or sf.stride(1) != _align(rows, 4):
+                raise ValueError(f"DeepGEMM takes {name} MN-major and TMA-aligned")
+        bm, bn = e["block_m"], e["block_n"]
+        kb = ceil_div(k, BLOCK_K)
+        maps = [
+            TmaArgs("e4m3", 2, a.data_ptr(), (k, m), (k,), (BLOCK_K, bm), (1, 1), swizzle="128B", l2_promotion="256B"),
+            TmaArgs("e4m3", 2, b.data_ptr(), (k, n), (k,), (BLOCK_K, bn), (1, 1), swizzle="128B", l2_promotion="256B"),
+            TmaArgs("f32", 2, sfa.data_ptr(), (_align(m, 4), kb), (4 * _align(m, 4),), (bm, 1), (1, 1), l2_promotion="256B"),
+            TmaArgs("f32", 2, sfb.data_ptr(), (_align(n, 4), kb), (4 * _align(n, 4),), (bn, 1), (1, 1), l2_promotion="256B"),
+            TmaArgs("f32", 2, d.data_ptr(), (n, m), (4 * n,), (bn, e["store_block_m"]), (1, 1), l2_promotion="256B"),
+        ]
+        # A and B pointers, the grouped layout and the tensor-map buffer serve the k-grouped form only.
+        scalars = [ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint64(0),
+                   ctypes.c_uint32(m), ctypes.c_uint32(n), ctypes.c_uint32(k)]
+        return self._launch(e, scalars, maps)
+
+    def _launch(self, e: dict, scalars: list, maps: list) -> Callable[[], None]:
+        """A launch of entry `e` with these parameters (scalars first, then the tensor maps) on a
+        grid of one CTA per SM, clustered as the entry says."""
+        import ctypes
+
+        import torch
+
+        from cutegen.runtime.driver import check, cu
+        from cutegen.runtime.tma import encode_tiled
+
+        fn = self._function(e)
+        storage = scalars + [ctypes.create_string_buffer(encode_tiled(t), 128) for t in maps]
         pointers = (ctypes.c_void_p * len(storage))(*[ctypes.addressof(s) for s in storage])
 
         def launch() -> None:

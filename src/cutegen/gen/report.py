@@ -325,8 +325,24 @@ def _vs_copy_of_b(p: GemmPoint) -> float | None:
     return b_copy / p.ours_us if b_copy and p.ours_us else None
 
 
+def _in_run_anchor(r: dict, in_run: bool, flops: float | None) -> list[Anchor]:
+    """DeepGEMM's own kernel timed in this run (`cutegen bench --deepgemm`), when the op's rows
+    carry it (decided once per op, so every row has the same columns)."""
+    return [_anchor(DEEPGEMM_IN_RUN, flops, r.get("deepgemm_run_us"), r.get("deepgemm_run_tflops"))] if in_run else []
+
+
+def _in_run_extra(r: dict) -> dict:
+    return {"deepgemm_run_equal": r.get("deepgemm_run_equal"),
+            "deepgemm_run_calc_diff": num(r.get("deepgemm_run_calc_diff")),
+            "deepgemm_run_config": r.get("deepgemm_run_config")}
+
+
+def _carries_in_run(entry: Any) -> bool:
+    return any(r.get("deepgemm_run_us") for r in _rows(entry))
+
+
 def fp8_points(entry: Any) -> list[GemmPoint]:
-    in_run = any(r.get("deepgemm_run_us") for r in _rows(entry))
+    in_run = _carries_in_run(entry)
     return [
         _shape_point(
             r,
@@ -334,15 +350,10 @@ def fp8_points(entry: Any) -> list[GemmPoint]:
             lambda flops: [
                 _anchor("cuBLAS blockwise", flops, r.get("cublas_us"), r.get("cublas_tflops")),
                 _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
-                # DeepGEMM's own kernel timed in this run (`cutegen bench --deepgemm`), when it was.
-                *([_anchor(DEEPGEMM_IN_RUN, flops, r.get("deepgemm_run_us"), r.get("deepgemm_run_tflops"))]
-                  if in_run else []),
+                *_in_run_anchor(r, in_run, flops),
             ],
             extra={"b_gbs": num(r.get("b_gbs")), "b_copy_us": num(r.get("b_copy_us")),
-                   "m": (_shape(r.get("shape")) or (None,))[0],
-                   "deepgemm_run_equal": r.get("deepgemm_run_equal"),
-                   "deepgemm_run_calc_diff": num(r.get("deepgemm_run_calc_diff")),
-                   "deepgemm_run_config": r.get("deepgemm_run_config")},
+                   "m": (_shape(r.get("shape")) or (None,))[0], **_in_run_extra(r)},
         )
         for r in _rows(entry)
     ]
@@ -358,7 +369,12 @@ def _deepgemm_only(r: dict) -> Callable[[float | None], list[Anchor]]:
 
 
 def wgrad_points(entry: Any) -> list[GemmPoint]:
-    return [_shape_point(r, wgrad_bytes, _deepgemm_only(r)) for r in _rows(entry)]
+    in_run = _carries_in_run(entry)
+    return [
+        _shape_point(r, wgrad_bytes, lambda flops: _deepgemm_only(r)(flops) + _in_run_anchor(r, in_run, flops),
+                     extra=_in_run_extra(r))
+        for r in _rows(entry)
+    ]
 
 
 def k_grouped_points(entry: Any) -> list[GemmPoint]:
@@ -382,6 +398,7 @@ def k_grouped_points(entry: Any) -> list[GemmPoint]:
 def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
     """Grouped rows; `approx_rows`: group sizes vary around rows_per_group (contiguous layout)."""
     points = []
+    in_run = _carries_in_run(entry)
     for r in _rows(entry):
         g, rows, n, k = (positive(r.get(key)) for key in ("groups", "rows_per_group", "n", "k"))
         known = None not in (g, rows, n, k)
@@ -402,17 +419,18 @@ def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
         anchors = [
             _anchor("cuBLAS loop", flops, r.get("cublas_loop_us"), r.get("cublas_loop_tflops")),
             _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
+            *_in_run_anchor(r, in_run, flops),
         ]
-        points.append(
-            _point(
-                r,
-                [f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
-                f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
-                flops,
-                nbytes,
-                anchors,
-            )
+        point = _point(
+            r,
+            [f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
+            f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
+            flops,
+            nbytes,
+            anchors,
         )
+        point.extra.update(_in_run_extra(r))
+        points.append(point)
     return points
 
 
@@ -546,19 +564,28 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
     return lines, stats
 
 
+def _one_line(label: str) -> str:
+    """A plot label (which may break lines) for running text."""
+    return label.replace("\n", " ")
+
+
 def _deepgemm_agreement(points: list[GemmPoint]) -> str:
     """How DeepGEMM's outputs in this run compared with cutegen's on the same operands, and the
     configurations its heuristic picked."""
     equal = [p for p in points if p.extra.get("deepgemm_run_equal")]
     others = [p for p in points if not p.extra.get("deepgemm_run_equal")]
-    text = (f"{DEEPGEMM_IN_RUN}: its output was bitwise equal to cutegen's on {len(equal)} of "
-            f"{_count(len(points), 'shape')} (the two kernels promote in the same order)")
+    if equal:
+        text = (f"{DEEPGEMM_IN_RUN}: its output was bitwise equal to cutegen's on {len(equal)} of "
+                f"{_count(len(points), 'shape')} (the two kernels promote in the same order)")
+    else:
+        text = f"{DEEPGEMM_IN_RUN}: its output was compared with cutegen's on {_count(len(points), 'shape')}"
     if others:
         worst = max((p.extra.get("deepgemm_run_calc_diff") or 0.0) for p in others)
         split = all("_episk_" in (p.kernel or "") for p in others)
-        text += (f"; on {', '.join(p.plot_label for p in others)} calc_diff at most {worst:.1e}"
+        where = f"on {', '.join(_one_line(p.plot_label) for p in others)} " if equal else ""
+        text += (f"; {where}calc_diff at most {worst:.1e}"
                  + (" (cutegen's split-K kernels add the K blocks in another order)" if split else ""))
-    configs = ", ".join(f"{p.plot_label} {cell(p.extra.get('deepgemm_run_config'))}" for p in points)
+    configs = ", ".join(f"{_one_line(p.plot_label)} {cell(p.extra.get('deepgemm_run_config'))}" for p in points)
     return text + f". Its configurations (tile, cluster, stages): {configs}."
 
 
@@ -728,11 +755,20 @@ def _method(
             "- † not measured in this run: DeepGEMM's own benchmark on this project's H200 (the numbers in "
             "`cutegen.gen.bench`), kept as the targets to beat."
         )
-    if deepgemm_in_run:
+    which = {
+        "fp8_gemm_nt": "its dense 1D2D kernel for `fp8_gemm_nt`",
+        "m_grouped_fp8_gemm_nt_contiguous": "the same kernel over the contiguous layout for "
+                                            "`m_grouped_fp8_gemm_nt_contiguous`",
+        "fp8_wgrad_gemm_nt": "its dense 1D1D kernel (fp32 D accumulated) for `fp8_wgrad_gemm_nt`",
+    }
+    timed = [which[sec.op] for sec in sections if sec.op in which
+             and any(a.name == DEEPGEMM_IN_RUN and a.us for p in sec.points for a in p.anchors)]
+    if deepgemm_in_run and timed:
         lines.append(
-            f"- {DEEPGEMM_IN_RUN}: DeepGEMM's own dense FP8 kernel in the configuration its heuristic picks, "
-            f"compiled by `cutegen deepgemm-build` ({cell(deepgemm_in_run)}), launched on the same operands "
-            "and timed the same way (`cutegen bench --deepgemm`); its output was compared with cutegen's first."
+            f"- {DEEPGEMM_IN_RUN}: DeepGEMM's own FP8 kernels ({'; '.join(timed)}), each in the configuration "
+            f"its heuristic picks, compiled by `cutegen deepgemm-build` ({cell(deepgemm_in_run)}), launched on "
+            "the same operands and timed the same way (`cutegen bench --deepgemm`); each output was compared "
+            "with cutegen's first."
         )
     return lines
 
@@ -807,9 +843,9 @@ def render(
                 if small_m:
                     body[-1] += (f" At M <= {SMALL_M}: geometric mean **{geomean(small_m):.3f}** "
                                  f"(min {min(small_m):.3f}, {_count(len(small_m), 'shape')}).")
-            checked = [p for p in sec.points if p.extra.get("deepgemm_run_equal") is not None]
-            if checked:
-                body += ["", _deepgemm_agreement(checked)]
+        checked = [p for p in sec.points if p.extra.get("deepgemm_run_equal") is not None]
+        if checked:
+            body += ["", _deepgemm_agreement(checked)]
         kernels = sorted({p.kernel for p in sec.points if p.kernel and short_kernel(p.kernel) != p.kernel})
         if kernels:
             body += ["", "<details><summary>Kernels (full names)</summary>", ""]
