@@ -57,3 +57,18 @@ def test_every_fp8_gemm_kernel_uses_qgmma_without_local_memory(catalogue):
         assert mma.get("QGMMA", 0) > 0, f"{name}: no QGMMA in its SASS ({mma})"
         local = next(c for c in verdict.checks if c.name == "local_memory")
         assert local.ok, f"{name}: {local.detail}"
+
+
+@pytest.mark.parametrize("name", [
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x192x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x192x128_c2x1_mcb_s4_wg2_r40x232_epiwg_rm_g8",
+])
+def test_block_scaled_main_loop_reads_sfb_by_shuffle(catalogue, name):
+    """The main loop of these kernels holds the tile's SFB in warp registers, a chunk of K blocks
+    per lane, and reads a block's value with an indexed shuffle (one per SFB block the tile
+    spans), not with a global load per block."""
+    ptx = (catalogue["out"] / name / "kernel.ptx").read_text()
+    shuffles = ptx.count("shfl.sync.idx.b32")
+    two_blocks = "x192x" in name  # a 192-wide tile spans two 128-column scale blocks
+    assert shuffles >= (2 if two_blocks else 1), f"{name}: {shuffles} indexed shuffles"

@@ -72,6 +72,9 @@ L2_EVICT_LAST = 0x14F0000000000000
 # 1.01-1.06x faster; M = 4096, where later tile rows read every B tile again, lost 1.5% with the
 # same policies (NOTES.md).
 STREAMED_B_MAX_TILE_ROWS = 2
+# K blocks per chunk of the tile's SFB held in warp registers (one per lane) by the block-scaled
+# main loop.
+SFB_CHUNK_BLOCKS = 32
 # Split-K fixup: registers per math thread for the partial tiles loaded in one batch (with 128,
 # batches of two 64-register partials spilled in the 64x128 and 128x128 kernels), and the most
 # splits one batch holds.
@@ -169,8 +172,10 @@ class HopperGemmKernel(TileOrder):
     (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
     them and promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it
     releases the stage and, before promoting that wave, probes the next stage's full barrier
-    with a try-wait (the next block's wait is skipped when it has arrived); the next block's SFB
-    is loaded one block ahead, and the K loop is unrolled twice. The two math warpgroups own
+    with a try-wait (the next block's wait is skipped when it has arrived). SFB is held in warp
+    registers, SFB_CHUNK_BLOCKS K blocks at a time (lane i holds block 32c + i of chunk c, the
+    next chunk loaded while this one runs) and read per block with one shuffle; the K loop runs
+    chunk by chunk, unrolled twice within a chunk. The two math warpgroups own
     different rows, so one can promote while the other's WGMMAs run on the tensor cores.
     Single-wave tiles whose registers allow it cycle through a ring of D =
     `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row tiles, up to 4 for small
@@ -647,11 +652,17 @@ class HopperGemmKernel(TileOrder):
             boundary = boundary_at
         promoted.fill(0.0)
         mma_state = read_state.clone()
-        # Block k_tile + 1's SFB is loaded while block k_tile runs, so the global load's latency
-        # is never between a stage's arrival and its WGMMAs (block 0's exists: every tile this
-        # loop runs has K >= 128, and padding tiles of the contiguous op read their clamped
-        # group's).
-        sfb0_next, sfb1_next = self._block_sfb(mSFB, 0, nb0, nb1, group)
+        # SFB in warp registers: lane i holds the tile's SFB for K block 32c + i of the current
+        # chunk c (`chunk0`, `chunk1` for the second scale block) and of the next (`ahead0`,
+        # `ahead1`), loaded a chunk ahead; a block's value is one shuffle. A global load per
+        # block, with the address arithmetic ptxas redoes for it each time, made 256x128 tiles
+        # at M = 4096 2.5-3% slower and 128x192 ones 8% (NOTES.md). Every tile this loop runs
+        # has K >= 128, and padding tiles of the contiguous op read their clamped group's, so
+        # the clamped reads below stay inside SFB.
+        rows = self._sfb_rows(mSFB, nb0, nb1, group)
+        lane = cute.arch.lane_idx()
+        chunk0, chunk1 = self._row_sfb(rows, cutlass.min(lane, k_tile_cnt - 1))
+        ahead0, ahead1 = self._row_sfb(rows, cutlass.min(SFB_CHUNK_BLOCKS + lane, k_tile_cnt - 1))
         next_stage_ready = cutlass.Boolean(False)
         # Unrolled twice: the loop's pipeline-state and address updates of two blocks share one
         # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below). Per-row
@@ -661,12 +672,41 @@ class HopperGemmKernel(TileOrder):
         early_columns = self.column_scales_early
         stage_done_before_promotion = not self.sfb_per_row or early_columns
         unroll = 2 if stage_done_before_promotion else 1
-        for k_tile in cutlass.range(k_tile_cnt, unroll=unroll):
-            sfb0 = sfb0_next
-            sfb1 = sfb1_next
-            sfb0_next, sfb1_next = self._block_sfb(
-                mSFB, cutlass.min(k_tile + 1, k_tile_cnt - 1), nb0, nb1, group
+        if cutlass.const_expr(rows is None):  # per-row SFB comes from the stages: one chunk
+            read_state, mma_state, next_stage_ready = self._mainloop_chunk(
+                tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
+                next_stage_ready, 0, k_tile_cnt, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary,
+                unroll, early_columns, stage_done_before_promotion,
             )
+        else:
+            chunks = (k_tile_cnt + SFB_CHUNK_BLOCKS - 1) // SFB_CHUNK_BLOCKS
+            for chunk in cutlass.range(chunks, unroll=1):
+                first = chunk * SFB_CHUNK_BLOCKS
+                if chunk > 0:
+                    chunk0 = ahead0
+                    chunk1 = ahead1
+                    ahead0, ahead1 = self._row_sfb(
+                        rows, cutlass.min(first + SFB_CHUNK_BLOCKS + lane, k_tile_cnt - 1)
+                    )
+                read_state, mma_state, next_stage_ready = self._mainloop_chunk(
+                    tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
+                    next_stage_ready, first, cutlass.min(SFB_CHUNK_BLOCKS, k_tile_cnt - first), k_tile_cnt,
+                    num_k_blocks, chunk0, chunk1, boundary, unroll, early_columns, stage_done_before_promotion,
+                )
+        return read_state
+
+    @cute.jit
+    def _mainloop_chunk(
+        self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
+        next_stage_ready, first, blocks, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary,
+        unroll: int, early_columns: bool, stage_done_before_promotion: bool,
+    ):
+        """K blocks first .. first + blocks - 1 of `_mainloop_block_scaled`, whose SFB lane j of
+        `chunk0` / `chunk1` holds for block first + j. Returns (read_state, mma_state,
+        next_stage_ready)."""
+        for j in cutlass.range(blocks, unroll=unroll):
+            k_tile = first + j
+            sfb0, sfb1 = self._chunk_sfb(chunk0, chunk1, j)
             for wave in cutlass.range_constexpr(self.waves):
                 mma_state = self._issue_wave(
                     tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
@@ -689,7 +729,7 @@ class HopperGemmKernel(TileOrder):
                     # Per-row SFB is read from the stage by the promotion, so the stage is
                     # released (and the next one probed) only after it.
                     next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
-        return read_state
+        return read_state, mma_state, next_stage_ready
 
     @cute.jit
     def _release_and_probe(self, pipe, read_state, next_state, k_tile, k_tile_cnt):
@@ -991,6 +1031,42 @@ class HopperGemmKernel(TileOrder):
             acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, 0, released=True
         )
         return read_state, ready
+
+    @cute.jit
+    def _sfb_rows(self, mSFB, nb0, nb1, group):
+        """The tile's SFB rows over K (scale blocks nb0 and nb1, of `group` in the grouped
+        layouts); None when SFB is per row (those scales come from the stage)."""
+        rows = None
+        if cutlass.const_expr(not self.sfb_per_row):
+            if cutlass.const_expr(self.m_grouped):
+                rows = (mSFB[(nb0, None, group)], mSFB[(nb1, None, group)])
+            else:
+                rows = (mSFB[(nb0, None)], mSFB[(nb1, None)])
+        return rows
+
+    @cute.jit
+    def _row_sfb(self, rows, k_tile):
+        """(sfb of nb0, of nb1) of K block k_tile from `_sfb_rows`; 1.0 when SFB is per row."""
+        sfb0 = cutlass.Float32(1.0)
+        sfb1 = sfb0
+        if cutlass.const_expr(rows is not None):
+            sfb0 = rows[0][k_tile]
+            sfb1 = sfb0
+            if cutlass.const_expr(not self.single_sfb_block):
+                sfb1 = rows[1][k_tile]
+        return sfb0, sfb1
+
+    @cute.jit
+    def _chunk_sfb(self, chunk0, chunk1, in_chunk):
+        """(sfb0, sfb1) of the block `in_chunk` of the current chunk: lane in_chunk's values."""
+        sfb0 = chunk0
+        sfb1 = chunk1
+        if cutlass.const_expr(not self.sfb_per_row):
+            sfb0 = cute.arch.shuffle_sync(chunk0, in_chunk)
+            sfb1 = sfb0
+            if cutlass.const_expr(not self.single_sfb_block):
+                sfb1 = cute.arch.shuffle_sync(chunk1, in_chunk)
+        return sfb0, sfb1
 
     @cute.jit
     def _block_sfb(self, mSFB, k_tile, nb0, nb1, group):
