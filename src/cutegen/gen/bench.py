@@ -24,6 +24,7 @@ import statistics
 import time
 from typing import Callable
 
+from cutegen.gen.deepgemm_anchor import CONTIGUOUS_ALIGNMENT as DEEPGEMM_CONTIGUOUS_ALIGNMENT
 from cutegen.gen.deepgemm_anchor import IN_RUN_LABEL
 from cutegen.gen.report import GEMM_OPS, short_kernel
 from cutegen.runtime.params import SCALE_BLOCK, ceil_div
@@ -415,9 +416,9 @@ DEEPGEMM_GROUPED_CONTIGUOUS = {
 }
 
 
-# The contiguous benchmark aligns each group's rows to this (DeepGEMM's alignment; every cutegen
+# The contiguous benchmark aligns each group's rows to DeepGEMM's alignment (every cutegen
 # contiguous kernel accepts it).
-CONTIGUOUS_BENCH_ALIGNMENT = 128
+CONTIGUOUS_BENCH_ALIGNMENT = DEEPGEMM_CONTIGUOUS_ALIGNMENT
 
 
 def contiguous_group_sizes(groups: int, expected: int, n: int) -> tuple[list[int], list[int]]:
@@ -477,21 +478,21 @@ def bench_grouped_contiguous(deepgemm=None) -> list[dict]:
         sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
         out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
         starts = [sum(spans[:g]) for g in range(groups)]
-        run_ours = lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out)
         rows.append(
             _grouped_row(
-                (groups, expected, n, k), sum(sizes), anchor, run_ours,
+                (groups, expected, n, k), sum(sizes), anchor,
+                lambda: grouped_ops.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, out=out),
                 lambda: [
                     _cublas_blockwise(a[r : r + span], sfa_rows[r : r + span], b[g], sfb[g])
                     for g, (r, span) in enumerate(zip(starts, spans))
                 ],
             )
         )
-        if deepgemm is not None and deepgemm.config(total, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups):
-            run_ours()
+        entry = deepgemm.config(total, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups) if deepgemm is not None else None
+        if entry is not None:  # `out` holds cutegen's result from the timed calls
             real = m_indices >= 0  # DeepGEMM leaves padding rows alone; cutegen zeroes them
             rows[-1].update(_deepgemm_in_run_timed(
-                deepgemm.config(total, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups),
+                entry,
                 lambda d: deepgemm.contiguous_launcher(a, sfa, b, sfb, m_indices, d),
                 torch.full((total, n), float("nan"), device="cuda", dtype=torch.bfloat16),
                 out, 2.0 * sum(sizes) * n * k, rows_mask=real))

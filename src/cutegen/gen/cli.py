@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 # The op lists only (both modules import torch lazily, inside their functions).
 from cutegen.gen.bench import OPS as BENCH_OPS
+from cutegen.gen.deepgemm_anchor import DeepGemmKernel
 from cutegen.gen.tune import TUNABLE_OPS
 from cutegen.runtime.manifest import KernelManifest, ManifestError
 from cutegen.schedules import (
@@ -705,7 +706,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_deepgemm_build(args: argparse.Namespace) -> int:
     from cutegen.gen.bench import deepgemm_problems
-    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, DeepGemmKernel, build
+    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, build
 
     ops = args.op or [k.op for k in DeepGemmKernel]
     problems = deepgemm_problems(ops, all_shapes=args.all_shapes)
@@ -882,8 +883,6 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--nvcc", help="the nvcc to use (default: the one on PATH; CUDA 12.8 or newer)")
     dg.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     dg.add_argument("--sms", type=int, default=132, help="SMs of the GPU the kernels are for (H200/H100 SXM: 132)")
-    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
-
     dg.add_argument("--op", action="append", choices=[k.op for k in DeepGemmKernel],
                     help="only the DeepGEMM counterpart of this op (repeatable; default: all three)")
     dg.add_argument("--all-shapes", action="store_true",

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from cutegen.runtime.params import ceil_div
+from cutegen.runtime.params import TmaArgs, ceil_div
 
 CONFIG_FILE = "deepgemm.json"
 # How reports and printouts name this anchor.
@@ -400,6 +400,19 @@ def _describe_checkout(path: Path) -> str:
 # ---- launching (the GPU machine: cuda-python and torch, no CuTe DSL) ----------------------------
 
 
+# DeepGEMM's host code encodes every tensor map with 256-byte L2 promotion; its fp8 operands are
+# K-major boxes of one 128-byte row (128B swizzle), its fp32 scales MN-major, TMA-aligned columns.
+def _fp8_k_major_map(t: Any, rows: int, k: int, box_rows: int) -> TmaArgs:
+    return TmaArgs("e4m3", 2, t.data_ptr(), (k, rows), (k,), (BLOCK_K, box_rows), (1, 1), swizzle="128B",
+                   l2_promotion="256B")
+
+
+def _scale_map(sf: Any, rows: int, k: int, box_rows: int) -> TmaArgs:
+    aligned = _align(rows, 4)
+    return TmaArgs("f32", 2, sf.data_ptr(), (aligned, ceil_div(k, BLOCK_K)), (4 * aligned,), (box_rows, 1), (1, 1),
+                   l2_promotion="256B")
+
+
 def _key(kernel: str, m: int, n: int, k: int, groups: int) -> tuple:
     return (kernel, m, n, k, groups)
 
@@ -477,19 +490,15 @@ class DeepGemmAnchor:
     def _launch_1d2d(self, e, a, sfa, b, sfb, d, m, n, k, groups, m_indices) -> Callable[[], None]:
         import ctypes
 
-        from cutegen.runtime.params import TmaArgs
-
         if sfa.stride(0) != 1 or sfa.stride(1) != _align(m, 4) or not sfb.is_contiguous():
             raise ValueError("DeepGEMM takes SFA MN-major TMA-aligned and SFB contiguous")
         bm, bn, sd = e["block_m"], e["block_n"], e["swizzle_d"]
         swizzle = {16: "none", 32: "32B", 64: "64B", 128: "128B"}
-        rows_sfa = _align(m, 4)
-        maps = [  # DeepGEMM's host code: L2 promotion 256B, K-major boxes of one 128-byte row
-            TmaArgs("e4m3", 2, a.data_ptr(), (k, m), (k,), (BLOCK_K, bm), (1, 1), swizzle="128B", l2_promotion="256B"),
-            TmaArgs("e4m3", 2, b.data_ptr(), (k, n * groups), (k,), (BLOCK_K, bn), (1, 1), swizzle="128B",
-                    l2_promotion="256B"),
+        maps = [
+            _fp8_k_major_map(a, m, k, bm),
+            _fp8_k_major_map(b, n * groups, k, bn),
             TmaArgs("bf16", 2, d.data_ptr(), (n, m), (2 * n,), (sd // 2, bm), (1, 1), swizzle=swizzle[sd], l2_promotion="256B"),
-            TmaArgs("f32", 2, sfa.data_ptr(), (rows_sfa, ceil_div(k, BLOCK_K)), (4 * rows_sfa,), (bm, 1), (1, 1), l2_promotion="256B"),
+            _scale_map(sfa, m, k, bm),
         ]
         grouped = ctypes.c_uint64(m_indices.data_ptr() if m_indices is not None else 0)
         scalars = [ctypes.c_uint64(sfb.data_ptr()), grouped, ctypes.c_uint32(m), ctypes.c_uint32(n), ctypes.c_uint32(k)]
@@ -500,8 +509,6 @@ class DeepGemmAnchor:
         and SFB [N, ⌈K/128⌉] fp32, MN-major and TMA-aligned, D fp32 [M, N] (reduce-added in place)."""
         import ctypes
 
-        from cutegen.runtime.params import TmaArgs
-
         m, k = a.shape
         n = b.shape[0]
         e = self._entry(m, n, k, DeepGemmKernel.WGRAD_1D1D)
@@ -509,12 +516,11 @@ class DeepGemmAnchor:
             if sf.stride(0) != 1 or sf.stride(1) != _align(rows, 4):
                 raise ValueError(f"DeepGEMM takes {name} MN-major and TMA-aligned")
         bm, bn = e["block_m"], e["block_n"]
-        kb = ceil_div(k, BLOCK_K)
         maps = [
-            TmaArgs("e4m3", 2, a.data_ptr(), (k, m), (k,), (BLOCK_K, bm), (1, 1), swizzle="128B", l2_promotion="256B"),
-            TmaArgs("e4m3", 2, b.data_ptr(), (k, n), (k,), (BLOCK_K, bn), (1, 1), swizzle="128B", l2_promotion="256B"),
-            TmaArgs("f32", 2, sfa.data_ptr(), (_align(m, 4), kb), (4 * _align(m, 4),), (bm, 1), (1, 1), l2_promotion="256B"),
-            TmaArgs("f32", 2, sfb.data_ptr(), (_align(n, 4), kb), (4 * _align(n, 4),), (bn, 1), (1, 1), l2_promotion="256B"),
+            _fp8_k_major_map(a, m, k, bm),
+            _fp8_k_major_map(b, n, k, bn),
+            _scale_map(sfa, m, k, bm),
+            _scale_map(sfb, n, k, bn),
             TmaArgs("f32", 2, d.data_ptr(), (n, m), (4 * n,), (bn, e["store_block_m"]), (1, 1), l2_promotion="256B"),
         ]
         # A and B pointers, the grouped layout and the tensor-map buffer serve the k-grouped form only.

@@ -421,16 +421,17 @@ def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
             _anchor("DeepGEMM", flops, None, r.get("deepgemm_tflops"), same_run=False),
             *_in_run_anchor(r, in_run, flops),
         ]
-        point = _point(
-            r,
-            [f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
-            f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
-            flops,
-            nbytes,
-            anchors,
+        points.append(
+            _point(
+                r,
+                [f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
+                f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
+                flops,
+                nbytes,
+                anchors,
+                _in_run_extra(r),
+            )
         )
-        point.extra.update(_in_run_extra(r))
-        points.append(point)
     return points
 
 
