@@ -17,6 +17,10 @@ multicast:
   shared by the CTAs working in a wave, capped by what one SM can pull.
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
+  Their compute time is multiplied by `CostModel.split_scale_block_slowdown` where a tile spans
+  two 128-column SFB blocks, and by `CostModel.ring_sfb_load_slowdown` where the main loop cycles
+  through a ring of accumulators (it reads each K block's SFB from global memory; the
+  single-accumulator loop holds the tile's SFB in registers).
 * Two-wave kernels that stage the whole output tile (epilogue ``tma_store_whole_tile`` or
   ``tma_store_per_warpgroup``): compute times `CostModel.whole_tile_short_k_factor` (below 1)
   where K has at most `CostModel.whole_tile_max_k_blocks` blocks, else
@@ -97,6 +101,14 @@ class CostModel:
     # the main loop per boundary column). Any factor from 1.0 to 1.03 ranks the 21 DeepGEMM
     # shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
     split_scale_block_slowdown: float = 1.03
+    # Block-scaled tiles that cycle through a ring of WGMMA accumulators (`wgmma_accumulators` >=
+    # 2: the 64-row tiles, 128x112, 128x128) read each K block's SFB from global memory in front
+    # of its WGMMAs, where the single-accumulator loop holds the tile's SFB in warp registers.
+    # Kernel durations on an H200 at 4096x2112x7168 (docs/perf/2026-12-02-h200-fp8-kernel-
+    # timings.json): 128x112 in a 2x1 cluster 106.5 µs, 128x192 99.2-100.4 µs, two tiles the
+    # model otherwise scores alike. Any factor from 1.04 to 1.15 ranks the 24 timed shapes the
+    # same (tests/cpu/test_heuristic_calibration.py); only compute-bound shapes feel it.
+    ring_sfb_load_slowdown: float = 1.06
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
     # (sfa·sfb per element). A tile computed in one wave per math warpgroup (tile_m = 64 x
     # warpgroups) whose main loop reads each block's column scales only after the WGMMA wait
@@ -125,7 +137,7 @@ class CostModel:
     # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
     # take ~100 ns per K block after a fixed ~2.4 µs (K from 512 to 16384). The constants are
     # fitted, monotonic in the accumulator count, to rank the 21 DeepGEMM shapes' measured kernels
-    # best (an earlier build's timings: in-sample; docs/perf/2026-12-01-h200-fp8-kernel-timings.json
+    # best (an earlier build's timings: in-sample; docs/perf/2026-12-02-h200-fp8-kernel-timings.json
     # holds the current build's).
     block_latency_s: Mapping[int, float] = dataclasses.field(
         default_factory=lambda: {1: 0.18e-6, 2: 0.16e-6, 3: 0.13e-6, 4: 0.1e-6}
@@ -137,7 +149,7 @@ class CostModel:
     # 6.9 µs at 3 splits against 8.0 µs for the best unsplit kernel, and splitting lost wherever
     # the tiles already filled the GPU. Since the fixup loads its partials in batches (64x32 tiles
     # at 7 splits 7.8 -> 6.6 µs), values down to 1 µs rank the re-measured kernels
-    # (docs/perf/2026-12-01-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
+    # (docs/perf/2026-12-02-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
     split_fixup_s: float = 3e-6
     # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
     # wave: the tile's group and its rows' m_indices are read a tile ahead (hidden behind the
@@ -215,11 +227,21 @@ def _operand_bytes(manifest: KernelManifest, name: str, default: int = 2) -> int
 _RATE_BY_ELEMENT_BYTES = {1: 2.0, 2: 1.0, 4: 0.5}
 
 
+def _per_block_sfb(manifest: KernelManifest) -> bool:
+    """A kernel with one SFB per 128-row block of B (its sfb has an NB extent)."""
+    return any(o.name == "sfb" and "NB" in o.shape for o in manifest.operands)
+
+
 def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
-    """A kernel with one SFB per 128-row block of B (its sfb has an NB extent) whose tiles can
-    span two of those blocks."""
-    per_block_sfb = any(o.name == "sfb" and "NB" in o.shape for o in manifest.operands)
-    return per_block_sfb and SCALE_BLOCK % tile_n != 0
+    """A kernel with one SFB per 128-row block of B whose tiles can span two of those blocks."""
+    return _per_block_sfb(manifest) and SCALE_BLOCK % tile_n != 0
+
+
+def _reads_sfb_per_block(manifest: KernelManifest) -> bool:
+    """A kernel with one SFB per 128-row block of B whose main loop cycles through a ring of WGMMA
+    accumulators and so reads each K block's SFB from global memory (the single-accumulator loop
+    holds the tile's SFB in warp registers)."""
+    return _per_block_sfb(manifest) and manifest.wgmma_accumulators >= 2
 
 
 def _per_row_scales(manifest: KernelManifest) -> bool:
@@ -360,6 +382,8 @@ def _score(
     compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
     if _straddles_scale_blocks(manifest, tn):
         compute *= model.split_scale_block_slowdown
+    if _reads_sfb_per_block(manifest):
+        compute *= model.ring_sfb_load_slowdown
     if _rolled_per_row_loop(manifest):
         compute *= model.rolled_per_row_loop_slowdown
     elif _per_row_scales(manifest) and not _single_wave_per_row_scales(manifest):
