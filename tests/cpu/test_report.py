@@ -473,19 +473,29 @@ def test_driver_version_never_raises():
     assert v is None or isinstance(v, str)
 
 
+def deepgemm_run(mnk, us: float, equal: bool, calc_diff: float, config: str) -> dict:
+    """The fields `cutegen bench --deepgemm` adds to a row: DeepGEMM's kernel timed in the run on
+    problem `mnk` (M counting every row), and how its output compared with cutegen's."""
+    return {"deepgemm_run_us": us, "deepgemm_run_tflops": _gemm_tflops(*mnk, us), "deepgemm_run_equal": equal,
+            "deepgemm_run_calc_diff": calc_diff, "deepgemm_run_config": config}
+
+
+def report_with_deepgemm_in_run(tmp_path, **sections) -> str:
+    """The report text of a run whose results carry DeepGEMM's kernels (`cutegen bench --deepgemm`)."""
+    env = dict(ENV, deepgemm_in_run="DeepGEMM commit abc1234 2026-06-23")
+    results = {"environment": env, **sections}
+    return report.write_report(results, tmp_path, settings=report.Settings(plots=False))[0].read_text()
+
+
 def test_deepgemm_in_run_columns_agreement_and_method(tmp_path, monkeypatch):
     """Rows with DeepGEMM's own kernel timed in the run (`bench --deepgemm`) get its µs, TFLOPS and
     ratio beside the fixed DeepGEMM numbers, a note on how its outputs compared, and a Method line;
     `--deepgemm` reaches bench.main."""
     rows = [fp8_row((4096, 7168, 16384), 680.0, 720.0, 1465, 57.0), fp8_row((64, 2112, 7168), 10.0, 22.0, 180, 9.3)]
-    rows[0].update(deepgemm_run_us=640.0, deepgemm_run_tflops=_gemm_tflops(4096, 7168, 16384, 640.0),
-                   deepgemm_run_equal=True, deepgemm_run_calc_diff=0.0, deepgemm_run_config="256x128 c1x2 s3")
+    rows[0].update(deepgemm_run((4096, 7168, 16384), 640.0, True, 0.0, "256x128 c1x2 s3"))
     rows[1]["kernel"] = rows[1]["kernel"].replace("_epitma_", "_episk_")
-    rows[1].update(deepgemm_run_us=10.5, deepgemm_run_tflops=_gemm_tflops(64, 2112, 7168, 10.5),
-                   deepgemm_run_equal=False, deepgemm_run_calc_diff=3e-10, deepgemm_run_config="64x16 c1x1 s16")
-    env = dict(ENV, deepgemm_in_run="DeepGEMM commit abc1234 2026-06-23")
-    results = {"environment": env, "fp8_gemm_nt": {"rows": rows, "copy_gbs": COPY_GBS}}
-    text = report.write_report(results, tmp_path, settings=report.Settings(plots=False))[0].read_text()
+    rows[1].update(deepgemm_run((64, 2112, 7168), 10.5, False, 3e-10, "64x16 c1x1 s16"))
+    text = report_with_deepgemm_in_run(tmp_path, fp8_gemm_nt={"rows": rows, "copy_gbs": COPY_GBS})
     got = table(text, "## FP8 block-scaled GEMM")
     assert [r["DeepGEMM in this run µs"] for r in got] == ["640.0", "10.5"]
     assert [r["vs DeepGEMM in this run"] for r in got] == ["0.941", "1.050"]
@@ -516,15 +526,10 @@ def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
     contiguous = [grouped_row(4, 8192, 4096, 7168, 1000.0, 1100.0, 1345),
                   grouped_row(8, 4096, 7168, 2048, 500.0, None, 1240)]
     for r, us in zip(contiguous, (900.0, 520.0)):
-        r.update(deepgemm_run_us=us, deepgemm_run_tflops=_gemm_tflops(r["groups"] * r["rows_per_group"], r["n"], r["k"], us),
-                 deepgemm_run_equal=True, deepgemm_run_calc_diff=0.0, deepgemm_run_config="128x192 c2x1 s4")
+        r.update(deepgemm_run((r["groups"] * r["rows_per_group"], r["n"], r["k"]), us, True, 0.0, "128x192 c2x1 s4"))
     wgrad = [{"shape": [7168, 2112, 4096], "ours_us": 150.0, "ours_tflops": _gemm_tflops(7168, 2112, 4096, 150.0),
-              "deepgemm_tflops": 952, "deepgemm_run_us": 160.0,
-              "deepgemm_run_tflops": _gemm_tflops(7168, 2112, 4096, 160.0), "deepgemm_run_equal": False,
-              "deepgemm_run_calc_diff": 2e-16, "deepgemm_run_config": "128x152 c2x1 s4"}]
-    env = dict(ENV, deepgemm_in_run="DeepGEMM commit abc1234 2026-06-23")
-    results = {"environment": env, "m_grouped_fp8_gemm_nt_contiguous": contiguous, "fp8_wgrad_gemm_nt": wgrad}
-    text = report.write_report(results, tmp_path, settings=report.Settings(plots=False))[0].read_text()
+              "deepgemm_tflops": 952, **deepgemm_run((7168, 2112, 4096), 160.0, False, 2e-16, "128x152 c2x1 s4")}]
+    text = report_with_deepgemm_in_run(tmp_path, m_grouped_fp8_gemm_nt_contiguous=contiguous, fp8_wgrad_gemm_nt=wgrad)
     got = table(text, "## M-grouped FP8 GEMM, contiguous")
     assert [r["DeepGEMM in this run µs"] for r in got] == ["900.0", "520.0"]
     assert [r["vs DeepGEMM in this run"] for r in got] == ["0.900", "1.040"]

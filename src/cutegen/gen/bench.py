@@ -24,8 +24,7 @@ import statistics
 import time
 from typing import Callable
 
-from cutegen.gen.deepgemm_anchor import CONTIGUOUS_ALIGNMENT as DEEPGEMM_CONTIGUOUS_ALIGNMENT
-from cutegen.gen.deepgemm_anchor import IN_RUN_LABEL
+from cutegen.gen.deepgemm_anchor import CONTIGUOUS_ALIGNMENT, IN_RUN_LABEL, short_config
 from cutegen.gen.report import GEMM_OPS, short_kernel
 from cutegen.runtime.params import SCALE_BLOCK, ceil_div
 
@@ -307,8 +306,7 @@ def _deepgemm_in_run_timed(entry: dict, make_launch, d, ours_out, flops: float, 
     return {
         "deepgemm_run_us": us,
         "deepgemm_run_tflops": flops / us / 1e6,
-        "deepgemm_run_config": entry.get("config") or
-        f"{entry['block_m']}x{entry['block_n']} c{entry['cluster_m']}x{entry['cluster_n']} s{entry['stages']}",
+        "deepgemm_run_config": short_config(entry),
         "deepgemm_run_equal": equal,
         "deepgemm_run_calc_diff": diff,
     }
@@ -418,7 +416,7 @@ DEEPGEMM_GROUPED_CONTIGUOUS = {
 
 # The contiguous benchmark aligns each group's rows to DeepGEMM's alignment (every cutegen
 # contiguous kernel accepts it).
-CONTIGUOUS_BENCH_ALIGNMENT = DEEPGEMM_CONTIGUOUS_ALIGNMENT
+CONTIGUOUS_BENCH_ALIGNMENT = CONTIGUOUS_ALIGNMENT
 
 
 def contiguous_group_sizes(groups: int, expected: int, n: int) -> tuple[list[int], list[int]]:

@@ -179,7 +179,15 @@ class DeepGemmConfig:
 
     def short(self) -> str:
         """Tile, cluster and stages, as reports print them."""
-        return f"{self.block_m}x{self.block_n} c{self.cluster_m}x{self.cluster_n} s{self.stages}"
+        return short_config(dataclasses.asdict(self))
+
+
+def short_config(entry: dict) -> str:
+    """A `deepgemm.json` entry's (or a config's fields') tile, cluster and stages, as reports
+    print them; folders written before entries carried "config" have the fields only."""
+    if entry.get("config"):
+        return entry["config"]
+    return f"{entry['block_m']}x{entry['block_n']} c{entry['cluster_m']}x{entry['cluster_n']} s{entry['stages']}"
 
 
 def pipeline(m: int, n: int, k: int, block_m: int, block_n: int,
