@@ -53,8 +53,9 @@ def run_fp8(name: str) -> None:
     # 160-wide tiles has a CTA whose tile starts past the last 128-column SFB block (run with
     # PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that a read past SFB leaves its allocation).
     # M = 300 and 17: tiles whose rows run past M (A's TMA box partly out of bounds). K = 592:
-    # the last K block 80 columns deep (its scale block partial, the TMA box past K).
-    for m, k in ((300, 896), (17, 896), (300, 592)):
+    # the last K block 80 columns deep (its scale block partial, the TMA box past K). K = 4240: 34
+    # blocks, so the tile's SFB held in warp registers (32 blocks at a time) moves on a chunk.
+    for m, k in ((300, 896), (17, 896), (300, 592), (40, 4240)):
         qb, sb = _block_scaled(torch.randn(1000, k, device="cuda", dtype=torch.bfloat16))
         qa, sa = _fp8(m, k)
         fp8_ops.fp8_gemm_nt(qa, sa, qb, sb, kernel=name, k_splits=3 if "_episk_" in name else None)
@@ -91,20 +92,22 @@ def run_contiguous(name: str) -> None:
         [torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)]
     )
     m_indices[align - 5 : align] = -1  # padding rows
-    qa, sa = _fp8(int(m_indices.numel()), 512)
-    qb, sb = _block_scaled(torch.randn(3, 456, 512, device="cuda", dtype=torch.bfloat16))
-    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, m_indices, kernel=name)
+    for k in (512, 4224):  # 4224: 33 K blocks, the SFB held in registers moves on a chunk
+        qa, sa = _fp8(int(m_indices.numel()), k)
+        qb, sb = _block_scaled(torch.randn(3, 456, k, device="cuda", dtype=torch.bfloat16))
+        grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, m_indices, kernel=name)
 
 
 def run_masked(name: str) -> None:
     groups, max_m = 3, 192
-    a = torch.randn(groups * max_m, 512, device="cuda", dtype=torch.bfloat16)
-    qa, sa = quant_ops.per_token_quant_fp8(a)
-    qa = qa.view(groups, max_m, 512)
-    sa = fp8_ops.to_mn_major_tma_aligned(sa.view(groups, max_m, 4))
-    qb, sb = _block_scaled(torch.randn(groups, 456, 512, device="cuda", dtype=torch.bfloat16))
     masked_m = torch.tensor([70, 0, 192], dtype=torch.int32, device="cuda")
-    grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 96, kernel=name)
+    for k in (512, 4224):  # 4224: 33 K blocks, the SFB held in registers moves on a chunk
+        a = torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16)
+        qa, sa = quant_ops.per_token_quant_fp8(a)
+        qa = qa.view(groups, max_m, k)
+        sa = fp8_ops.to_mn_major_tma_aligned(sa.view(groups, max_m, k // 128))
+        qb, sb = _block_scaled(torch.randn(groups, 456, k, device="cuda", dtype=torch.bfloat16))
+        grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 96, kernel=name)
 
 
 def run_quant(name: str) -> None:
@@ -144,13 +147,15 @@ RUNNERS: dict[str, Callable[[str], None]] = {
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", action="append", choices=sorted(RUNNERS), help="repeatable; default: all")
-    p.add_argument("--pattern", default="", help="only kernels whose name contains this")
+    p.add_argument(
+        "--pattern", action="append", help="only kernels whose name contains this (repeatable: any of them)"
+    )
     args = p.parse_args()
     torch.manual_seed(0)
     failed = 0
     for op in args.op or sorted(RUNNERS):
         for name in ops.runnable_kernels(op):
-            if args.pattern not in name:
+            if args.pattern and not any(p in name for p in args.pattern):
                 continue
             try:
                 RUNNERS[op](name)

@@ -119,8 +119,12 @@ def test_matches_references(ops, fp8, m, n, k):
     check(out, a, b, qa, sa, qb, sb, f"{m}x{n}x{k} via {ops.choose_kernel(OP, m, n, k)}")
 
 
+# long-k: 67 K blocks, the last one partial: the tile's SFB, held in warp registers 32 blocks at a
+# time, moves on to a second and a third chunk.
 @pytest.mark.parametrize(
-    "m, n, k", [(1000, 1000, 512), (4096, 4096, 256), (1000, 1000, 576)], ids=["small-grid", "full-grid", "partial-k"]
+    "m, n, k",
+    [(1000, 1000, 512), (4096, 4096, 256), (1000, 1000, 576), (300, 1000, 8528)],
+    ids=["small-grid", "full-grid", "partial-k", "long-k"],
 )
 def test_every_kernel_runs(ops, fp8, m, n, k):
     a, b, qa, sa, qb, sb = make_problem(m, n, k, seed=3)

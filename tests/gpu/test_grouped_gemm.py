@@ -114,9 +114,12 @@ def test_group_ends_form_and_cuda_graph(grouped):
     assert torch.equal(out, expected)
 
 
-def test_every_kernel_runs(ops, grouped):
+# K = 8320: 65 K blocks, so the tile's SFB (held in warp registers 32 blocks at a time) moves on
+# to a second and a third chunk.
+@pytest.mark.parametrize("k", [512, 8320])
+def test_every_kernel_runs(ops, grouped, k):
     sizes = [300, 1, 0, 700]
-    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 1000, 512, seed=3)
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 1000, k, seed=3)
     for name in ops.runnable_kernels(OP):
         out = poisoned(qa.shape[0], 1000)
         grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out, kernel=name)
@@ -236,9 +239,10 @@ def test_masked_graph_replay_with_new_counts(masked):
                 assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"{counts}: group {gi}"
 
 
-def test_masked_every_kernel_runs(ops, masked):
+@pytest.mark.parametrize("k", [512, 8320])
+def test_masked_every_kernel_runs(ops, masked, k):
     counts = [200, 0, 33]
-    a, b, qa, sfa, qb, sb = make_masked(3, 256, 384, 512, seed=4)
+    a, b, qa, sfa, qb, sb = make_masked(3, 256, 384, k, seed=4)
     masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
     for name in ops.runnable_kernels(MASKED_OP):
         out = torch.full((3, 256, 384), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -181,7 +181,9 @@ class HopperGemmKernel(TileOrder):
     `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row tiles, up to 4 for small
     ones): block kb+D-1's WGMMAs are issued before the warpgroup waits for block kb
     (wait_group(D-1)) and promotes it (two-accumulator rings of tiles within one
-    SFB block probe the next block's stage before the promotion, like the waves above).
+    SFB block probe the next block's stage before the promotion, like the waves above); the
+    ring reads each block's SFB from global memory when it issues the block, D - 1 blocks
+    before its promotion needs it.
 
     k-grouped weight gradient (`k_grouped_fp8_gemm_nt_contiguous`): the tile sequence runs over
     the groups with at least one token (D carries a group mode); before its first tile of a new
@@ -656,13 +658,10 @@ class HopperGemmKernel(TileOrder):
         # chunk c (`chunk0`, `chunk1` for the second scale block) and of the next (`ahead0`,
         # `ahead1`), loaded a chunk ahead; a block's value is one shuffle. A global load per
         # block, with the address arithmetic ptxas redoes for it each time, made 256x128 tiles
-        # at M = 4096 2.5-3% slower and 128x192 ones 8% (NOTES.md). Every tile this loop runs
-        # has K >= 128, and padding tiles of the contiguous op read their clamped group's, so
-        # the clamped reads below stay inside SFB.
+        # at M = 4096 2.5-3% slower and 128x192 ones 8% (NOTES.md).
         rows = self._sfb_rows(mSFB, nb0, nb1, group)
-        lane = cute.arch.lane_idx()
-        chunk0, chunk1 = self._row_sfb(rows, cutlass.min(lane, k_tile_cnt - 1))
-        ahead0, ahead1 = self._row_sfb(rows, cutlass.min(SFB_CHUNK_BLOCKS + lane, k_tile_cnt - 1))
+        chunk0, chunk1 = self._lane_sfb(rows, 0, k_tile_cnt)
+        ahead0, ahead1 = self._lane_sfb(rows, SFB_CHUNK_BLOCKS, k_tile_cnt)
         next_stage_ready = cutlass.Boolean(False)
         # Unrolled twice: the loop's pipeline-state and address updates of two blocks share one
         # branch (4096x4096x7168, 256x128: 1.05x the rolled loop with the peek below). Per-row
@@ -685,9 +684,7 @@ class HopperGemmKernel(TileOrder):
                 if chunk > 0:
                     chunk0 = ahead0
                     chunk1 = ahead1
-                    ahead0, ahead1 = self._row_sfb(
-                        rows, cutlass.min(first + SFB_CHUNK_BLOCKS + lane, k_tile_cnt - 1)
-                    )
+                    ahead0, ahead1 = self._lane_sfb(rows, first + SFB_CHUNK_BLOCKS, k_tile_cnt)
                 read_state, mma_state, next_stage_ready = self._mainloop_chunk(
                     tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
                     next_stage_ready, first, cutlass.min(SFB_CHUNK_BLOCKS, k_tile_cnt - first), k_tile_cnt,
@@ -881,11 +878,13 @@ class HopperGemmKernel(TileOrder):
         # A block's scales are read when its WGMMAs are issued, D - 1 blocks ahead of its
         # promotion (SFB from global memory, its two SFA rows from the stage), so neither
         # latency is on the promotion's path: slot b % D holds (sfb0, sfb1, sfa row, row + 8).
+        # SFB is not held in warp registers as in `_mainloop_block_scaled`: its load is already
+        # off the critical path here, and a per-block chunk check measured 0.95-0.99x (NOTES.md).
         scales = cute.make_rmem_tensor(4 * depth, cutlass.Float32)
+        rows = self._sfb_rows(mSFB, nb0, nb1, group)
         for j in cutlass.range_constexpr(depth - 1):
             mma_state = self._issue_ring_block(
-                tiled_mma, accs, j, scales, j, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, mma_state,
-                num_k_blocks, nb0, nb1, group,
+                tiled_mma, accs, j, scales, j, tCrA, tCrB, tCcC, sSFA, rows, pipe, mma_state, num_k_blocks,
             )
         k_tile = cutlass.Int32(0)
         # The next block's stage is probed before each promotion on two-accumulator rings of
@@ -901,7 +900,7 @@ class HopperGemmKernel(TileOrder):
             for j in cutlass.range_constexpr(depth):
                 mma_state = self._issue_ring_block(
                     tiled_mma, accs, (j + depth - 1) % depth, scales, k_tile + depth - 1, tCrA, tCrB,
-                    tCcC, sSFA, mSFB, pipe, mma_state, num_k_blocks, nb0, nb1, group, next_stage_ready,
+                    tCcC, sSFA, rows, pipe, mma_state, num_k_blocks, next_stage_ready,
                 )
                 if cutlass.const_expr(probe_next_stage):
                     # Block k_tile + D is the next to be issued: its stage is probed before this
@@ -921,40 +920,39 @@ class HopperGemmKernel(TileOrder):
         # follow (an empty commit group in one branch was enough).
         left = k_tile_cnt - k_tile - (depth - 1)
         read_state = self._ring_tail_from(
-            0, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
-            mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+            0, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, rows, pipe,
+            read_state, mma_state, scales, k_tile, num_k_blocks, boundary,
         )
         return read_state
 
     @cute.jit
     def _ring_tail_from(
-        self, case: int, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
-        mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+        self, case: int, left, accs, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, rows, pipe, read_state,
+        mma_state, scales, k_tile, num_k_blocks, boundary,
     ):
         """`_ring_tail` for the dynamic `left`, as the chain if left == case … else … over the
         cases case .. D - 1, the last one unconditional: ptxas must see every path wait for
         the WGMMAs in flight, or it serialises them all. Returns the read state."""
-        args = (promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe)
+        args = (promoted, tCrA, tCrB, tCcC, sSFA, sSFB, rows, pipe)
         if cutlass.const_expr(case == len(accs) - 1):
             read_state = self._ring_tail(
-                accs, case, *args, read_state, mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group
+                accs, case, *args, read_state, mma_state, scales, k_tile, num_k_blocks, boundary
             )
         else:
             if left == case:
                 read_state = self._ring_tail(
-                    accs, case, *args, read_state, mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group
+                    accs, case, *args, read_state, mma_state, scales, k_tile, num_k_blocks, boundary
                 )
             else:
                 read_state = self._ring_tail_from(
-                    case + 1, left, accs, *args, read_state, mma_state, scales, k_tile, num_k_blocks,
-                    nb0, nb1, boundary, group,
+                    case + 1, left, accs, *args, read_state, mma_state, scales, k_tile, num_k_blocks, boundary,
                 )
         return read_state
 
     @cute.jit
     def _ring_tail(
-        self, accs, left: int, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, mSFB, pipe, read_state,
-        mma_state, scales, k_tile, num_k_blocks, nb0, nb1, boundary, group,
+        self, accs, left: int, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, rows, pipe, read_state,
+        mma_state, scales, k_tile, num_k_blocks, boundary,
     ):
         """End of the accumulator ring with `left` (a constant) blocks still to issue: blocks
         k_tile .. k_tile + D - 2 are in flight in accs[0 .. D - 2]. Promotes the in-flight
@@ -969,7 +967,7 @@ class HopperGemmKernel(TileOrder):
             if cutlass.const_expr(j < left):
                 mma_state = self._issue_ring_block(
                     tiled_mma, accs, (j + depth - 1) % depth, scales, k_tile + depth - 1 + j, tCrA,
-                    tCrB, tCcC, sSFA, mSFB, pipe, mma_state, num_k_blocks, nb0, nb1, group,
+                    tCrB, tCcC, sSFA, rows, pipe, mma_state, num_k_blocks,
                 )
             # Groups issued after block k_tile + j: the in-flight ones behind it and the tail's.
             pending = (depth - 2 - j) + min(j + 1, left)
@@ -985,13 +983,13 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _issue_ring_block(
-        self, tiled_mma, accs, slot: int, scales, k_tile, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, mma_state,
-        num_k_blocks, nb0, nb1, group, stage_ready=None,
+        self, tiled_mma, accs, slot: int, scales, k_tile, tCrA, tCrB, tCcC, sSFA, rows, pipe, mma_state,
+        num_k_blocks, stage_ready=None,
     ):
         """Issue K block k_tile into accs[slot] and read its scales into the ring's slot: the SFB
-        pair (global loads) and this thread's two SFA rows from the stage, once it has arrived.
-        Returns the advanced state (the caller must rebind it)."""
-        scales[4 * slot], scales[4 * slot + 1] = self._block_sfb(mSFB, k_tile, nb0, nb1, group)
+        pair (global loads from `_sfb_rows`' rows) and this thread's two SFA rows from the stage,
+        once it has arrived. Returns the advanced state (the caller must rebind it)."""
+        scales[4 * slot], scales[4 * slot + 1] = self._row_sfb(rows, k_tile)
         stage = mma_state.index
         mma_state = self._issue_wave(
             tiled_mma, accs[slot], tCrA, tCrB, pipe, mma_state, num_k_blocks, 0, stage_ready
@@ -1069,23 +1067,12 @@ class HopperGemmKernel(TileOrder):
         return sfb0, sfb1
 
     @cute.jit
-    def _block_sfb(self, mSFB, k_tile, nb0, nb1, group):
-        """(sfb of scale block nb0, of nb1) for K block k_tile; 1.0 when SFB is per row (those
-        scales come from the stage)."""
-        sfb0 = cutlass.Float32(1.0)
-        sfb1 = sfb0
-        if cutlass.const_expr(not self.sfb_per_row):
-            if cutlass.const_expr(self.m_grouped):
-                sfb0 = mSFB[(nb0, k_tile, group)]
-                sfb1 = sfb0
-                if cutlass.const_expr(not self.single_sfb_block):
-                    sfb1 = mSFB[(nb1, k_tile, group)]
-            else:
-                sfb0 = mSFB[(nb0, k_tile)]
-                sfb1 = sfb0
-                if cutlass.const_expr(not self.single_sfb_block):
-                    sfb1 = mSFB[(nb1, k_tile)]
-        return sfb0, sfb1
+    def _lane_sfb(self, rows, first, k_tile_cnt):
+        """(sfb of nb0, of nb1) in lane i for K block first + i, clamped into the tile's blocks
+        0 .. k_tile_cnt - 1 (a tile of no blocks, e.g. a contiguous padding tile, reads block 0
+        of its clamped group, never before the row)."""
+        lane = cute.arch.lane_idx()
+        return self._row_sfb(rows, cutlass.max(cutlass.min(first + lane, k_tile_cnt - 1), 0))
 
     @cute.jit
     def _issue_wave(
