@@ -692,3 +692,30 @@ def test_whole_tile_epilogue_only_where_it_costs_no_stage():
     assert ("fp8_gemm_nt", 256, 128, "whole") in by_tile
     assert not by_tile[("fp8_wgrad_gemm_nt", 256, 128)]  # fp32 output
     assert ("m_grouped_fp8_gemm_nt_contiguous", 128, 192, "whole") in by_tile
+
+
+def test_static_stage_rounds_where_they_were_measured_faster():
+    """The single-accumulator loops copied at most twice per SFB boundary run static-stage rounds;
+    accumulator rings, 112- to 160-wide two-block tiles and the 176-wide weight gradient that
+    spilled with them do not (`Schedule.static_stage_rounds`)."""
+    chosen = {}
+    for s in default_schedules():
+        if s.op.is_quantize or not s.block_scaled:
+            continue
+        key = (s.op.value, s.arch.value, s.tile_m, s.tile_n)
+        chosen.setdefault(key, set()).add(s.static_stage_rounds)
+        if s.static_stage_rounds:
+            assert s.wgmma_accumulators == 1 and s.arch == Arch.SM90A
+    assert all(len(v) == 1 for v in chosen.values()), "one answer per tile, whatever the cluster"
+    rounds = {k for k, v in chosen.items() if v == {True}}
+    expected = {
+        ("fp8_gemm_nt", "sm_90a", 128, 192), ("fp8_gemm_nt", "sm_90a", 256, 128),
+        ("m_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 192),
+        ("m_grouped_fp8_gemm_nt_masked", "sm_90a", 256, 128),
+        ("fp8_wgrad_gemm_nt", "sm_90a", 128, 112), ("fp8_wgrad_gemm_nt", "sm_90a", 128, 128),
+        ("fp8_wgrad_gemm_nt", "sm_90a", 128, 160), ("fp8_wgrad_gemm_nt", "sm_90a", 256, 128),
+        ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 112),
+        ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 128),
+        ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 256, 128),
+    }
+    assert rounds == expected

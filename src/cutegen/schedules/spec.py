@@ -237,6 +237,12 @@ DOUBLE_ACCUMULATOR_REGISTERS = 192
 # measured 0.87x with four accumulators, so wider tiles keep two.
 MAX_WGMMA_ACCUMULATORS = 4
 DEEP_RING_MAX_ACCUMULATORS = 16
+# Static-stage rounds (`Schedule.static_stage_rounds`) copy the main loop once per stage; loops
+# already copied once per SFB boundary more than this many times lost to the code size.
+STATIC_ROUNDS_MAX_LOOP_COPIES = 2
+# Per-thread accumulators above which a tile that holds its column scales early spilled with
+# static-stage rounds (128x176 weight gradient: 88; 128x160's 80 did not).
+STATIC_ROUNDS_MAX_EARLY_COLUMN_ACCUMULATORS = 80
 # Three 8 KiB fp32 sub-tiles: what lets a 256x128 weight-gradient tile keep 4 operand stages.
 F32_EPILOGUE_STAGES = 3
 # Blackwell (sm_100a): tensor memory is 128 lanes x 512 fp32 columns per SM; an accumulator
@@ -533,6 +539,33 @@ class Schedule:
             and self.waves == 1
             and self.cluster_size > 1
             and not k_grouped_narrow
+        )
+
+    @property
+    def static_stage_rounds(self) -> bool:
+        """Whether the Hopper single-accumulator block-scaled main loop runs the K blocks from a
+        stage-0 block on in rounds of one block per stage, each stage's index a constant of the
+        code (so its WGMMA descriptors, SFA and barrier addresses are immediates: about 138
+        instructions per K block and math warp instead of 184 for 128x192, as in DeepGEMM's
+        kernels), the blocks before and after the rounds with run-time stage indices. Measured
+        on an H200 (docs/perf/NOTES.md, 2026-12-02, forced kernels against the loop without
+        rounds): 128x192 1.01-1.03x, 256x128 1.01-1.05x, contiguous 128x192 1.00-1.02x, weight
+        gradients 128x112 to 128x160 and 256x128 1.01-1.10x. Not for accumulator rings, nor
+        where the loop is already copied per SFB boundary more than STATIC_ROUNDS_MAX_LOOP_COPIES
+        times (112- and 144-wide tiles lost 0.92-0.97x to the code size, 160-wide ones gained
+        nothing), nor for tiles holding their column scales early with more than
+        STATIC_ROUNDS_MAX_EARLY_COLUMN_ACCUMULATORS accumulators per thread (128x176 weight
+        gradient: 10 registers spilled, 0.93x)."""
+        loop_copies = 1 if self.op.scales_b_per_row else len(sfb_boundaries(self.tile_n))
+        early_columns_crowded = (
+            self.column_scales_early and self.accumulators_per_thread > STATIC_ROUNDS_MAX_EARLY_COLUMN_ACCUMULATORS
+        )
+        return (
+            self.arch == Arch.SM90A
+            and self.block_scaled_gemm
+            and self.wgmma_accumulators == 1
+            and loop_copies <= STATIC_ROUNDS_MAX_LOOP_COPIES
+            and not early_columns_crowded
         )
 
     @property

@@ -94,6 +94,26 @@ def _opaque(x: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
     )
 
 
+class StaticStage(pipeline.PipelineState):
+    """A consumer pipeline state whose stage index is a constant of the traced code (the phase
+    stays a run-time bit): shared-memory addresses, WGMMA descriptors and barrier addresses of
+    its stage are then immediates. `advance` moves the index at trace time and flips the phase on
+    wrapping. Never loop-carried: a loop carries the phase and rebuilds the state."""
+
+    def __init__(self, stages: int, index: int, phase):
+        super().__init__(stages, cutlass.Int32(0), index, phase)
+
+    def clone(self, *, loc=None, ip=None) -> "StaticStage":
+        return StaticStage(self._stages, self._index, self._phase)
+
+    def advance(self, count: int = 1, *, loc=None, ip=None) -> None:
+        assert count == 1, "a static stage advances one block at a time"
+        self._index += 1
+        if self._index == self._stages:
+            self._index = 0
+            self._phase = self._phase ^ 1
+
+
 class StageLoads(NamedTuple):
     """What the producer needs, besides A, to load a stage of one tile: B, SFA and per-row SFB
     (their TMA atoms, partitions and multicast), and the tile's coordinates."""
@@ -321,6 +341,8 @@ class HopperGemmKernel(TileOrder):
         self.wgmma_accumulators = s.wgmma_accumulators
         # Per-row SFB read from the stage while the WGMMAs run (`Schedule.column_scales_early`).
         self.column_scales_early = s.column_scales_early
+        # Single-accumulator K blocks in rounds of one per stage (`Schedule.static_stage_rounds`).
+        self.static_stage_rounds = s.static_stage_rounds
         self.group_size = s.group_size
         # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
         self.masked_tile_rows = s.tile_m
@@ -700,32 +722,96 @@ class HopperGemmKernel(TileOrder):
     ):
         """K blocks first .. first + blocks - 1 of `_mainloop_block_scaled`, whose SFB lane j of
         `chunk0` / `chunk1` holds for block first + j. Returns (read_state, mma_state,
-        next_stage_ready)."""
-        for j in cutlass.range(blocks, unroll=unroll):
-            k_tile = first + j
-            sfb0, sfb1 = self._chunk_sfb(chunk0, chunk1, j)
-            for wave in cutlass.range_constexpr(self.waves):
-                mma_state = self._issue_wave(
-                    tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
-                )
-                p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave)
-                sfb_col = None
-                if cutlass.const_expr(early_columns):
-                    sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
-                warpgroup.wait_group(0)
-                last_wave = wave == self.waves - 1
-                if cutlass.const_expr(last_wave and stage_done_before_promotion):
-                    read_state, next_stage_ready = self._release_and_probe(
-                        pipe, read_state, None, k_tile, k_tile_cnt
+        next_stage_ready).
+
+        With `Schedule.static_stage_rounds`, the blocks from the first one in stage 0 run in
+        rounds of one block per stage, each round's stages unrolled with `StaticStage` states: the
+        stage index is then a constant, so the WGMMA descriptors, the SFA addresses and the
+        barrier addresses of each block are immediates and only the phase is carried (DeepGEMM's
+        kernels get the same from a K known at compile time). The blocks before stage 0 comes
+        round and those after the last round run the loop with run-time stage indices."""
+        args = (acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe)
+        rest = (first, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary, early_columns, stage_done_before_promotion)
+        if cutlass.const_expr(not self.static_stage_rounds):
+            read_state, mma_state, next_stage_ready = self._mainloop_blocks(
+                tiled_mma, *args, read_state, mma_state, next_stage_ready, 0, blocks, unroll, *rest
+            )
+        else:
+            stages = read_state.stages
+            # Each loop below sets the ACCUMULATE field of a tiled MMA of its own: a field set
+            # inside a loop must not be read after it.
+            head = cutlass.min(blocks, (stages - read_state.index) % stages)
+            rounds = (blocks - head) // stages
+            read_state, mma_state, next_stage_ready = self._mainloop_blocks(
+                tiled_mma, *args, read_state, mma_state, next_stage_ready, 0, head, 1, *rest
+            )
+            phase = read_state.phase
+            round_mma = self._make_tiled_mma()
+            for r in cutlass.range(rounds, unroll=1):
+                static_read = StaticStage(stages, 0, phase)
+                static_mma = StaticStage(stages, 0, phase)
+                for s in cutlass.range_constexpr(stages):
+                    static_read, static_mma, next_stage_ready = self._mainloop_block(
+                        round_mma, *args, static_read, static_mma, next_stage_ready, head + r * stages + s, *rest
                     )
-                read_state = self._promote_wave(
-                    acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave,
-                    released=stage_done_before_promotion, sfb_col=sfb_col,
+                phase = static_read.phase
+            # Rounds leave the stage index where they found it (0 when there were any).
+            read_state = pipeline.PipelineState(stages, read_state.count, read_state.index, phase)
+            mma_state = read_state.clone()
+            read_state, mma_state, next_stage_ready = self._mainloop_blocks(
+                self._make_tiled_mma(), *args, read_state, mma_state, next_stage_ready,
+                head + rounds * stages, blocks, unroll, *rest
+            )
+        return read_state, mma_state, next_stage_ready
+
+    @cute.jit
+    def _mainloop_blocks(
+        self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
+        next_stage_ready, j0, j1, unroll: int, first, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary,
+        early_columns: bool, stage_done_before_promotion: bool,
+    ):
+        """Blocks first + j0 .. first + j1 - 1 of a chunk with run-time stage indices.
+        Returns (read_state, mma_state, next_stage_ready)."""
+        for j in cutlass.range(j0, j1, unroll=unroll):
+            read_state, mma_state, next_stage_ready = self._mainloop_block(
+                tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
+                next_stage_ready, j, first, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary,
+                early_columns, stage_done_before_promotion,
+            )
+        return read_state, mma_state, next_stage_ready
+
+    @cute.jit
+    def _mainloop_block(
+        self, tiled_mma, acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe, read_state, mma_state,
+        next_stage_ready, j, first, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary,
+        early_columns: bool, stage_done_before_promotion: bool,
+    ):
+        """K block first + j of a chunk: its waves' WGMMAs, scales, waits and promotions.
+        Returns (read_state, mma_state, next_stage_ready)."""
+        k_tile = first + j
+        sfb0, sfb1 = self._chunk_sfb(chunk0, chunk1, j)
+        for wave in cutlass.range_constexpr(self.waves):
+            mma_state = self._issue_wave(
+                tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
+            )
+            p0, p1 = self._wave_scales(tCcC, sSFA, read_state, sfb0, sfb1, wave)
+            sfb_col = None
+            if cutlass.const_expr(early_columns):
+                sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
+            warpgroup.wait_group(0)
+            last_wave = wave == self.waves - 1
+            if cutlass.const_expr(last_wave and stage_done_before_promotion):
+                read_state, next_stage_ready = self._release_and_probe(
+                    pipe, read_state, None, k_tile, k_tile_cnt
                 )
-                if cutlass.const_expr(last_wave and not stage_done_before_promotion):
-                    # Per-row SFB is read from the stage by the promotion, so the stage is
-                    # released (and the next one probed) only after it.
-                    next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
+            read_state = self._promote_wave(
+                acc, promoted, tCcC, sSFB, pipe, read_state, p0, p1, boundary, wave,
+                released=stage_done_before_promotion, sfb_col=sfb_col,
+            )
+            if cutlass.const_expr(last_wave and not stage_done_before_promotion):
+                # Per-row SFB is read from the stage by the promotion, so the stage is
+                # released (and the next one probed) only after it.
+                next_stage_ready = self._peek_next_stage(pipe, read_state, k_tile, k_tile_cnt)
         return read_state, mma_state, next_stage_ready
 
     @cute.jit
