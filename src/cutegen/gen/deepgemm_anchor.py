@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from cutegen.runtime.params import TmaArgs, ceil_div
+from cutegen.runtime.params import TmaArgs, align, ceil_div
 
 CONFIG_FILE = "deepgemm.json"
 # How reports and printouts name this anchor.
@@ -109,10 +109,6 @@ def kernel_by_op(op: str) -> DeepGemmKernel:
         if kernel.op == op:
             return kernel
     raise ValueError(f"no DeepGEMM anchor kernel for {op!r} (have: {', '.join(k.op for k in DeepGemmKernel)})")
-
-def _align(x: int, a: int) -> int:
-    return ceil_div(x, a) * a
-
 
 def swizzle_bytes(block: int, elem_bytes: int) -> int:
     """The largest TMA swizzle (128, 64, 32 or 16 bytes) that divides a row of `block` elements."""
@@ -194,15 +190,15 @@ def pipeline(m: int, n: int, k: int, block_m: int, block_n: int,
              kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D) -> tuple[int, int]:
     """(stages, dynamic shared memory) of a DeepGEMM tile: the whole D tile and the barriers
     besides the stages of A, B and SFA; 1D2D adds the per-tile SFB row(s), 1D1D an SFB stage."""
-    smem_d = _align(block_m * block_n * kernel.d_bytes, 1024)
+    smem_d = align(block_m * block_n * kernel.d_bytes, 1024)
     barriers = MAX_STAGES * 8 * 2
     if kernel is DeepGemmKernel.WGRAD_1D1D:
-        smem_sfb, sfb_per_stage = 0, _align(block_n * 4, 128)
+        smem_sfb, sfb_per_stage = 0, align(block_n * 4, 128)
     else:
         sfb_rows = 1 if BLOCK_K % block_n == 0 else 2
-        smem_sfb, sfb_per_stage = _align(ceil_div(k, BLOCK_K) * 4 * sfb_rows, 8), 0
+        smem_sfb, sfb_per_stage = align(ceil_div(k, BLOCK_K) * 4 * sfb_rows, 8), 0
     fixed = smem_d + barriers + smem_sfb
-    per_stage = block_m * BLOCK_K + block_n * BLOCK_K + _align(block_m * 4, 128) + sfb_per_stage
+    per_stage = block_m * BLOCK_K + block_n * BLOCK_K + align(block_m * 4, 128) + sfb_per_stage
     stages = min((SMEM_CAPACITY - fixed) // per_stage, MAX_STAGES)
     return stages, fixed + stages * per_stage
 
@@ -416,7 +412,7 @@ def _fp8_k_major_map(t: Any, rows: int, k: int, box_rows: int) -> TmaArgs:
 
 
 def _scale_map(sf: Any, rows: int, k: int, box_rows: int) -> TmaArgs:
-    aligned = _align(rows, 4)
+    aligned = align(rows, 4)
     return TmaArgs("f32", 2, sf.data_ptr(), (aligned, ceil_div(k, BLOCK_K)), (4 * aligned,), (box_rows, 1), (1, 1),
                    l2_promotion="256B")
 
@@ -498,7 +494,7 @@ class DeepGemmAnchor:
     def _launch_1d2d(self, e, a, sfa, b, sfb, d, m, n, k, groups, m_indices) -> Callable[[], None]:
         import ctypes
 
-        if sfa.stride(0) != 1 or sfa.stride(1) != _align(m, 4) or not sfb.is_contiguous():
+        if sfa.stride(0) != 1 or sfa.stride(1) != align(m, 4) or not sfb.is_contiguous():
             raise ValueError("DeepGEMM takes SFA MN-major TMA-aligned and SFB contiguous")
         bm, bn, sd = e["block_m"], e["block_n"], e["swizzle_d"]
         swizzle = {16: "none", 32: "32B", 64: "64B", 128: "128B"}
@@ -521,7 +517,7 @@ class DeepGemmAnchor:
         n = b.shape[0]
         e = self._entry(m, n, k, DeepGemmKernel.WGRAD_1D1D)
         for name, sf, rows in (("SFA", sfa, m), ("SFB", sfb, n)):
-            if sf.stride(0) != 1 or sf.stride(1) != _align(rows, 4):
+            if sf.stride(0) != 1 or sf.stride(1) != align(rows, 4):
                 raise ValueError(f"DeepGEMM takes {name} MN-major and TMA-aligned")
         bm, bn = e["block_m"], e["block_n"]
         maps = [

@@ -36,7 +36,7 @@ import torch
 from . import heuristics, ops, split_k
 from .errors import InputError, KernelLoadError
 from .launch import launch
-from .params import SCALE_BLOCK
+from .params import SCALE_BLOCK, ceil_div
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
 
@@ -57,10 +57,6 @@ def scale_format(sfa: torch.Tensor) -> str:
 
 def _fail(arg: str, what: str) -> InputError:
     return InputError(f"{OP_FP8_GEMM_NT}: argument '{arg}' {what}")
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def tma_aligned_rows(m: int) -> int:

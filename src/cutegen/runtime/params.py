@@ -756,12 +756,18 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def align(a: int, b: int) -> int:
+    """a rounded up to a multiple of b."""
+    return ceil_div(a, b) * b
+
+
 __all__ = [
     "DTYPE_BYTES",
     "Expr",
     "OperandInfo",
     "ParamBlob",
     "TmaArgs",
+    "align",
     "aligned_zeros",
     "bind_operands",
     "ceil_div",

@@ -47,6 +47,7 @@ import torch
 from . import driver, ops, stream_scratch
 from .errors import ArtifactError, InputError
 from .launch import launch
+from .params import align, ceil_div
 
 OP_PER_TOKEN = "per_token_quant_fp8"
 OP_PER_BLOCK = "per_block_quant_fp8"
@@ -83,14 +84,6 @@ _choices: dict[tuple[str, str, str, int, str | None], str] = {}
 # launch leaves it zero, and launches on one stream never overlap (launches being captured in a
 # CUDA graph get their own: `grouped_tile_counter`).
 _tile_counters: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
 
 
 # ------------------------------------------------------------------------------------------------

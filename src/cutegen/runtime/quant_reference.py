@@ -65,6 +65,7 @@ from typing import Sequence
 import torch
 
 from .errors import InputError
+from .params import align, ceil_div
 
 E4M3_MAX = 448.0
 GROUP = 128
@@ -77,14 +78,6 @@ TMA_ALIGN_ROWS = 4  # 16 bytes of 4-byte scales
 NAN_BITS = 0x7FC00000
 E4M3_NAN_BYTE = 0x7F
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
 
 
 def check_eps(eps: float, where: str = "eps") -> float:
