@@ -195,7 +195,9 @@ class HopperGemmKernel(TileOrder):
     with a try-wait (the next block's wait is skipped when it has arrived). SFB is held in warp
     registers, SFB_CHUNK_BLOCKS K blocks at a time (lane i holds block 32c + i of chunk c, the
     next chunk loaded while this one runs) and read per block with one shuffle; the K loop runs
-    chunk by chunk, unrolled twice within a chunk. The two math warpgroups own
+    chunk by chunk, unrolled twice within a chunk, or (`Schedule.static_stage_rounds`) in rounds
+    of one block per stage whose stage indices are constants, so that the stages' WGMMA
+    descriptors, SFA addresses and full/empty barriers are immediates. The two math warpgroups own
     different rows, so one can promote while the other's WGMMAs run on the tensor cores.
     Single-wave tiles whose registers allow it cycle through a ring of D =
     `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row tiles, up to 4 for small
@@ -756,7 +758,9 @@ class HopperGemmKernel(TileOrder):
                     )
                 phase = static_read.phase
             # Rounds leave the stage index where they found it (0 when there were any).
-            read_state = pipeline.PipelineState(stages, read_state.count, read_state.index, phase)
+            read_state = pipeline.PipelineState(
+                stages, read_state.count + rounds * stages, read_state.index, phase
+            )
             mma_state = read_state.clone()
             read_state, mma_state, next_stage_ready = self._mainloop_blocks(
                 self._make_tiled_mma(), *args, read_state, mma_state, next_stage_ready,
