@@ -72,3 +72,29 @@ def test_block_scaled_main_loop_reads_sfb_by_shuffle(catalogue, name):
     shuffles = ptx.count("shfl.sync.idx.b32")
     two_blocks = "x192x" in name  # a 192-wide tile spans two 128-column scale blocks
     assert shuffles >= (2 if two_blocks else 1), f"{name}: {shuffles} indexed shuffles"
+
+
+def test_static_stage_rounds_wait_on_barriers_at_constant_offsets(catalogue):
+    """Kernels with `Schedule.static_stage_rounds` wait on each stage's full barrier at its own
+    constant offset from the barrier array (8 bytes a stage: +0x8 .. +8(S-1) in the try-waits'
+    addresses); the others compute every stage's barrier address at run time, so no try-wait of
+    theirs names those offsets (only the empty barriers' array, 8S bytes on)."""
+    import re
+
+    from cutegen.gen.sass import disassemble
+
+    out = catalogue["out"]
+    checked = 0
+    for s in catalogue["schedules"]:
+        if s.arch.value != "sm_90a" or not s.block_scaled or s.op.is_quantize:
+            continue
+        name = procedural_name(s)
+        sass, _ = disassemble((out / name / "kernel.cubin").read_bytes())
+        offsets = {int(x, 16) for x in re.findall(r"TRYWAIT P\d+, \[[^\]]*?\+0x([0-9a-f]+)\]", sass)}
+        per_stage = {8 * k for k in range(1, s.stages)}
+        if s.static_stage_rounds:
+            assert per_stage <= offsets, f"{name}: try-wait offsets {sorted(offsets)}"
+            checked += 1
+        else:
+            assert not per_stage & offsets, f"{name}: try-wait offsets {sorted(offsets)}"
+    assert checked == 31
