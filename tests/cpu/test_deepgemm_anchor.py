@@ -136,9 +136,6 @@ def test_problem_sets_per_op():
 
     assert len(deepgemm_problems(["fp8_gemm_nt"])) == len(DEEPGEMM_FP8_TFLOPS)
     assert len(deepgemm_problems(["fp8_gemm_nt"], all_shapes=True)) == len(FP8_SHAPES)
-    assert dga.kernel_by_op("fp8_wgrad_gemm_nt") is dga.DeepGemmKernel.WGRAD_1D1D
-    with pytest.raises(ValueError, match="k_grouped_fp8_gemm_nt_contiguous"):
-        dga.kernel_by_op("k_grouped_fp8_gemm_nt_contiguous")
 
 
 def test_candidates_follow_each_kernels_rules():
@@ -183,7 +180,6 @@ def test_anchor_looks_kernels_up_by_kind(tmp_path):
     assert anchor.config(30720, 4096, 7168, dga.DeepGemmKernel.CONTIGUOUS_1D2D, 8) is None
     assert anchor.config(7168, 2112, 4096, dga.DeepGemmKernel.WGRAD_1D1D)["name"] == "w"
     assert anchor.config(7168, 2112, 4096) is None
-    assert anchor.kernels() == set(dga.DeepGemmKernel)
     with pytest.raises(KeyError, match="no DeepGEMM 1d1d kernel built for 1x2x3"):
         anchor._entry(1, 2, 3, dga.DeepGemmKernel.WGRAD_1D1D)
 

@@ -104,12 +104,6 @@ class DeepGemmKernel(enum.Enum):
         return self is DeepGemmKernel.WGRAD_1D1D
 
 
-def kernel_by_op(op: str) -> DeepGemmKernel:
-    for kernel in DeepGemmKernel:
-        if kernel.op == op:
-            return kernel
-    raise ValueError(f"no DeepGEMM anchor kernel for {op!r} (have: {', '.join(k.op for k in DeepGemmKernel)})")
-
 def swizzle_bytes(block: int, elem_bytes: int) -> int:
     """The largest TMA swizzle (128, 64, 32 or 16 bytes) that divides a row of `block` elements."""
     for mode in (128, 64, 32, 16):
@@ -446,9 +440,6 @@ class DeepGemmAnchor:
     def config(self, m: int, n: int, k: int, kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D,
                groups: int = 1) -> dict | None:
         return self.by_problem.get(_key(kernel.value, m, n, k, groups))
-
-    def kernels(self) -> set[DeepGemmKernel]:
-        return {DeepGemmKernel(key[0]) for key in self.by_problem}
 
     def _function(self, e: dict) -> Any:
         from cutegen.runtime.driver import check, cu, ensure_context
