@@ -36,7 +36,7 @@ import torch
 from . import heuristics, ops, split_k
 from .errors import InputError, KernelLoadError
 from .launch import launch
-from .params import SCALE_BLOCK, ceil_div
+from .params import SCALE_BLOCK, align, ceil_div
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
 
@@ -61,7 +61,7 @@ def _fail(arg: str, what: str) -> InputError:
 
 def tma_aligned_rows(m: int) -> int:
     """The column stride of an MN-major TMA-aligned scale tensor with m rows: align(m, 4)."""
-    return ceil_div(m, SFA_COLUMN_ALIGN) * SFA_COLUMN_ALIGN
+    return align(m, SFA_COLUMN_ALIGN)
 
 
 def _check_operand(arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int) -> None:

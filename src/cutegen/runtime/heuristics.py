@@ -18,9 +18,9 @@ multicast:
 * Block-scaled kernels: a per-K-block latency floor, ``K/128 * block_latency_s[accumulators]``
   (the WGMMA accumulators the schedule's main loop cycles through), which bounds small tiles.
   Their compute time is multiplied by `CostModel.split_scale_block_slowdown` where a tile spans
-  two 128-column SFB blocks, and by `CostModel.ring_sfb_load_slowdown` where the main loop cycles
-  through a ring of accumulators (it reads each K block's SFB from global memory; the
-  single-accumulator loop holds the tile's SFB in registers).
+  two 128-column SFB blocks, and by `CostModel.accumulator_ring_slowdown` where the main loop
+  cycles through a ring of accumulators (measured slower than the single-accumulator loop at
+  compute-bound shapes).
 * Two-wave kernels that stage the whole output tile (epilogue ``tma_store_whole_tile`` or
   ``tma_store_per_warpgroup``): compute times `CostModel.whole_tile_short_k_factor` (below 1)
   where K has at most `CostModel.whole_tile_max_k_blocks` blocks, else
@@ -102,13 +102,14 @@ class CostModel:
     # shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
     split_scale_block_slowdown: float = 1.03
     # Block-scaled tiles that cycle through a ring of WGMMA accumulators (`wgmma_accumulators` >=
-    # 2: the 64-row tiles, 128x112, 128x128) read each K block's SFB from global memory in front
-    # of its WGMMAs, where the single-accumulator loop holds the tile's SFB in warp registers.
+    # 2: the 64-row tiles, 128x112, 128x128) run slower per FLOP than the single-accumulator loop
+    # at compute-bound shapes. An empirical factor: the ring's per-block SFB load is not the cause
+    # (the ring with SFB held in warp registers measured 0.95-1.01x, NOTES.md 2026-12-02).
     # Kernel durations on an H200 at 4096x2112x7168 (docs/perf/2026-12-02-h200-fp8-kernel-
     # timings.json): 128x112 in a 2x1 cluster 106.5 µs, 128x192 99.2-100.4 µs, two tiles the
     # model otherwise scores alike. Any factor from 1.04 to 1.15 ranks the 24 timed shapes the
     # same (tests/cpu/test_heuristic_calibration.py); only compute-bound shapes feel it.
-    ring_sfb_load_slowdown: float = 1.06
+    accumulator_ring_slowdown: float = 1.06
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
     # (sfa·sfb per element). A tile computed in one wave per math warpgroup (tile_m = 64 x
     # warpgroups) whose main loop reads each block's column scales only after the WGMMA wait
@@ -237,10 +238,9 @@ def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
     return _per_block_sfb(manifest) and SCALE_BLOCK % tile_n != 0
 
 
-def _reads_sfb_per_block(manifest: KernelManifest) -> bool:
+def _block_scaled_ring(manifest: KernelManifest) -> bool:
     """A kernel with one SFB per 128-row block of B whose main loop cycles through a ring of WGMMA
-    accumulators and so reads each K block's SFB from global memory (the single-accumulator loop
-    holds the tile's SFB in warp registers)."""
+    accumulators."""
     return _per_block_sfb(manifest) and manifest.wgmma_accumulators >= 2
 
 
@@ -382,8 +382,8 @@ def _score(
     compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
     if _straddles_scale_blocks(manifest, tn):
         compute *= model.split_scale_block_slowdown
-    if _reads_sfb_per_block(manifest):
-        compute *= model.ring_sfb_load_slowdown
+    if _block_scaled_ring(manifest):
+        compute *= model.accumulator_ring_slowdown
     if _rolled_per_row_loop(manifest):
         compute *= model.rolled_per_row_loop_slowdown
     elif _per_row_scales(manifest) and not _single_wave_per_row_scales(manifest):

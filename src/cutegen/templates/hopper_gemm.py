@@ -751,7 +751,7 @@ class HopperGemmKernel(TileOrder):
             round_mma = self._make_tiled_mma()
             for r in cutlass.range(rounds, unroll=1):
                 static_read = StaticStage(stages, 0, phase)
-                static_mma = StaticStage(stages, 0, phase)
+                static_mma = static_read.clone()
                 for s in cutlass.range_constexpr(stages):
                     static_read, static_mma, next_stage_ready = self._mainloop_block(
                         round_mma, *args, static_read, static_mma, next_stage_ready, head + r * stages + s, *rest
