@@ -215,8 +215,8 @@ class HopperGemmKernel(TileOrder):
     the scales are TMA-loaded at the group's first block plus the K block.
 
     Contiguous layout (`m_grouped_fp8_gemm_nt_contiguous`) in 2x1 clusters with B multicast: the
-    two CTAs hold M tiles that may belong to two groups. Both read both tiles' groups (a tile
-    ahead); where they are one group, each loads its half of B and multicasts it to the pair;
+    two CTAs hold M tiles that may belong to two groups. Both read both tiles' groups at the
+    tile's start; where they are one group, each loads its half of B and multicasts it to the pair;
     otherwise each loads both halves of its own group's B, multicast to itself alone. The pair
     loads and computes unless both tiles are padding, so both CTAs walk the same stages (each
     CTA's consumers release the other's); a padding tile computed beside its pair's tile has its
@@ -1641,19 +1641,47 @@ class HopperGemmKernel(TileOrder):
         cpasync.fence_tma_desc_acquire(desc_b)
 
     @cute.jit
-    def _group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False):
-        """Contiguous layout: the group of this CTA's tile in cluster tile t (-1 past the tile
-        sequence, or for padding); with `peer`, that of the other CTA's tile of a 2x1 cluster.
-        Both roles read it one tile ahead, while the tile before runs, so that the latency of
-        the m_indices load is not paid at the tile's start."""
-        group = cutlass.Int32(-1)
+    def _cluster_tile_row(self, t, ct_m, ct_n, cluster_coord_mnk, peer: bool):
+        """Contiguous layout: the M tile of this CTA in cluster tile t; with `peer`, that of the
+        other CTA of a 2x1 cluster."""
         cta_m = cluster_coord_mnk[0]
         if cutlass.const_expr(peer):
             cta_m = self.cluster_shape_mn[0] - 1 - cluster_coord_mnk[0]
+        ctm, _ = self._cluster_tile_coord(t, ct_m, ct_n)
+        return ctm * self.cluster_shape_mn[0] + cta_m
+
+    @cute.jit
+    def _group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False):
+        """Contiguous layout: the group of this CTA's tile in cluster tile t (-1 for padding); with
+        `peer`, that of the other CTA's tile of a 2x1 cluster. Both roles read it at the tile's
+        start, from L1: `_prefetch_group_of_cluster_tile` asked for it a tile before."""
+        group = cutlass.Int32(-1)
         if t < num_cluster_tiles:
-            ctm, _ = self._cluster_tile_coord(t, ct_m, ct_n)
-            group = self._tile_group(mIdx, ctm * self.cluster_shape_mn[0] + cta_m)
+            group = self._tile_group(mIdx, self._cluster_tile_row(t, ct_m, ct_n, cluster_coord_mnk, peer))
         return group
+
+    @cute.jit
+    def _prefetch_group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False):
+        """Prefetch into L1 what `_group_of_cluster_tile` will read for cluster tile t (nothing
+        past the tile sequence)."""
+        if t < num_cluster_tiles:
+            self._prefetch_tile_group(mIdx, self._cluster_tile_row(t, ct_m, ct_n, cluster_coord_mnk, peer))
+
+    @cute.jit
+    def _groups_of_contiguous_tile(self, mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk):
+        """Contiguous layout: (the group of this CTA's tile in cluster tile t, that of its 2x1
+        cluster peer's tile, or -1 without a peer), and the lines holding the groups of the tiles
+        at t + tile_stride prefetched into L1 for the next call. Both roles call it at each
+        tile's start."""
+        tile_args = (num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk)
+        self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args)
+        if cutlass.const_expr(self.b_shared_per_tile):
+            self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args, peer=True)
+        group = self._group_of_cluster_tile(mIdx, t, *tile_args)
+        peer_group = cutlass.Int32(-1)
+        if cutlass.const_expr(self.b_shared_per_tile):
+            peer_group = self._group_of_cluster_tile(mIdx, t, *tile_args, peer=True)
+        return group, peer_group
 
     @cute.jit
     def _pair_of_tiles(self, group, peer_group, k_tile_cnt):
@@ -1947,19 +1975,9 @@ class HopperGemmKernel(TileOrder):
                 cute.arch.sync_warp()
                 cute.arch.fence_acq_rel_cta()
             current_group = cutlass.Int32(-1)
-            next_group = cutlass.Int32(-1)
-            next_peer_group = cutlass.Int32(-1)
             load_policies = None
             if cutlass.const_expr(self.hints_streamed_b):
                 load_policies = self._load_policies(mA_mk.shape[0])
-            if cutlass.const_expr(self.m_grouped and not self.masked):
-                next_group = self._group_of_cluster_tile(
-                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
-                )
-            if cutlass.const_expr(self.b_shared_per_tile):
-                next_peer_group = self._group_of_cluster_tile(
-                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
-                )
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
@@ -1977,18 +1995,13 @@ class HopperGemmKernel(TileOrder):
                     tBgB_k = tBgB[(None, tile_n, None, group)]
                 elif cutlass.const_expr(self.m_grouped):
                     tAgA_k = tAgA[(None, tile_m, None)]
-                    group = next_group
-                    next_group = self._group_of_cluster_tile(
-                        mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                    group, peer_group = self._groups_of_contiguous_tile(
+                        mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
                     )
                     # A tile of padding rows only is not loaded (nor computed).
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     tBgB_k = tBgB[(None, tile_n, None, cutlass.max(group, 0))]
                     if cutlass.const_expr(self.b_shared_per_tile):
-                        peer_group = next_peer_group
-                        next_peer_group = self._group_of_cluster_tile(
-                            mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
-                        )
                         share_b, tile_k_tiles = self._pair_of_tiles(group, peer_group, k_tile_cnt)
                         tBgB_other_k = tBgB_other[(None, tile_n, None, cutlass.max(group, 0))]
                 else:
@@ -2099,16 +2112,6 @@ class HopperGemmKernel(TileOrder):
 
             tiles_done = cutlass.Int32(0)
             contiguous = self.m_grouped and not self.masked
-            next_group = cutlass.Int32(-1)
-            next_peer_group = cutlass.Int32(-1)
-            if cutlass.const_expr(contiguous):
-                next_group = self._group_of_cluster_tile(
-                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
-                )
-            if cutlass.const_expr(self.b_shared_per_tile):
-                next_peer_group = self._group_of_cluster_tile(
-                    mIdx, first_tile, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
-                )
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
@@ -2127,22 +2130,17 @@ class HopperGemmKernel(TileOrder):
                 write_tile = cutlass.Int32(1)
                 sfb_group = group
                 if cutlass.const_expr(contiguous):
-                    # The tile's group from its first row (read a tile ahead); tiles of padding
-                    # rows only have none. The rows' groups for the padding rows of D are read
-                    # now too and used after the main loop.
-                    group = next_group
-                    next_group = self._group_of_cluster_tile(
-                        mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                    # The tile's group from its first row; tiles of padding rows only have none.
+                    # The rows' groups for the padding rows of D are read now too and used after
+                    # the main loop.
+                    group, peer_group = self._groups_of_contiguous_tile(
+                        mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
                     )
                     row_groups = self._row_groups(promoted, tCcC, mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     sfb_group = cutlass.max(group, 0)
                     if cutlass.const_expr(self.b_shared_per_tile):
                         # This CTA's padding rows are zeroed, or not written, after the main loop.
-                        peer_group = next_peer_group
-                        next_peer_group = self._group_of_cluster_tile(
-                            mIdx, t + tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer=True
-                        )
                         _, tile_k_tiles = self._pair_of_tiles(group, peer_group, k_tile_cnt)
                 tile_sfb = mSFB
                 if cutlass.const_expr(self.split_k):
