@@ -43,8 +43,10 @@ cluster, then to the name, so the choice is total and stable. Where memory or la
 tile, multicast counts as useful there only when it shares the operand with more bytes in all (B
 where N >= M, else A), and such a cluster goes first: 128x4096x7168, 64x64 tiles, measured 16.7 µs
 in a 2x1 cluster against 17.9 unclustered and 18.3 in a 1x2 cluster (the 64-row tiles at M <= 128
-ran 0-10% slower with A multicast than without). Compute-bound tiles keep plain useful multicast
-(4096x7168x16384, 256x128: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one).
+ran 0-10% slower with A multicast than without). Among compute-bound tiles, the cluster whose
+multicast shares the larger of the tile's two boxes goes first, as it saves the more L2 traffic:
+A for 256x128 (4096x7168x16384: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one), B for
+128x192 (2x1 clusters 1.01-1.09x faster than 1x2 at the dense M = 4096 shapes).
 
 The constants in `CostModel` are the H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16
 dense, 4.3 TB/s copy) with an assumed L2 reuse factor for operand traffic; they rank candidates,
@@ -153,14 +155,13 @@ class CostModel:
     # (docs/perf/2026-12-02-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
     split_fixup_s: float = 3e-6
     # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
-    # wave: the tile's group and its rows' m_indices are read a tile ahead (hidden behind the
-    # tile before), but the padding-row selects and the store remain, and the term stands for
-    # what the model does not see of the wider tiles' advantage. It favours fewer, wider tiles
-    # (160, 192 columns), most where K is short. Fitted on kernel durations of every contiguous
-    # kernel on DeepGEMM's six shapes (an earlier build's timings, in-sample): 6-8 µs choose
-    # within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x; on the current kernels
-    # (docs/perf/2026-12-01-h200-contiguous-kernel-timings.json, with the 2x1 B-multicast one)
-    # 1.001x.
+    # wave: the tile's group is read from L1 (prefetched a tile before) and its rows' m_indices
+    # while the main loop runs, but the padding-row selects and the store remain, and the term
+    # stands for what the model does not see of the wider tiles' advantage. It favours fewer,
+    # wider tiles (160, 192 columns), most where K is short. Fitted on kernel durations of every
+    # contiguous kernel on DeepGEMM's six shapes (an earlier build's timings, in-sample): 6-8 µs
+    # choose within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x; on the current kernels
+    # (docs/perf/2026-12-02-h200-contiguous-kernel-timings.json) 1.001x.
     grouped_tile_overhead_s: float = 6e-6
     # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`,
     # `tma_store_per_warpgroup`) against the same tile moving it through a ring of sub-tiles:
@@ -203,6 +204,10 @@ class Score:
     # Bound by memory or latency, with a useful multicast that shares the operand with more bytes
     # in all (B where N >= M, else A).
     shares_larger_operand: bool = False
+    # The cluster's multicast shares the larger of the tile's two operand boxes (B where the tile
+    # is wider than tall, A where taller): each CTA pair loads those bytes once from L2 instead
+    # of twice. What breaks ties between compute-bound clusters.
+    multicasts_larger_box: bool = False
     # Compute is the largest of its time terms.
     compute_bound: bool = True
     # One wave whose time is the chain of K-block latencies (neither compute nor memory).
@@ -402,6 +407,7 @@ def _score(
     latency_bound = waves == 1 and latency > max(compute, memory)
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
+    larger_box = (mc_b > 1 and tn > tm) or (mc_a > 1 and tm > tn)
     tile_overhead = model.grouped_tile_overhead_s if manifest.op == CONTIGUOUS_OP else 0.0
     # A tail split spreads a last (or only) partial wave over every cluster where it pays: it
     # costs its fraction of a wave.
@@ -431,6 +437,7 @@ def _score(
         useful_multicast=mc_a * mc_b,
         k_splits=k_splits,
         shares_larger_operand=not compute_bound and shares_larger,
+        multicasts_larger_box=larger_box,
         compute_bound=compute_bound,
         latency_bound=latency_bound,
     )
@@ -445,6 +452,12 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     # the larger tile (fewer bytes in all), except where one wave's K-block latencies bound the
     # time: there the smaller tile, whose more CTAs each wait for fewer bytes per K block (H200
     # kernel timings, NOTES.md: 64x7168x576 ran 1.10x faster in 64x64 tiles than in 64x128).
+    # Then the cluster that multicasts: where memory or latency bounds the tile, the operand with
+    # more bytes in all; where compute does, the larger of the tile's two boxes. H200 kernel
+    # durations: 128x192 tiles in 2x1 clusters sharing B ran 1.01-1.09x faster than in 1x2
+    # clusters sharing A at the eight dense M = 4096 shapes and 0.99-1.02x (five of six faster)
+    # on DeepGEMM's contiguous ones; 256x128 tiles in 1x2 clusters 1.005-1.02x faster than in
+    # 2x1 (docs/perf/2026-12-02-h200-fp8-kernel-timings.json, -contiguous-kernel-timings.json).
     def key(s: Score) -> tuple:
         tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
         area = s.tile_m * s.tile_n
@@ -454,6 +467,7 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             area if s.latency_bound else -area,
             -(s.useful_multicast if s.compute_bound or s.shares_larger_operand else 1),
             0 if s.shares_larger_operand else 1,
+            0 if s.compute_bound and s.multicasts_larger_box else 1,
             s.cluster_m * s.cluster_n,
             s.name,
         )
