@@ -98,3 +98,26 @@ def test_static_stage_rounds_wait_on_barriers_at_constant_offsets(catalogue):
         else:
             assert not per_stage & offsets, f"{name}: try-wait offsets {sorted(offsets)}"
     assert checked == 31
+
+
+def test_contiguous_kernels_prefetch_their_tiles_groups_into_l1(catalogue):
+    """The contiguous layout reads each tile's group (m_indices of its first row) at the tile's
+    start as a uniform value, a load the warp waits for: each role prefetches the next tile's line
+    into L1 (`prefetch.global.L1`, SASS `CCTL.E.PF1`) so that the wait is an L1 hit. One prefetch
+    per role, two in 2x1 clusters (the peer's tile too); the other block-scaled GEMMs have none."""
+    from cutegen.gen.sass import disassemble
+
+    out = catalogue["out"]
+    contiguous = 0
+    for s in catalogue["schedules"]:
+        if s.arch.value != "sm_90a" or not s.block_scaled or s.op.is_quantize:
+            continue
+        name = procedural_name(s)
+        sass, _ = disassemble((out / name / "kernel.cubin").read_bytes())
+        prefetches = sass.count("CCTL.E.PF1")
+        if s.op.value == "m_grouped_fp8_gemm_nt_contiguous":
+            assert prefetches == 2 * s.cluster_m, f"{name}: {prefetches} L1 prefetches"
+            contiguous += 1
+        else:
+            assert prefetches == 0, f"{name}: {prefetches} L1 prefetches"
+    assert contiguous == 7
