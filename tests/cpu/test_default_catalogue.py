@@ -74,22 +74,31 @@ def test_block_scaled_main_loop_reads_sfb_by_shuffle(catalogue, name):
     assert shuffles >= (2 if two_blocks else 1), f"{name}: {shuffles} indexed shuffles"
 
 
-def test_static_stage_rounds_wait_on_barriers_at_constant_offsets(catalogue):
+@pytest.fixture(scope="module")
+def hopper_gemm_sass(catalogue):
+    """(schedule, name, SASS) of every sm_90a block-scaled GEMM of the catalogue, disassembled once
+    for the tests that read their instructions."""
+    from cutegen.gen.sass import disassemble
+
+    found = []
+    for s in catalogue["schedules"]:
+        if s.arch.value != "sm_90a" or not s.block_scaled or s.op.is_quantize:
+            continue
+        name = procedural_name(s)
+        sass, _ = disassemble((catalogue["out"] / name / "kernel.cubin").read_bytes())
+        found.append((s, name, sass))
+    return found
+
+
+def test_static_stage_rounds_wait_on_barriers_at_constant_offsets(hopper_gemm_sass):
     """Kernels with `Schedule.static_stage_rounds` wait on each stage's full barrier at its own
     constant offset from the barrier array (8 bytes a stage: +0x8 .. +8(S-1) in the try-waits'
     addresses); the others compute every stage's barrier address at run time, so no try-wait of
     theirs names those offsets (only the empty barriers' array, 8S bytes on)."""
     import re
 
-    from cutegen.gen.sass import disassemble
-
-    out = catalogue["out"]
     checked = 0
-    for s in catalogue["schedules"]:
-        if s.arch.value != "sm_90a" or not s.block_scaled or s.op.is_quantize:
-            continue
-        name = procedural_name(s)
-        sass, _ = disassemble((out / name / "kernel.cubin").read_bytes())
+    for s, name, sass in hopper_gemm_sass:
         offsets = {int(x, 16) for x in re.findall(r"TRYWAIT P\d+, \[[^\]]*?\+0x([0-9a-f]+)\]", sass)}
         per_stage = {8 * k for k in range(1, s.stages)}
         if s.static_stage_rounds:
@@ -100,20 +109,13 @@ def test_static_stage_rounds_wait_on_barriers_at_constant_offsets(catalogue):
     assert checked == 31
 
 
-def test_contiguous_kernels_prefetch_their_tiles_groups_into_l1(catalogue):
+def test_contiguous_kernels_prefetch_their_tiles_groups_into_l1(hopper_gemm_sass):
     """The contiguous layout reads each tile's group (m_indices of its first row) at the tile's
     start as a uniform value, a load the warp waits for: each role prefetches the next tile's line
     into L1 (`prefetch.global.L1`, SASS `CCTL.E.PF1`) so that the wait is an L1 hit. One prefetch
     per role, two in 2x1 clusters (the peer's tile too); the other block-scaled GEMMs have none."""
-    from cutegen.gen.sass import disassemble
-
-    out = catalogue["out"]
     contiguous = 0
-    for s in catalogue["schedules"]:
-        if s.arch.value != "sm_90a" or not s.block_scaled or s.op.is_quantize:
-            continue
-        name = procedural_name(s)
-        sass, _ = disassemble((out / name / "kernel.cubin").read_bytes())
+    for s, name, sass in hopper_gemm_sass:
         prefetches = sass.count("CCTL.E.PF1")
         if s.op.value == "m_grouped_fp8_gemm_nt_contiguous":
             assert prefetches == 2 * s.cluster_m, f"{name}: {prefetches} L1 prefetches"
