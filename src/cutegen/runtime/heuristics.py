@@ -204,9 +204,9 @@ class Score:
     # Bound by memory or latency, with a useful multicast that shares the operand with more bytes
     # in all (B where N >= M, else A).
     shares_larger_operand: bool = False
-    # The cluster's multicast shares the larger of the tile's two operand boxes (B where the tile
-    # is wider than tall, A where taller): each CTA pair loads those bytes once from L2 instead
-    # of twice. What breaks ties between compute-bound clusters.
+    # Compute-bound, with a cluster whose multicast shares the larger of the tile's two operand
+    # boxes (B where the tile is wider than tall, A where taller): each CTA pair loads those
+    # bytes once from L2 instead of twice. What breaks ties between compute-bound clusters.
     multicasts_larger_box: bool = False
     # Compute is the largest of its time terms.
     compute_bound: bool = True
@@ -437,7 +437,7 @@ def _score(
         useful_multicast=mc_a * mc_b,
         k_splits=k_splits,
         shares_larger_operand=not compute_bound and shares_larger,
-        multicasts_larger_box=larger_box,
+        multicasts_larger_box=compute_bound and larger_box,
         compute_bound=compute_bound,
         latency_bound=latency_bound,
     )
@@ -467,7 +467,7 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             area if s.latency_bound else -area,
             -(s.useful_multicast if s.compute_bound or s.shares_larger_operand else 1),
             0 if s.shares_larger_operand else 1,
-            0 if s.compute_bound and s.multicasts_larger_box else 1,
+            0 if s.multicasts_larger_box else 1,
             s.cluster_m * s.cluster_n,
             s.name,
         )
