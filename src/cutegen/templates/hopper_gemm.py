@@ -1641,7 +1641,7 @@ class HopperGemmKernel(TileOrder):
         cpasync.fence_tma_desc_acquire(desc_b)
 
     @cute.jit
-    def _cluster_tile_row(self, t, ct_m, ct_n, cluster_coord_mnk, peer: bool):
+    def _m_tile_of_cluster_tile(self, t, ct_m, ct_n, cluster_coord_mnk, peer: bool):
         """Contiguous layout: the M tile of this CTA in cluster tile t; with `peer`, that of the
         other CTA of a 2x1 cluster."""
         cta_m = cluster_coord_mnk[0]
@@ -1657,7 +1657,7 @@ class HopperGemmKernel(TileOrder):
         start, from L1: `_prefetch_group_of_cluster_tile` asked for it a tile before."""
         group = cutlass.Int32(-1)
         if t < num_cluster_tiles:
-            group = self._tile_group(mIdx, self._cluster_tile_row(t, ct_m, ct_n, cluster_coord_mnk, peer))
+            group = self._tile_group(mIdx, self._m_tile_of_cluster_tile(t, ct_m, ct_n, cluster_coord_mnk, peer))
         return group
 
     @cute.jit
@@ -1665,7 +1665,7 @@ class HopperGemmKernel(TileOrder):
         """Prefetch into L1 what `_group_of_cluster_tile` will read for cluster tile t (nothing
         past the tile sequence)."""
         if t < num_cluster_tiles:
-            self._prefetch_tile_group(mIdx, self._cluster_tile_row(t, ct_m, ct_n, cluster_coord_mnk, peer))
+            self._prefetch_tile_group(mIdx, self._m_tile_of_cluster_tile(t, ct_m, ct_n, cluster_coord_mnk, peer))
 
     @cute.jit
     def _groups_of_contiguous_tile(self, mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk):
