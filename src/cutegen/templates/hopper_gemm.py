@@ -1707,9 +1707,15 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _zero_padding_rows(self, promoted, row_groups):
-        """Zero this thread's accumulator rows whose m_indices is -1 (padding rows of D)."""
-        for i in cutlass.range_constexpr(cute.size(promoted)):
-            promoted[i] = promoted[i] if row_groups[i] >= 0 else cutlass.Float32(0.0)
+        """Zero this thread's accumulator rows whose m_indices is -1 (padding rows of D). Padding
+        rows are the tail of a group's last tile, so most tiles have none: one test over the
+        thread's rows (a few distinct values) skips the per-element selects there."""
+        any_padding = row_groups[0] < 0
+        for i in cutlass.range_constexpr(1, cute.size(promoted)):
+            any_padding = any_padding | (row_groups[i] < 0)
+        if any_padding:
+            for i in cutlass.range_constexpr(cute.size(promoted)):
+                promoted[i] = promoted[i] if row_groups[i] >= 0 else cutlass.Float32(0.0)
 
     @cute.kernel
     def kernel(
