@@ -71,6 +71,12 @@ def test_nvcc_command_uses_the_checkouts_and_sm90a(tmp_path):
     assert "-I/dg/deep_gemm/include" in cmd and "-I/cutlass/include" in cmd
 
 
+def test_ptx_version_mismatch_gets_a_hint():
+    stderr = "ptxas /tmp/x.ptx, line 9; fatal   : Unsupported .version 9.5; current version is '9.0'"
+    assert "pin nvidia-nvvm" in dga.compile_error_hint(stderr)
+    assert dga.compile_error_hint("x.cu(5): error: identifier \"foo\" is undefined") == ""
+
+
 def test_missing_checkouts_name_the_argument(tmp_path):
     with pytest.raises(dga.DeepGemmBuildError, match="--deepgemm"):
         dga.build([(64, 2112, 7168)], tmp_path / "nope", tmp_path, tmp_path / "out")

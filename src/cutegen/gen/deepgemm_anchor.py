@@ -334,6 +334,17 @@ def nvcc_command(nvcc: str, source: Path, cubin: Path, deepgemm: Path, cutlass: 
     ]
 
 
+def compile_error_hint(stderr: str) -> str:
+    """A line on the likely cause of an nvcc failure that names no source error, or ""."""
+    if "Unsupported .version" in stderr:
+        # nvcc's front end (nvvm) emitted a newer PTX ISA than its ptxas reads: e.g. PyPI's
+        # nvidia-cuda-nvcc 13.0 beside the nvidia-nvvm 13.5 that an unpinned install resolves.
+        return ("the PTX version is newer than this ptxas reads: nvcc's nvvm and ptxas come from "
+                "different CUDA releases (installed from PyPI, pin nvidia-nvvm to the version of "
+                "nvidia-cuda-nvcc)")
+    return ""
+
+
 def _entry_name(cubin: Path, symbol: str = KERNEL_SYMBOL) -> str:
     from cutegen.gen.sass import find_cuobjdump
 
@@ -372,7 +383,10 @@ def build(
         source.write_text(kernel_source(c, sms))
         proc = subprocess.run(nvcc_command(nvcc, source, cubin, deepgemm, cutlass), capture_output=True, text=True)
         if proc.returncode != 0:
-            raise DeepGemmCompileError(f"nvcc failed for {c.name}:\n{proc.stderr[-3000:]}")
+            hint = compile_error_hint(proc.stderr)
+            raise DeepGemmCompileError(
+                f"nvcc failed for {c.name}:\n{proc.stderr[-3000:]}" + (f"\nlikely cause: {hint}" if hint else "")
+            )
         if progress:
             progress(f"{c.name}: {c.describe()}")
         return {**dataclasses.asdict(c), "kernel": c.kernel.value, "name": c.name, "cubin": cubin.name,
