@@ -83,9 +83,9 @@ def run_k_grouped(name: str) -> None:
     k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, d, sizes_gpu, kernel=name)
 
 
-# The grouped GEMMs' K: 4 blocks, and 33 (the SFB a tile holds in warp registers, 32 blocks at a
-# time, moves on a chunk).
-GROUPED_KS = (512, 4224)
+# The M-grouped GEMMs' K (contiguous and masked; the k-grouped runner has its own): 4 blocks, and 33
+# (the SFB a tile holds in warp registers, 32 blocks at a time, moves on a chunk).
+M_GROUPED_KS = (512, 4224)
 
 
 def run_contiguous(name: str) -> None:
@@ -97,7 +97,7 @@ def run_contiguous(name: str) -> None:
         [torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)]
     )
     m_indices[align - 5 : align] = -1  # padding rows
-    for k in GROUPED_KS:
+    for k in M_GROUPED_KS:
         qa, sa = _fp8(int(m_indices.numel()), k)
         qb, sb = _block_scaled(torch.randn(3, 456, k, device="cuda", dtype=torch.bfloat16))
         grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, m_indices, kernel=name)
@@ -106,7 +106,7 @@ def run_contiguous(name: str) -> None:
 def run_masked(name: str) -> None:
     groups, max_m = 3, 192
     masked_m = torch.tensor([70, 0, 192], dtype=torch.int32, device="cuda")
-    for k in GROUPED_KS:
+    for k in M_GROUPED_KS:
         a = torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16)
         qa, sa = quant_ops.per_token_quant_fp8(a)
         qa = qa.view(groups, max_m, k)
