@@ -220,7 +220,10 @@ class HopperGemmKernel(TileOrder):
     otherwise each loads both halves of its own group's B, multicast to itself alone. The pair
     loads and computes unless both tiles are padding, so both CTAs walk the same stages (each
     CTA's consumers release the other's); a padding tile computed beside its pair's tile has its
-    rows zeroed, or is not written with the opt-out.
+    rows zeroed, or is not written with the opt-out. A math warpgroup whose 64 rows of the tile
+    are all padding (its first row is: padding is a tile's tail) issues no WGMMAs: it waits for
+    each stage and releases it, and its rows are written as zeros, so the tensor cores run the
+    other warpgroup's WGMMAs alone (DeepGEMM's kernel skips such warpgroups too).
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
@@ -345,6 +348,10 @@ class HopperGemmKernel(TileOrder):
         self.column_scales_early = s.column_scales_early
         # Single-accumulator K blocks in rounds of one per stage (`Schedule.static_stage_rounds`).
         self.static_stage_rounds = s.static_stage_rounds
+        # Contiguous layout, one wave per warpgroup: a math warpgroup whose rows of the tile are
+        # all padding issues no WGMMAs (it only walks the stages), so the tensor cores run the
+        # other warpgroup's alone (`_warpgroup_rows_real`).
+        self.skips_padding_warpgroups = self.m_grouped and not self.masked and s.waves == 1
         self.group_size = s.group_size
         # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
         self.masked_tile_rows = s.tile_m
@@ -1661,20 +1668,49 @@ class HopperGemmKernel(TileOrder):
         return group
 
     @cute.jit
-    def _prefetch_group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False):
+    def _prefetch_group_of_cluster_tile(
+        self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False, warpgroup_row=None
+    ):
         """Prefetch into L1 what `_group_of_cluster_tile` will read for cluster tile t (nothing
-        past the tile sequence)."""
+        past the tile sequence), and with `warpgroup_row` what `_warpgroup_rows_real` will."""
         if t < num_cluster_tiles:
-            self._prefetch_tile_group(mIdx, self._m_tile_of_cluster_tile(t, ct_m, ct_n, cluster_coord_mnk, peer))
+            tile_m = self._m_tile_of_cluster_tile(t, ct_m, ct_n, cluster_coord_mnk, peer)
+            self._prefetch_tile_group(mIdx, tile_m)
+            if cutlass.const_expr(warpgroup_row is not None):
+                self._prefetch_tile_group(mIdx, tile_m, warpgroup_row)
 
     @cute.jit
-    def _groups_of_contiguous_tile(self, mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk):
+    def _warpgroup_rows_real(self, mIdx, tile_m, warpgroup_row, group):
+        """Contiguous layout: whether the math warpgroup whose rows of M tile `tile_m` start
+        `warpgroup_row` rows into it has any real row. Padding rows are the tail of a tile (a
+        group's segment is tile-aligned), so it has one exactly when its first row is real;
+        the first warpgroup's first row is the tile's (`group`)."""
+        real = group >= 0
+        if warpgroup_row > 0:
+            real = self._tile_group(mIdx, tile_m, warpgroup_row) >= 0
+        return real
+
+    @cute.jit
+    def _walk_stages(self, pipe, read_state, k_tiles):
+        """A math warpgroup that computes nothing of a tile (`_warpgroup_rows_real`): wait for
+        each of the tile's stages and release it, as the producer and the other consumers
+        expect. Returns the advanced state (the caller must rebind it)."""
+        for _ in cutlass.range(k_tiles, unroll=1):
+            pipe.consumer_wait(read_state)
+            pipe.consumer_release(read_state)
+            read_state.advance()
+        return read_state
+
+    @cute.jit
+    def _groups_of_contiguous_tile(
+        self, mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, warpgroup_row=None
+    ):
         """Contiguous layout: (the group of this CTA's tile in cluster tile t, that of its 2x1
         cluster peer's tile, or -1 without a peer), and the lines holding the groups of the tiles
-        at t + tile_stride prefetched into L1 for the next call. Both roles call it at each
-        tile's start."""
+        at t + tile_stride prefetched into L1 for the next call (with `warpgroup_row`, also the
+        line `_warpgroup_rows_real` reads). Both roles call it at each tile's start."""
         tile_args = (num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk)
-        self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args)
+        self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args, warpgroup_row=warpgroup_row)
         if cutlass.const_expr(self.b_shared_per_tile):
             self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args, peer=True)
         group = self._group_of_cluster_tile(mIdx, t, *tile_args)
@@ -2096,6 +2132,8 @@ class HopperGemmKernel(TileOrder):
             # Per-warpgroup epilogue: a named barrier per math warpgroup (ids 1 and 2), and the
             # warpgroup's first warp stores its sub-tiles.
             wg_offset = warp_group_idx - 1
+            # This math warpgroup's first row in the tile (its one wave of 64 rows).
+            warpgroup_row = wg_offset * (self.tile_shape_mnk[0] // self.num_mma_warpgroups)
             warpgroup_barrier = pipeline.NamedBarrier(
                 barrier_id=EPILOGUE_BARRIER_ID + wg_offset, num_threads=THREADS_PER_WARPGROUP
             )
@@ -2140,7 +2178,8 @@ class HopperGemmKernel(TileOrder):
                     # The rows' groups for the padding rows of D are read now too and used after
                     # the main loop.
                     group, peer_group = self._groups_of_contiguous_tile(
-                        mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                        mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk,
+                        warpgroup_row,
                     )
                     row_groups = self._row_groups(promoted, tCcC, mIdx, tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
@@ -2152,7 +2191,19 @@ class HopperGemmKernel(TileOrder):
                 if cutlass.const_expr(self.split_k):
                     # SFB columns from the split's first K block on (stride 1 along K).
                     tile_sfb = cute.make_tensor(mSFB.iterator + first_block, mSFB.layout)
-                if cutlass.const_expr(self.block_scaled):
+                if cutlass.const_expr(self.skips_padding_warpgroups):
+                    # A warpgroup of padding rows only leaves the tensor cores to the other one;
+                    # its rows of D are zeros (or, with the opt-out, unspecified).
+                    if self._warpgroup_rows_real(mIdx, tile_m, warpgroup_row, group):
+                        read_state = self._block_scaled_tile(
+                            self._make_tiled_mma(), accs, promoted, tCrA, tCrB, tCcC, sSFA,
+                            tile_sfb, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
+                            sfb_group, sSFB, contiguous,
+                        )
+                    else:
+                        promoted.fill(0.0)
+                        read_state = self._walk_stages(mainloop_pipeline, read_state, tile_k_tiles)
+                elif cutlass.const_expr(self.block_scaled):
                     # Dense: every K block (of the split); k-grouped: the group's blocks;
                     # contiguous: none for padding tiles.
                     read_state = self._block_scaled_tile(

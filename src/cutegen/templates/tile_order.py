@@ -96,20 +96,21 @@ class TileOrder:
         return group, local // ct_n, local % ct_n
 
     @cute.jit
-    def _tile_group(self, mIdx, tile_m):
-        """The group of an M tile: m_indices of its first row (-1: padding, or past the rows)."""
-        row = tile_m * self.tile_shape_mnk[0]
+    def _tile_group(self, mIdx, tile_m, row_offset=0):
+        """The group of an M tile: m_indices of its first row, or of the row `row_offset` rows
+        into it (-1: padding, or past the rows)."""
+        row = tile_m * self.tile_shape_mnk[0] + row_offset
         g = cutlass.Int32(-1)
         if row < cute.size(mIdx):
             g = mIdx[row]
         return g
 
     @cute.jit
-    def _prefetch_tile_group(self, mIdx, tile_m):
-        """Bring the line of `_tile_group(mIdx, tile_m)` into L1 without waiting for it. A kernel
-        reads a tile's group as a uniform value, and the compiler converts the loaded register to
-        a uniform one right after the load, so the load's whole latency stalls the warp there;
-        prefetched a tile earlier, the load hits L1."""
-        row = tile_m * self.tile_shape_mnk[0]
+    def _prefetch_tile_group(self, mIdx, tile_m, row_offset=0):
+        """Bring the line of `_tile_group(mIdx, tile_m, row_offset)` into L1 without waiting for
+        it. A kernel reads a tile's group as a uniform value, and the compiler converts the loaded
+        register to a uniform one right after the load, so the load's whole latency stalls the
+        warp there; prefetched a tile earlier, the load hits L1."""
+        row = tile_m * self.tile_shape_mnk[0] + row_offset
         if row < cute.size(mIdx):
             cute.arch.prefetch((mIdx.iterator + row).llvm_ptr, cache_level="L1")
