@@ -221,9 +221,10 @@ class HopperGemmKernel(TileOrder):
     loads and computes unless both tiles are padding, so both CTAs walk the same stages (each
     CTA's consumers release the other's); a padding tile computed beside its pair's tile has its
     rows zeroed, or is not written with the opt-out. A math warpgroup whose 64 rows of the tile
-    are all padding (its first row is: padding is a tile's tail) issues no WGMMAs: it waits for
-    each stage and releases it, and its rows are written as zeros, so the tensor cores run the
-    other warpgroup's WGMMAs alone (DeepGEMM's kernel skips such warpgroups too).
+    are all padding (padding being a tile's tail, exactly when its first row is) issues no
+    WGMMAs: it waits for each stage and releases it, and its rows are written as zeros, so the
+    tensor cores run the other warpgroup's WGMMAs alone (DeepGEMM's kernel skips such
+    warpgroups too).
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one
@@ -2191,26 +2192,25 @@ class HopperGemmKernel(TileOrder):
                 if cutlass.const_expr(self.split_k):
                     # SFB columns from the split's first K block on (stride 1 along K).
                     tile_sfb = cute.make_tensor(mSFB.iterator + first_block, mSFB.layout)
-                if cutlass.const_expr(self.skips_padding_warpgroups):
-                    # A warpgroup of padding rows only leaves the tensor cores to the other one;
-                    # its rows of D are zeros (or, with the opt-out, unspecified).
-                    if self._warpgroup_rows_real(mIdx, tile_m, warpgroup_row, group):
-                        read_state = self._block_scaled_tile(
-                            self._make_tiled_mma(), accs, promoted, tCrA, tCrB, tCcC, sSFA,
-                            tile_sfb, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
-                            sfb_group, sSFB, contiguous,
-                        )
-                    else:
-                        promoted.fill(0.0)
-                        read_state = self._walk_stages(mainloop_pipeline, read_state, tile_k_tiles)
-                elif cutlass.const_expr(self.block_scaled):
+                if cutlass.const_expr(self.block_scaled):
                     # Dense: every K block (of the split); k-grouped: the group's blocks;
                     # contiguous: none for padding tiles.
-                    read_state = self._block_scaled_tile(
-                        tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA,
-                        tile_sfb, mainloop_pipeline, read_state, tile_k_tiles, num_k_blocks, tile_n,
-                        sfb_group, sSFB, contiguous,
-                    )
+                    tile_args = (accs, promoted, tCrA, tCrB, tCcC, sSFA, tile_sfb, mainloop_pipeline)
+                    loop_args = (tile_k_tiles, num_k_blocks, tile_n, sfb_group, sSFB, contiguous)
+                    if cutlass.const_expr(self.skips_padding_warpgroups):
+                        # A warpgroup of padding rows only leaves the tensor cores to the other
+                        # one; its rows of D are zeros (or, with the opt-out, unspecified). The
+                        # branch builds its own tiled MMA (a field set inside a dynamic branch
+                        # must not be read after it).
+                        if self._warpgroup_rows_real(mIdx, tile_m, warpgroup_row, group):
+                            read_state = self._block_scaled_tile(
+                                self._make_tiled_mma(), *tile_args, read_state, *loop_args
+                            )
+                        else:
+                            promoted.fill(0.0)
+                            read_state = self._walk_stages(mainloop_pipeline, read_state, tile_k_tiles)
+                    else:
+                        read_state = self._block_scaled_tile(tiled_mma, *tile_args, read_state, *loop_args)
                 else:
                     read_state, release_state = self._mainloop(
                         tiled_mma, accumulators, tCrA, tCrB, mainloop_pipeline, read_state,
