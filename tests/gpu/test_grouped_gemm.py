@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_fp8_gemm import calc_diff, quantize_per_block, quantize_per_token  # noqa: E402
+from test_fp8_gemm import calc_diff, dequantized_reference, quantize_per_block, quantize_per_token  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -153,6 +153,27 @@ def test_padding_tile_beside_a_computed_tile(ops, grouped):
                 assert torch.all(padding == 0), f"{name}: padding tile not zero"
             else:
                 assert torch.isnan(padding).all(), f"{name}: padding tile written with the opt-out"
+
+
+@pytest.mark.parametrize("k", [1024, 4096])
+def test_warpgroups_of_padding_rows(ops, grouped, k):
+    """Every kernel, groups whose last tile ends at, just past and just before a math warpgroup's
+    64 rows (64, 65, 63; 192 = a whole tile and one warpgroup's rows; 1): a warpgroup whose rows
+    are all padding issues no WGMMAs and writes zeros, the other computes. A's padding rows hold
+    random data, so a warpgroup that computed them, or skipped real rows, would show."""
+    sizes = [64, 65, 63, 192, 1]
+    a, b, qa, sfa, sa, qb, sb, m_indices, aligned = make_problem(sizes, 640, k, seed=17)
+    qa.copy_(torch.randn(qa.shape, device="cuda").to(qa.dtype))  # padding rows no longer zero
+    for name in ops.runnable_kernels(OP):
+        out = poisoned(qa.shape[0], 640)
+        grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sb, m_indices, out=out, kernel=name)
+        row = 0
+        for gi, (size, span) in enumerate(zip(sizes, aligned)):
+            rows = slice(row, row + size)
+            exact = dequantized_reference(qa[rows], sa[rows], qb[gi], sb[gi])
+            assert calc_diff(out[rows].float(), exact) < 2e-5, f"{name}: group {gi} ({size} rows)"
+            assert torch.all(out[row + size : row + span] == 0), f"{name}: group {gi}: padding rows not zero"
+            row += span
 
 
 def test_bad_inputs(grouped):

@@ -57,6 +57,22 @@ def test_separate_c_and_every_kernel(ops, fp8):
         assert calc_diff(d, ref) < 1e-3, name
 
 
+def test_odd_n_view_every_kernel(ops, fp8):
+    """D a view of wider rows (N = 333 odd, row stride 336): every kernel adds into the 333
+    columns and leaves the columns past N, which belong to the caller's storage, untouched."""
+    m, n, k = 300, 333, 384
+    a, b, qa, sfa, qb, sfb = make(m, n, k, seed=4)
+    c = torch.randn(m, n, device="cuda")
+    ref = c + a.float() @ b.float().T
+    for name in ops.runnable_kernels(OP):
+        storage = torch.full((m, 336), 7.0, device="cuda")
+        d = storage[:, :n]
+        d.copy_(c)
+        fp8.fp8_wgrad_gemm_nt(qa, sfa, qb, sfb, d, kernel=name)
+        assert calc_diff(d, ref) < 1e-3, name
+        assert torch.all(storage[:, n:] == 7.0), f"{name}: wrote past column N"
+
+
 def test_tail_split_every_kernel_and_deterministic_mode(ops, fp8):
     """2200x2000x640 has more tiles than one wave of every kernel (ragged M and N), so the last
     wave's K blocks are shared among the clusters; under torch.use_deterministic_algorithms no
