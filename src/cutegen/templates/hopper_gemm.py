@@ -246,7 +246,8 @@ class HopperGemmKernel(TileOrder):
 
     Persistent scheduling: the grid is (cluster_m, cluster_n, P) with cluster (cluster_m,
     cluster_n, 1); cluster z walks cluster tiles z, z+P, … Cluster tiles are ordered in bands of
-    `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse. A CTA
+    `group_size` cluster-tile rows (raster along M) or columns (raster along N) for L2 reuse (the
+    contiguous layout divides by the band with FastDivmod divisors made once per CTA). A CTA
     whose tile lies past M or N still loads (zeros; no A for the 64-row dense tiles) and takes part
     in multicast, and its stores are clipped, so the cluster's barriers stay balanced. Dense weight
     gradients launched with `tail_split` = 1 run as many clusters as the GPU holds, walk the
@@ -345,6 +346,12 @@ class HopperGemmKernel(TileOrder):
         # Single-wave tiles may cycle through a ring of WGMMA accumulators: block kb+D-1's WGMMAs
         # are issued before block kb is promoted, so D-1 blocks are always in flight.
         self.wgmma_accumulators = s.wgmma_accumulators
+        # The contiguous layout locates its tiles with FastDivmod divisors made once per CTA
+        # (`_make_raster_divisors`): on an H200 1.005-1.028x on DeepGEMM's six problems, most at
+        # K = 2048. Not the others: making the divisors costs each CTA a 64-bit division before
+        # its first tile, and fp8_gemm_nt at M = 64 and 128 (one short tile per CTA) ran
+        # 0.93-0.99x; at M = 4096 it gained under 1%, the weight gradients nothing (NOTES.md).
+        self.fast_raster = s.op.is_m_grouped and not s.op.is_masked
         # Per-row SFB read from the stage while the WGMMAs run (`Schedule.column_scales_early`).
         self.column_scales_early = s.column_scales_early
         # Single-accumulator K blocks in rounds of one per stage (`Schedule.static_stage_rounds`).
@@ -1976,6 +1983,9 @@ class HopperGemmKernel(TileOrder):
         ct_m = (tiles_m + cm - 1) // cm
         ct_n = (tiles_n + cn - 1) // cn
         num_cluster_tiles = ct_m * ct_n
+        if cutlass.const_expr(self.fast_raster):
+            # Every role locates its tiles with these divisors (`_cluster_tile_coord`).
+            self.raster_divisors = self._make_raster_divisors(ct_m, ct_n)
         if cutlass.const_expr(self.masked):
             num_cluster_tiles = self._masked_total(mMasked, ct_n)
         if cutlass.const_expr(self.k_grouped):
