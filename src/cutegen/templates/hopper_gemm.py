@@ -284,9 +284,11 @@ class HopperGemmKernel(TileOrder):
         self.num_mcast_ctas_b = s.cluster_m
         self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
+        # The contiguous layout (M-grouped, not masked), as the Blackwell template names it.
+        self.contiguous = s.op.is_m_grouped and not s.op.is_masked
         # The contiguous layout's 2x1 clusters hold two M tiles that may belong to two groups:
         # they share B only when they are one group's (`_pair_of_tiles`).
-        self.b_shared_per_tile = self.is_b_mcast and s.op.is_m_grouped and not s.op.is_masked
+        self.b_shared_per_tile = self.is_b_mcast and self.contiguous
         self.raster_along_m = s.raster == Raster.ALONG_M
         # 64-row tiles of the dense GEMMs load the tile that holds row M - 1, when M ends inside
         # it, through a second tensor map of A with A_TAIL_SLICE_ROWS-row boxes, skipping the
@@ -351,7 +353,7 @@ class HopperGemmKernel(TileOrder):
         # K = 2048. Not the others: making the divisors costs each CTA a 64-bit division before
         # its first tile, and fp8_gemm_nt at M = 64 and 128 (one short tile per CTA) ran
         # 0.93-0.99x; at M = 4096 it gained under 1%, the weight gradients nothing (NOTES.md).
-        self.fast_raster = s.op.is_m_grouped and not s.op.is_masked
+        self.fast_raster = self.contiguous
         # Per-row SFB read from the stage while the WGMMAs run (`Schedule.column_scales_early`).
         self.column_scales_early = s.column_scales_early
         # Single-accumulator K blocks in rounds of one per stage (`Schedule.static_stage_rounds`).
@@ -359,7 +361,7 @@ class HopperGemmKernel(TileOrder):
         # Contiguous layout, one wave per warpgroup: a math warpgroup whose rows of the tile are
         # all padding issues no WGMMAs (it only walks the stages), so the tensor cores run the
         # other warpgroup's alone (`_warpgroup_rows_real`).
-        self.skips_padding_warpgroups = self.m_grouped and not self.masked and s.waves == 1
+        self.skips_padding_warpgroups = self.contiguous and s.waves == 1
         self.group_size = s.group_size
         # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
         self.masked_tile_rows = s.tile_m
@@ -2166,7 +2168,7 @@ class HopperGemmKernel(TileOrder):
             )
 
             tiles_done = cutlass.Int32(0)
-            contiguous = self.m_grouped and not self.masked
+            contiguous = self.contiguous
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
