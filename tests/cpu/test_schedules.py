@@ -716,6 +716,26 @@ def test_static_stage_rounds_where_they_were_measured_faster():
         ("fp8_wgrad_gemm_nt", "sm_90a", 128, 160), ("fp8_wgrad_gemm_nt", "sm_90a", 256, 128),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 112),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 128),
+        ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 160),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 256, 128),
     }
     assert rounds == expected
+
+
+def test_column_scales_early_where_they_fit():
+    """Single-wave weight-gradient tiles in 2-CTA clusters read their column scales while the
+    WGMMAs run; 1x1 clusters and two-wave tiles do not, nor k-grouped tiles not a multiple of 128
+    wide under the 240-register budget (`Schedule.column_scales_early`)."""
+    early = {}
+    for s in default_schedules():
+        if not s.op.scales_b_per_row:
+            continue
+        early[(s.op.value, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n, s.consumer_regs)] = s.column_scales_early
+    assert early == {
+        key: key[1] == 128 and key[3] * key[4] == 2
+        and not (key[0] == "k_grouped_fp8_gemm_nt_contiguous" and key[2] % 128 and key[5] < 240)
+        for key in early
+    }
+    assert early[("k_grouped_fp8_gemm_nt_contiguous", 128, 160, 2, 1, 240)]
+    assert not early[("k_grouped_fp8_gemm_nt_contiguous", 128, 112, 2, 1, 232)]
+    assert early[("fp8_wgrad_gemm_nt", 128, 112, 2, 1, 232)]

@@ -115,8 +115,8 @@ class CostModel:
     # Weight-gradient kernels (SFB per row of B) spend twice the promotion work per accumulator
     # (sfa·sfb per element). A tile computed in one wave per math warpgroup (tile_m = 64 x
     # warpgroups) whose main loop reads each block's column scales only after the WGMMA wait
-    # (`_rolled_per_row_loop`: 1x1 clusters, k-grouped tiles not a multiple of 128 wide) leaves
-    # the tensor cores idle for that; the others read them while the WGMMAs run.
+    # (`_rolled_per_row_loop`: 1x1 clusters, k-grouped tiles not a multiple of 128 wide under 240
+    # registers) leaves the tensor cores idle for that; the others read them while the WGMMAs run.
     # 128x128 in a 1x1 cluster measured ~1.12x the time of the same tile in a 2x1 cluster.
     rolled_per_row_loop_slowdown: float = 1.12
     # Two-wave per-row tiles (256 rows: the columns are read after the wait, the loop is rolled)

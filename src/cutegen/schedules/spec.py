@@ -243,6 +243,9 @@ STATIC_ROUNDS_MAX_LOOP_COPIES = 2
 # Per-thread accumulators above which a tile that holds its column scales early spilled with
 # static-stage rounds (128x176 weight gradient: 88; 128x160's 80 did not).
 STATIC_ROUNDS_MAX_EARLY_COLUMN_ACCUMULATORS = 80
+# Math-warpgroup register budget from which a k-grouped tile not a multiple of 128 wide holds its
+# column scales early: 128x112 spilled at 232 (2 local loads and stores); 128x160 at 240 did not.
+K_GROUPED_EARLY_COLUMNS_MIN_REGS = 240
 # Three 8 KiB fp32 sub-tiles: what lets a 256x128 weight-gradient tile keep 4 operand stages.
 F32_EPILOGUE_STAGES = 3
 # Blackwell (sm_100a): tensor memory is 128 lanes x 512 fp32 columns per SM; an accumulator
@@ -531,14 +534,21 @@ class Schedule:
         1.04-1.08x (dense), 1.11-1.17x (k-grouped); the same code in a 1x1 cluster 0.94x (ptxas
         schedules that kernel differently); two-wave tiles have no room for a thread's 32 column
         scales (256x128 spilled unrolled: 8 local loads and stores), and k-grouped tiles not a
-        multiple of 128 wide spilled with them held (2 local loads and stores)."""
-        k_grouped_narrow = self.op.is_k_grouped and self.tile_n % SCALE_BLOCK != 0
+        multiple of 128 wide spilled with them held under 232 registers (2 local loads and
+        stores); with K_GROUPED_EARLY_COLUMNS_MIN_REGS they fit, and k-grouped 128x160 in a 2x1
+        cluster then ran 0.98-1.05x the speed of 128x128 (1.016x geometric mean; rolled: 0.94-1.01x;
+        NOTES.md)."""
+        k_grouped_crowded = (
+            self.op.is_k_grouped
+            and self.tile_n % SCALE_BLOCK != 0
+            and self.consumer_regs < K_GROUPED_EARLY_COLUMNS_MIN_REGS
+        )
         return (
             self.arch == Arch.SM90A
             and self.op.scales_b_per_row
             and self.waves == 1
             and self.cluster_size > 1
-            and not k_grouped_narrow
+            and not k_grouped_crowded
         )
 
     @property
