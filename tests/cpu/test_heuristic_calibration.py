@@ -9,9 +9,9 @@ kernels (with each problem's group sizes and DeepGEMM's kernel beside them), and
 docs/perf/2026-12-02-h200-wgrad-kernel-timings.json those of the weight-gradient ops (the dense
 kernels timed in interleaved rounds with DeepGEMM's 1D1D kernel; the k-grouped ones by `cutegen
 tune --timings-out`, where a shape M,N,K is 4 groups of K tokens, re-measured on 2026-12-02 with
-the 128x160 tile, best of four rounds; all with static-stage rounds where the schedule has them). The heuristic only
-sees the kernels' names (tile, cluster, multicast), so this pins how far its choice may fall
-behind the fastest kernel measured, shape by shape, with no GPU.
+the 128x160 tile, best of four rounds; all with static-stage rounds where the schedule has
+them). The heuristic only sees the kernels' names (tile, cluster, multicast), so this pins how
+far its choice may fall behind the fastest kernel measured, shape by shape, with no GPU.
 """
 
 from __future__ import annotations
