@@ -535,9 +535,8 @@ class Schedule:
         schedules that kernel differently); two-wave tiles have no room for a thread's 32 column
         scales (256x128 spilled unrolled: 8 local loads and stores), and k-grouped tiles not a
         multiple of 128 wide spilled with them held under 232 registers (2 local loads and
-        stores); with K_GROUPED_EARLY_COLUMNS_MIN_REGS they fit, and k-grouped 128x160 in a 2x1
-        cluster then ran 0.98-1.05x the speed of 128x128 (1.016x geometric mean; rolled: 0.94-1.01x;
-        NOTES.md)."""
+        stores); with K_GROUPED_EARLY_COLUMNS_MIN_REGS they fit (the k-grouped 128x160 tile, its
+        measurements in hopper_fp8_k_grouped_gemm.toml)."""
         k_grouped_crowded = (
             self.op.is_k_grouped
             and self.tile_n % SCALE_BLOCK != 0
