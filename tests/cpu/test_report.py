@@ -414,6 +414,51 @@ def test_bench_report_option_is_passed_on(monkeypatch, tmp_path):
         bench.set_timer("wall")
 
 
+def test_bench_conditions_option_is_passed_on(monkeypatch):
+    """`--conditions deepgemm` selects DeepGEMM's benchmark conditions for the run and is named on
+    the command line; the default is cutegen's own and is not spelled out."""
+    from cutegen.gen import bench
+
+    seen = {}
+
+    def fake_main(**kwargs):
+        seen.update(kwargs)
+        seen["conditions"] = bench.conditions()
+        return 0
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    try:
+        assert main(["bench", "--op", "fp8_wgrad_gemm_nt", "--conditions", "deepgemm"]) == 0
+        assert seen["command"].endswith("--timer kernel --conditions deepgemm")
+        c = seen["conditions"]
+        assert (c.name, c.flush_bytes, c.warmup, c.reps, c.summary, c.flush_warmup) == (
+            "deepgemm", 8_000_000_000, 30, 30, "mean", True)
+        assert main(["bench", "--op", "fp8_wgrad_gemm_nt"]) == 0
+        assert "--conditions" not in seen["command"] and seen["conditions"].name == "cutegen"
+        assert seen["conditions"].summary == "median" and seen["conditions"].warmup is None
+    finally:
+        bench.set_conditions("cutegen")
+    with pytest.raises(ValueError, match="conditions must be one of cutegen, deepgemm"):
+        bench.set_conditions("hot")
+
+
+def test_kernel_timer_splits_calls_at_its_marker_spins():
+    """Each call is what runs between the second and third marker spin of its rep, however many
+    kernels the flush before it launched (an 8 GB flush of bytes is split into several)."""
+    from cutegen.gen import bench
+
+    spin = ("void at::cuda::(anonymous namespace)::spin_kernel(long)", 1.0)
+    flush = [("at::native::vectorized_elementwise_kernel<fill>", 700.0)] * 3
+    rep = lambda call: [*flush, spin, spin, *call, spin]  # noqa: E731
+    acts = rep([("gemm", 10.0)]) + rep([("gemm", 11.0), ("reduce", 2.0)]) + rep([("gemm", 12.0)])
+    assert bench.call_durations(acts, 3) == [10.0, 13.0, 12.0]
+    assert bench.call_durations(acts[len(flush):], 3) == [10.0, 13.0, 12.0]  # no flush
+    with pytest.raises(RuntimeError, match="found 3 timed calls"):
+        bench.call_durations(acts, 4)
+    with pytest.raises(RuntimeError, match="no GPU activity"):
+        bench.call_durations(rep([]), 1)
+
+
 def test_bench_decode_option_and_table(monkeypatch):
     """`--decode` reaches bench.main and the command line; decode rows (no DeepGEMM numbers) render
     with the cuBLAS comparison only."""
@@ -440,6 +485,10 @@ def test_report_method_names_the_timer():
     event = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False))
     assert "CUPTI" in kernel and "DeepGEMM" in kernel
     assert "CUDA events" in event
+    assert "medians" in kernel and "8 GB" not in kernel
+    deepgemm = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel",
+                                         conditions="deepgemm"))
+    assert "means over 30 calls" in deepgemm and "8 GB memset" in deepgemm and "--conditions deepgemm" in deepgemm
 
 
 def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):

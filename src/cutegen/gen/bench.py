@@ -13,6 +13,14 @@ is done before the GPU reaches the call. Two timers (`cutegen bench --timer`):
 
 The median over the calls is reported; host time per call is reported separately. Ratios within
 one run are what to compare: absolute times drift.
+
+What runs between the timed calls is a choice too (`cutegen bench --conditions`, `CONDITIONS`):
+``cutegen`` (the default) is the method above; ``deepgemm`` reproduces the conditions of DeepGEMM's
+own benchmark (``bench_kineto``), under which the DeepGEMM numbers this project compares against
+were measured: an 8 GB memset before every call, 30 calls after 30 untimed ones, and the mean. The
+memset flushes the L2 too, but mainly it takes ~2.5 ms, in which a power-limited GPU recovers
+between calls (DeepGEMM's comment: "some (literal) chill time"), so that the kernels run at higher
+clocks than back to back.
 """
 
 from __future__ import annotations
@@ -73,6 +81,55 @@ TIMERS = ("kernel", "event")
 _timer = "kernel"
 
 
+@dataclasses.dataclass(frozen=True)
+class Conditions:
+    """What runs before each timed call, how many calls are timed and how they are summarised."""
+
+    name: str
+    # Bytes zeroed before every call (warm-up calls included when `flush_warmup`).
+    flush_bytes: int
+    # GPU cycles the stream spins between the flush and the call, hiding the host's launch work.
+    spin_cycles: int
+    flush_warmup: bool
+    # None: the caller's numbers of warm-up and timed calls.
+    warmup: int | None
+    reps: int | None
+    summary: str  # "median" or "mean"
+    description: str
+
+
+# DeepGEMM's bench_kineto: `torch.empty(int(8e9 // 4), dtype=torch.int).zero_()` before each call,
+# one round of 30 calls untimed (the profiler's warm-up step), one of 30 timed, the kernels' mean.
+DEEPGEMM_FLUSH_BYTES = 8_000_000_000
+DEEPGEMM_CALLS = 30
+
+CONDITIONS = {
+    "cutegen": Conditions(
+        "cutegen", 256 * 1024 * 1024, HOST_HIDING_SPIN_CYCLES, False, None, None, "median",
+        "medians over calls run alone with the L2 flushed (a 256 MiB write) and a ~100 µs GPU spin before each",
+    ),
+    "deepgemm": Conditions(
+        "deepgemm", DEEPGEMM_FLUSH_BYTES, 0, True, DEEPGEMM_CALLS, DEEPGEMM_CALLS, "mean",
+        "means over 30 calls after 30 untimed ones, each call after an 8 GB memset, as DeepGEMM's own "
+        "benchmark (bench_kineto) times: the memset flushes the L2 and gives the power-limited GPU ~2.5 ms "
+        "to recover before the call",
+    ),
+}
+_conditions = CONDITIONS["cutegen"]
+
+
+def set_conditions(name: str) -> None:
+    """Time calls under the named `CONDITIONS`."""
+    global _conditions
+    if name not in CONDITIONS:
+        raise ValueError(f"conditions must be one of {', '.join(CONDITIONS)}, got {name!r}")
+    _conditions = CONDITIONS[name]
+
+
+def conditions() -> Conditions:
+    return _conditions
+
+
 def set_timer(timer: str) -> None:
     """Time calls by their kernels' durations ("kernel") or by CUDA events around them ("event")."""
     global _timer
@@ -86,36 +143,46 @@ def timer() -> str:
 
 
 def time_cuda(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, flush_l2: bool = True) -> float:
-    """Median GPU time of `fn` in microseconds, each call timed alone by the current timer."""
+    """GPU time of `fn` in microseconds, each call timed alone by the current timer under the current
+    conditions (`set_conditions`: their flush, counts and summary; flush_l2=False: no flush)."""
     import torch
 
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    c = _conditions
+    warmup = c.warmup if c.warmup is not None else warmup
+    reps = c.reps if c.reps is not None else reps
+    # int32, as DeepGEMM's flush: its 8 GB are 2e9 elements, which torch zeroes in one kernel.
+    flush = torch.empty(c.flush_bytes // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
     for _ in range(warmup):
+        if flush is not None and c.flush_warmup:
+            flush.zero_()
         fn()
     torch.cuda.synchronize()
     if _timer == "kernel":
-        return _time_kernels(fn, flush, reps)
-    times = []
-    for _ in range(reps):
-        if flush is not None:
-            flush.zero_()
-        torch.cuda._sleep(HOST_HIDING_SPIN_CYCLES)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
+        times = _time_kernels(fn, flush, reps, c.spin_cycles)
+    else:
+        times = []
+        for _ in range(reps):
+            if flush is not None:
+                flush.zero_()
+            if c.spin_cycles:
+                torch.cuda._sleep(c.spin_cycles)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0)
+    del flush
+    return statistics.fmean(times) if c.summary == "mean" else statistics.median(times)
 
 
-def _time_kernels(fn: Callable[[], object], flush, reps: int) -> float:
-    """Median over `reps` calls of the summed durations of each call's GPU activities (CUPTI).
+def _time_kernels(fn: Callable[[], object], flush, reps: int, spin_cycles: int) -> list[float]:
+    """The summed durations of each of `reps` calls' GPU activities (CUPTI).
 
-    Each rep runs the flush (when given), two GPU spins, then the call; the spins' kernels mark
-    where each call's activities begin, and the next rep's flush (the last activity before its
-    spins) is not the call's."""
+    Each rep runs the flush (when given), two GPU spins (the first `spin_cycles` long), the call and
+    a third spin; the call's activities are those between the second spin and the third, whatever
+    the flush launched."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -123,32 +190,40 @@ def _time_kernels(fn: Callable[[], object], flush, reps: int) -> float:
         for _ in range(reps):
             if flush is not None:
                 flush.zero_()
-            torch.cuda._sleep(HOST_HIDING_SPIN_CYCLES)
+            torch.cuda._sleep(max(spin_cycles, 1))
             torch.cuda._sleep(1)
             fn()
+            torch.cuda._sleep(1)
         torch.cuda.synchronize()
     activities = sorted(
         (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
         key=lambda e: e.time_range.start,
     )
+    return call_durations([(e.name, e.time_range.elapsed_us()) for e in activities], reps)
+
+
+def call_durations(activities: list[tuple[str, float]], reps: int) -> list[float]:
+    """Each timed call's summed activity durations, from the GPU activities (name, µs) of
+    `_time_kernels`' profile in start order: per rep, the flush's activities (any number), three
+    spins, and the call's activities between the second spin and the third."""
     calls: list[list[float]] = []
     spins = 0
     collecting = False
-    for e in activities:
-        if "spin_kernel" in e.name:
+    for name, us in activities:
+        if "spin_kernel" in name:
             spins += 1
-            collecting = spins % 2 == 0
+            collecting = spins % 3 == 2
             if collecting:
                 calls.append([])
         elif collecting:
-            calls[-1].append(e.time_range.elapsed_us())
-    if len(calls) != reps:
-        raise RuntimeError(f"kernel timer: found {len(calls)} timed calls in the profile, expected {reps}")
-    if flush is not None:
-        calls = [c[:-1] for c in calls[:-1]] + calls[-1:]
+            calls[-1].append(us)
+    if len(calls) != reps or spins != 3 * reps:
+        raise RuntimeError(
+            f"kernel timer: found {len(calls)} timed calls ({spins} marker spins) in the profile, expected {reps}"
+        )
     if not all(calls):
         raise RuntimeError("kernel timer: a timed call launched no GPU activity")
-    return statistics.median(sum(c) for c in calls)
+    return [sum(c) for c in calls]
 
 
 def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:
@@ -749,6 +824,8 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
 
     env = environment()
     env["timer"] = _timer
+    env["conditions"] = _conditions.name
+    print(f"timing: {_timer} timer; {_conditions.description}", flush=True)
     # Each GEMM shape's operands are fresh allocations (`fresh_allocations`).
     env["fresh_allocations"] = True
     if command:

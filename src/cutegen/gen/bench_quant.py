@@ -2,10 +2,10 @@
 
 Same method as `cutegen.gen.bench`: fresh random inputs (normal values times magnitudes spanning
 1e-6 .. 1e4), warm-up, then each call timed alone (by its kernels' durations or by CUDA events:
-`cutegen bench --timer`) with the L2 flushed before it; medians. Bandwidth counts bytes read +
-written: input, q and scales. The copy anchor is a device-to-device copy of half that many bytes
-(so it reads and writes the same total), timed the same way, at the start and again at the end of
-each case; the faster median is kept (a copy timed once per case was sometimes 10% slow: 137.6
+`cutegen bench --timer`) with the L2 flushed before it; medians (means under `--conditions
+deepgemm`). Bandwidth counts bytes read + written: input, q and scales. The copy anchor is a
+device-to-device copy of half that many bytes (so it reads and writes the same total), timed the
+same way, at the start and again at the end of each case; the faster median is kept (a copy timed once per case was sometimes 10% slow: 137.6
 and 138.9 µs for the grouped case in two reports, against 123.5-124.9 µs in every other call).
 Ratios within one run are what to compare.
 
@@ -204,7 +204,7 @@ def render(result: dict[str, Any], env: dict | None = None) -> str:
         head,
         "",
         f"Copy bandwidth in this run (read + written): {result.get('copy_gbs', 0):.0f} GB/s. "
-        "GB/s = bytes read + written / median time; 'of copy' = that bandwidth over the copy's.",
+        "GB/s = bytes read + written / time per call; 'of copy' = that bandwidth over the copy's.",
         "",
         "| op | case | implementation | µs | GB/s | vs eager | of copy | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -42,6 +42,12 @@ from cutegen.schedules import (
 PROG = "cutegen"
 DEFAULT_BUILD_DIR = "build"
 GLOB_CHARS = "*?["
+CONDITIONS_HELP = (
+    "what runs between timed calls. cutegen (default): a 256 MiB L2 flush and a ~100 µs spin before each "
+    "call, medians; deepgemm: DeepGEMM's own benchmark's conditions, under which its published and anchor "
+    "numbers were measured: an 8 GB memset before each call (the GPU's power budget recovers during it), "
+    "30 timed calls after 30 untimed ones, means"
+)
 
 
 class CliError(Exception):
@@ -660,11 +666,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--groups: expected a positive number of groups, got {args.groups}", 2)
     if not torch.cuda.is_available():
         raise CliError("cutegen tune needs a CUDA GPU (torch.cuda.is_available() is False)", 2)
-    from cutegen.gen.bench import set_timer
+    from cutegen.gen.bench import set_conditions, set_timer
     from cutegen.runtime import ops
 
     ops.set_build_dir(args.build_dir)
     set_timer(args.timer)
+    set_conditions(args.conditions)
     out = Path(args.out) if args.out else Path(args.build_dir) / "tuning.json"
     try:
         tune(args.op, shapes, out, timings_out=Path(args.timings_out) if args.timings_out else None,
@@ -676,7 +683,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from cutegen.gen.bench import OPS, set_timer
+    from cutegen.gen.bench import OPS, set_conditions, set_timer
     from cutegen.gen.bench import main as bench_main
 
     report_dir = getattr(args, "report", None)
@@ -692,11 +699,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         *(["--json-out", args.json_out] if args.json_out else []), *(["--report", report_dir] if report_dir else []),
         *(["--every-kernel"] if args.every_kernel else []), *(["--decode"] if args.decode else []),
         *(["--deepgemm", args.deepgemm] if args.deepgemm else []), f"--timer {args.timer}",
+        *([f"--conditions {args.conditions}"] if args.conditions != "cutegen" else []),
     ])
     if args.deepgemm and not (Path(args.deepgemm) / "deepgemm.json").is_file():
         raise CliError(f"--deepgemm {args.deepgemm}: no deepgemm.json there; make it with `{PROG} deepgemm-build`", 2)
     ops = tuple(args.op) if args.op else OPS
     set_timer(args.timer)
+    set_conditions(args.conditions)
     return bench_main(json_out=args.json_out, ops=ops, report_dir=report_dir, command=command,
                       every_kernel=args.every_kernel, decode=args.decode, deepgemm_dir=args.deepgemm)
 
@@ -846,6 +855,8 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--timings-out", metavar="PATH", help="also write every kernel's time per shape (JSON)")
     tn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
                     help="kernel: GPU kernel durations (CUPTI, default); event: CUDA events around each call")
+    tn.add_argument("--conditions", choices=("cutegen", "deepgemm"), default="cutegen",
+                    help=CONDITIONS_HELP)
     tn.set_defaults(func=cmd_tune)
 
     bn = sub.add_parser("bench", help="benchmark the built kernels on this GPU beside torch (needs CUDA)")
@@ -866,6 +877,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
                     help="kernel: the calls' GPU kernel durations as CUPTI records them, as DeepGEMM's own "
                          "benchmark timed its numbers (default); event: CUDA events around each call")
+    bn.add_argument("--conditions", choices=("cutegen", "deepgemm"), default="cutegen",
+                    help=CONDITIONS_HELP)
     bn.add_argument("--deepgemm", metavar="DIR",
                     help="fp8_gemm_nt, m_grouped_fp8_gemm_nt_contiguous and fp8_wgrad_gemm_nt: also time "
                          "DeepGEMM's own kernels from a `deepgemm-build` folder beside cutegen's, same operands, "

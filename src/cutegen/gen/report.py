@@ -622,7 +622,7 @@ def _quant_note(r: dict) -> str:
 def _quant_section(entry: Any, bandwidth: float | None) -> tuple[list[str], str]:
     rows, copy = _quant_rows(entry)
     lines = [
-        f"Copy bandwidth in this run: {fmt(copy, '.0f')} GB/s. GB/s = bytes read + written / median time. "
+        f"Copy bandwidth in this run: {fmt(copy, '.0f')} GB/s. GB/s = bytes read + written / time per call. "
         "Every quantize kernel is memory-bound: % of roofline = its GB/s over that of a copy of the same "
         "bytes timed in the same run. vs eager = eager torch's time over this row's.",
         "",
@@ -707,10 +707,12 @@ def _header(env: dict, command: str | None, source: str | None, generated_by: st
 
 def _method(
     sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event",
-    fresh_allocations: bool = False, deepgemm_in_run: str | None = None,
+    fresh_allocations: bool = False, deepgemm_in_run: str | None = None, conditions: str = "cutegen",
 ) -> list[str]:
     """The report's Method section; `timer` is the results' (runs before there was a choice used events),
-    `fresh_allocations` whether each GEMM shape's operands were fresh allocations (runs since 2026-12-01)."""
+    `fresh_allocations` whether each GEMM shape's operands were fresh allocations (runs since 2026-12-01),
+    `conditions` what ran between the timed calls (`cutegen bench --conditions`; runs before there was a
+    choice: cutegen)."""
     how = (
         "the summed durations of each call's GPU kernels as CUPTI records them (`--timer kernel`, the way "
         "DeepGEMM's own benchmark timed its numbers)"
@@ -720,8 +722,15 @@ def _method(
     lines = [
         "## Method",
         "",
-        f"Times are medians over calls run alone with the L2 flushed before each (`cutegen bench`), timed by {how}; "
-        "the anchors ran in the same process and were timed the same way, so the ratios are what to compare "
+        (
+            f"Times are medians over calls run alone with the L2 flushed before each (`cutegen bench`), timed by {how}; "
+            if conditions != "deepgemm"
+            else "Times are means over 30 calls after 30 untimed ones, each call after an 8 GB memset "
+            "(`cutegen bench --conditions deepgemm`: the conditions of DeepGEMM's own benchmark, under which the "
+            "† numbers were measured; the memset flushes the L2 and gives the power-limited GPU ~2.5 ms to "
+            f"recover before each call), timed by {how}; "
+        )
+        + "the anchors ran in the same process and were timed the same way, so the ratios are what to compare "
         "(absolute times drift)."
         + (" Each GEMM shape's operands are fresh allocations (torch's allocator cache is emptied before the "
            "shape): the same kernel measured up to 14% slower on operands in blocks reused from earlier shapes."
@@ -730,7 +739,7 @@ def _method(
     ]
     if not sections:  # quantize only: its section states its own measure (GB/s beside a copy)
         return lines + [
-            "- Quantize rows: GB/s = bytes read + written over the median time, beside a device-to-device "
+            "- Quantize rows: GB/s = bytes read + written over the time per call, beside a device-to-device "
             "copy of the same bytes timed in the same run."
         ]
     lines += [
@@ -895,7 +904,7 @@ def render(
     lines += ["", "## Summary", "", SUMMARY_BEGIN, *(summary or ["- no results"]), SUMMARY_END, ""]
     lines += _method(
         sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"),
-        bool(env.get("fresh_allocations")), env.get("deepgemm_in_run"),
+        bool(env.get("fresh_allocations")), env.get("deepgemm_in_run"), str(env.get("conditions") or "cutegen"),
     )
     lines += body + roof_lines + tail
     return "\n".join(lines) + "\n", plan
@@ -1059,7 +1068,7 @@ def plot_quantize(plt, path: Path, rows: list[dict], copy_gbs: float, title: str
     ]
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=7)
-    ax.set_xlabel("GB/s (bytes read + written / median time)")
+    ax.set_xlabel("GB/s (bytes read + written / time per call)")
     ax.set_xlim(0, max([copy_gbs, *(v for v in vals if v)]) * 1.15)
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
