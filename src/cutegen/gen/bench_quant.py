@@ -5,8 +5,9 @@ Same method as `cutegen.gen.bench`: fresh random inputs (normal values times mag
 `cutegen bench --timer`) with the L2 flushed before it; medians (means under `--conditions
 deepgemm`). Bandwidth counts bytes read + written: input, q and scales. The copy anchor is a
 device-to-device copy of half that many bytes (so it reads and writes the same total), timed the
-same way, at the start and again at the end of each case; the faster median is kept (a copy timed once per case was sometimes 10% slow: 137.6
-and 138.9 µs for the grouped case in two reports, against 123.5-124.9 µs in every other call).
+same way, at the start and again at the end of each case; the faster median is kept (a copy timed
+once per case was sometimes 10% slow: 137.6 and 138.9 µs for the grouped case in two reports,
+against 123.5-124.9 µs in every other call).
 Ratios within one run are what to compare.
 
 Cases (the anchors of ``docs``/the brief): per-token 1x128 on x [24064, 7168] bf16; the grouped

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 # The op lists only (both modules import torch lazily, inside their functions).
+from cutegen.gen.bench import CONDITIONS
 from cutegen.gen.bench import OPS as BENCH_OPS
 from cutegen.gen.deepgemm_anchor import DeepGemmKernel
 from cutegen.gen.tune import TUNABLE_OPS
@@ -42,12 +43,6 @@ from cutegen.schedules import (
 PROG = "cutegen"
 DEFAULT_BUILD_DIR = "build"
 GLOB_CHARS = "*?["
-CONDITIONS_HELP = (
-    "what runs between timed calls. cutegen (default): a 256 MiB L2 flush and a ~100 µs spin before each "
-    "call, medians; deepgemm: DeepGEMM's own benchmark's conditions, under which its published and anchor "
-    "numbers were measured: an 8 GB memset before each call (the GPU's power budget recovers during it), "
-    "30 timed calls after 30 untimed ones, means"
-)
 
 
 class CliError(Exception):
@@ -764,6 +759,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ---- the parser --------------------------------------------------------------------------------
 
 
+def _conditions_help() -> str:
+    """`--conditions`: each choice with the description `cutegen.gen.bench.CONDITIONS` gives it."""
+    return "what runs between the timed calls. " + "; ".join(
+        f"{name}{' (default)' if name == 'cutegen' else ''}: {c.description}" for name, c in CONDITIONS.items()
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     archs = [a.value for a in Arch]
     ops = [o.value for o in Op]
@@ -855,8 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
     tn.add_argument("--timings-out", metavar="PATH", help="also write every kernel's time per shape (JSON)")
     tn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
                     help="kernel: GPU kernel durations (CUPTI, default); event: CUDA events around each call")
-    tn.add_argument("--conditions", choices=("cutegen", "deepgemm"), default="cutegen",
-                    help=CONDITIONS_HELP)
+    tn.add_argument("--conditions", choices=tuple(CONDITIONS), default="cutegen", help=_conditions_help())
     tn.set_defaults(func=cmd_tune)
 
     bn = sub.add_parser("bench", help="benchmark the built kernels on this GPU beside torch (needs CUDA)")
@@ -877,8 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--timer", choices=("kernel", "event"), default="kernel",
                     help="kernel: the calls' GPU kernel durations as CUPTI records them, as DeepGEMM's own "
                          "benchmark timed its numbers (default); event: CUDA events around each call")
-    bn.add_argument("--conditions", choices=("cutegen", "deepgemm"), default="cutegen",
-                    help=CONDITIONS_HELP)
+    bn.add_argument("--conditions", choices=tuple(CONDITIONS), default="cutegen", help=_conditions_help())
     bn.add_argument("--deepgemm", metavar="DIR",
                     help="fp8_gemm_nt, m_grouped_fp8_gemm_nt_contiguous and fp8_wgrad_gemm_nt: also time "
                          "DeepGEMM's own kernels from a `deepgemm-build` folder beside cutegen's, same operands, "
