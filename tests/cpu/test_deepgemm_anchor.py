@@ -4,6 +4,7 @@ CUTEGEN_TEST_DEEPGEMM and CUTEGEN_TEST_CUTLASS to run that test."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -108,10 +109,11 @@ def test_anchor_folder_without_its_index_is_refused(tmp_path):
 def test_build_compiles_deepgemms_kernel(tmp_path):
     pytest.importorskip("cutegen.gen.sass")
     problems = [(4096, 7168, 16384), dga.DeepGemmProblem(dga.DeepGemmKernel.CONTIGUOUS_1D2D, 30720, 4096, 7168, 4),
-                dga.DeepGemmProblem(dga.DeepGemmKernel.WGRAD_1D1D, 7168, 2112, 4096)]
+                dga.DeepGemmProblem(dga.DeepGemmKernel.WGRAD_1D1D, 7168, 2112, 4096),
+                dga.DeepGemmProblem(dga.DeepGemmKernel.K_GROUPED_1D1D, 2048, 7168, 5248, 8)]
     entries = dga.build(problems, Path(os.environ["CUTEGEN_TEST_DEEPGEMM"]),
                         Path(os.environ["CUTEGEN_TEST_CUTLASS"]), tmp_path, jobs=2)
-    assert [e["kernel"] for e in entries] == ["1d2d", "contiguous_1d2d", "1d1d"]
+    assert [e["kernel"] for e in entries] == ["1d2d", "contiguous_1d2d", "1d1d", "k_grouped_1d1d"]
     for e in entries:
         assert (tmp_path / e["cubin"]).stat().st_size > 0 and dga.DeepGemmKernel(e["kernel"]).symbol in e["entry"]
     meta = json.loads((tmp_path / dga.CONFIG_FILE).read_text())
@@ -173,6 +175,37 @@ def test_kernel_sources_of_the_grouped_and_1d1d_kernels():
     assert "0, 2112, 4096, 1," in src and "128, 152, 128, 128, 128," in src
     assert "4, 128, 256," in src and "2, false," in src and "132, GemmType::Normal, float>" in src
     assert c.swizzle_d == 0 and c.store_block_m == 64 and c.kernel.accumulates
+
+
+def test_k_grouped_choices_and_source():
+    """DeepGEMM's k-grouped 1D1D kernel: its heuristic counts every group's tiles at the largest
+    group's K (padded to 128 tokens), multicasts for at most four groups, keeps shared memory for
+    its tensor maps; the source compiles M and N in, K at run time, KGroupedContiguous."""
+    from cutegen.gen.bench import DEEPGEMM_K_GROUPED, deepgemm_problems, k_grouped_expected_k, k_grouped_sizes
+
+    kg = dga.DeepGemmKernel.K_GROUPED_1D1D
+    assert kg.op == "k_grouped_fp8_gemm_nt_contiguous" and kg.is_1d1d and kg.is_grouped and kg.accumulates
+    problems = deepgemm_problems(["k_grouped_fp8_gemm_nt_contiguous"])
+    assert [(p.groups, p.m, p.n) for p in problems] == [(g, m, n) for g, m, n, _ in DEEPGEMM_K_GROUPED]
+    for p, (groups, m, n, mean) in zip(problems, DEEPGEMM_K_GROUPED):
+        assert p.kernel is kg and p.k == k_grouped_expected_k(groups, mean)
+        assert p.k % 128 == 0 and p.k - 128 < max(k_grouped_sizes(groups, mean)) <= p.k
+        c = p.config()
+        cluster = (2, 1) if groups <= dga.K_GROUPED_MULTICAST_MAX_GROUPS else (1, 1)
+        assert (c.block_m, c.block_n, (c.cluster_m, c.cluster_n), c.stages) == (128, 152, cluster, 4)
+    assert all(c.cluster_size == 1 for c in dga.candidates(7168, 4096, 5248, 132, kg, 8))
+    assert any(c.cluster_size == 2 for c in dga.candidates(7168, 4096, 5248, 132, kg, 4))
+    stages, smem = dga.pipeline(7168, 4096, 5248, 128, 152, kg)
+    assert stages == 4 and smem == 77824 + 256 + dga.K_GROUPED_TENSOR_MAP_BYTES + 4 * (16384 + 19456 + 512 + 640)
+    # Four groups' tiles at K 5248 cost what one problem of four times the tiles does.
+    one = dga.DeepGemmConfig(7168, 4096, 5248, 128, 152, 1, 1, 4, smem, kg, 1)
+    four = dataclasses.replace(one, groups=4)
+    assert dga.modelled_cycles(four, 132) > 3 * dga.modelled_cycles(one, 132)
+    c = dga.choose_config(7168, 4096, 5248, 132, kg, 4)
+    assert c.name == "deepgemm_k_grouped_1d1d_g4_7168x4096x5248_128x152_c2x1_s4"
+    src = dga.kernel_source(c)
+    assert "sm90_fp8_gemm_1d1d_impl<" in src and "7168, 4096, 0, 4," in src
+    assert "GemmType::KGroupedContiguous, float>" in src and "2, false," in src
 
 
 def test_anchor_looks_kernels_up_by_kind(tmp_path):

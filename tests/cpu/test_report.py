@@ -459,6 +459,23 @@ def test_kernel_timer_splits_calls_at_its_marker_spins():
         bench.call_durations(rep([]), 1)
 
 
+def test_k_grouped_bench_operands_have_zero_token_padding():
+    """The k-grouped benchmark's operands hold each group's padding tokens as zeros, as the grouped
+    transposed quantize writes them (DeepGEMM in the run is given the padded counts)."""
+    torch = pytest.importorskip("torch")
+    from cutegen.gen import bench
+
+    rows, sizes = 3, [130, 0, 128, 5]
+    spans = [256, 0, 128, 128]
+    flat = (torch.arange(rows * sum(spans)) % 7 + 1).to(torch.uint8).view(torch.float8_e4m3fn)
+    out = bench._zero_token_padding(flat, rows, sizes).view(torch.uint8)
+    start = 0
+    for k, span in zip(sizes, spans):
+        group = out[start:start + rows * span].view(rows, span)
+        assert bool((group[:, k:] == 0).all()) and bool((group[:, :k] != 0).all())
+        start += rows * span
+
+
 def test_bench_decode_option_and_table(monkeypatch):
     """`--decode` reaches bench.main and the command line; decode rows (no DeepGEMM numbers) render
     with the cuBLAS comparison only."""

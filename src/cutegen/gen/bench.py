@@ -522,6 +522,9 @@ def deepgemm_problems(ops, all_shapes: bool = False) -> list:
     if "fp8_wgrad_gemm_nt" in ops:
         problems += [DeepGemmProblem(DeepGemmKernel.WGRAD_1D1D, m, n, k)
                      for (m, n) in DEEPGEMM_WGRAD for k in WGRAD_KS]
+    if "k_grouped_fp8_gemm_nt_contiguous" in ops:
+        problems += [DeepGemmProblem(DeepGemmKernel.K_GROUPED_1D1D, m, n, k_grouped_expected_k(groups, mean), groups)
+                     for groups, m, n, mean in DEEPGEMM_K_GROUPED]
     return problems
 
 
@@ -717,11 +720,35 @@ def k_grouped_sizes(groups: int, mean: int, seed: int = 0) -> list[int]:
     return [int(mean * rng.uniform(0.7, 1.3)) for _ in range(groups)]
 
 
-def bench_k_grouped() -> list[dict]:
-    """k_grouped_fp8_gemm_nt_contiguous (per group D[g] += A_g·B_gᵀ, fp32) beside DeepGEMM's numbers
-    from the anchors; TFLOPS count the real tokens (2·M·N·Σk_g)."""
+def k_grouped_expected_k(groups: int, mean: int) -> int:
+    """The K DeepGEMM's heuristic plans a k-grouped benchmark problem for: its largest group, in
+    whole 128-token blocks (the configuration `cutegen deepgemm-build` compiles and the bench
+    looks up)."""
+    return max(-(-k // 128) * 128 for k in k_grouped_sizes(groups, mean))
+
+
+def _zero_token_padding(flat, rows: int, sizes: list[int]):
+    """Zero the padding tokens of flat k-grouped operand data (each group [rows, 128·⌈k_g/128⌉],
+    its tokens first), as `grouped_transposed_quant_fp8` leaves them; returns `flat`."""
     import torch
 
+    data = flat.view(torch.uint8)  # e4m3's zero is the byte 0; byte views fill on any torch
+    start = 0
+    for k in sizes:
+        span = -(-k // 128) * 128
+        data[start:start + rows * span].view(rows, span)[:, k:] = 0
+        start += rows * span
+    return flat
+
+
+def bench_k_grouped(deepgemm=None) -> list[dict]:
+    """k_grouped_fp8_gemm_nt_contiguous (per group D[g] += A_g·B_gᵀ, fp32) beside DeepGEMM's numbers
+    from the anchors and, with `deepgemm` (a `DeepGemmAnchor`), DeepGEMM's own 1D1D kernel over the
+    same operands (each group given its padded token count); TFLOPS count the real tokens
+    (2·M·N·Σk_g) for both."""
+    import torch
+
+    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import k_grouped_ops
 
     rows = []
@@ -729,8 +756,8 @@ def bench_k_grouped() -> list[dict]:
         fresh_allocations()
         sizes = k_grouped_sizes(groups, mean)
         blocks = sum(-(-k // 128) for k in sizes)
-        a = torch.randn(128 * m * blocks, device="cuda").to(torch.float8_e4m3fn)
-        b = torch.randn(128 * n * blocks, device="cuda").to(torch.float8_e4m3fn)
+        a = _zero_token_padding(torch.randn(128 * m * blocks, device="cuda").to(torch.float8_e4m3fn), m, sizes)
+        b = _zero_token_padding(torch.randn(128 * n * blocks, device="cuda").to(torch.float8_e4m3fn), n, sizes)
         sfa = torch.rand(blocks, m, device="cuda") + 0.5
         sfb = torch.rand(blocks, n, device="cuda") + 0.5
         d = torch.zeros(groups, m, n, device="cuda")
@@ -740,6 +767,19 @@ def bench_k_grouped() -> list[dict]:
         flops = 2.0 * m * n * sum(sizes)
         rows.append({"shape": [groups, m, n, mean], "group_sizes": sizes, "ours_us": ours,
                      "ours_tflops": flops / ours / 1e6, "deepgemm_tflops": anchor})
+        expected_k = k_grouped_expected_k(groups, mean)
+        entry = (deepgemm.config(m, n, expected_k, DeepGemmKernel.K_GROUPED_1D1D, groups)
+                 if deepgemm is not None else None)
+        if entry is not None:
+            # Both accumulate into D: the same non-zero C for each, then one call each.
+            c = torch.randn(groups, m, n, device="cuda")
+            d.copy_(c)
+            k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, d, sizes_gpu, expected_k=mean)
+            theirs = torch.empty_like(c)
+            rows[-1].update(_deepgemm_in_run_timed(
+                entry, lambda out: deepgemm.k_grouped_launcher(a, sfa, b, sfb, out, sizes), theirs, d,
+                flops, reset=lambda: theirs.copy_(c)))
+            del c, theirs
         del a, b, sfa, sfb, d, sizes_gpu
     return rows
 
@@ -867,7 +907,8 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         results["m_grouped_fp8_gemm_nt_masked"] = rows
     for op, bench_op, title, shape_header in (
         ("fp8_wgrad_gemm_nt", lambda: bench_wgrad(deepgemm=deepgemm), "fp32 D += A·Bᵀ", "M, N, K"),
-        ("k_grouped_fp8_gemm_nt_contiguous", bench_k_grouped, "fp32 D[g] += A_g·B_gᵀ", "G, M, N, mean k"),
+        ("k_grouped_fp8_gemm_nt_contiguous", lambda: bench_k_grouped(deepgemm=deepgemm), "fp32 D[g] += A_g·B_gᵀ",
+         "G, M, N, mean k"),
     ):
         if op in ops and op in available:
             rows = bench_op()

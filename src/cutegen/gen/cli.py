@@ -887,7 +887,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     dg = sub.add_parser(
         "deepgemm-build",
-        help="compile DeepGEMM's FP8 kernels (dense 1D2D, contiguous grouped 1D2D, dense 1D1D weight gradient; "
+        help="compile DeepGEMM's FP8 kernels (dense 1D2D, contiguous grouped 1D2D, dense and k-grouped 1D1D weight "
+             "gradients; "
              "from your checkout, with nvcc) for the benchmark's problems, as an anchor for `bench --deepgemm`",
     )
     dg.add_argument("--deepgemm", required=True, metavar="DIR", help="a DeepGEMM checkout (deepseek-ai/DeepGEMM)")
@@ -897,7 +898,7 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     dg.add_argument("--sms", type=int, default=132, help="SMs of the GPU the kernels are for (H200/H100 SXM: 132)")
     dg.add_argument("--op", action="append", choices=[k.op for k in DeepGemmKernel],
-                    help="only the DeepGEMM counterpart of this op (repeatable; default: all three)")
+                    help="only the DeepGEMM counterpart of this op (repeatable; default: all four)")
     dg.add_argument("--all-shapes", action="store_true",
                     help="also the (N, K) = (576, 7168) shapes DeepGEMM published no numbers for")
     dg.set_defaults(func=cmd_deepgemm_build)

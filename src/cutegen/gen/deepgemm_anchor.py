@@ -1,7 +1,7 @@
 """DeepGEMM's own Hopper FP8 GEMM kernels as an anchor measured in the same run as cutegen's.
 
 DeepGEMM (deepseek-ai/DeepGEMM, MIT) compiles its kernels at run time from CUDA C++ headers. This
-module compiles three of its SM90 kernels ahead of time with nvcc, from a DeepGEMM checkout and a
+module compiles four of its SM90 kernels ahead of time with nvcc, from a DeepGEMM checkout and a
 CUTLASS checkout the user names, one cubin per benchmark problem in the configuration DeepGEMM's
 own heuristic picks (`choose_config`), and launches those cubins through cuda-python beside
 cutegen's kernels (`DeepGemmKernel` lists them):
@@ -11,7 +11,10 @@ cutegen's kernels (`DeepGemmKernel` lists them):
 - the same kernel over the contiguous grouped layout (`m_indices`), beside
   `m_grouped_fp8_gemm_nt_contiguous`;
 - the dense 1D1D kernel (`sm90_fp8_gemm_1d1d_impl`: 1x128 scales on both operands, fp32 D
-  accumulated in place), beside `fp8_wgrad_gemm_nt`.
+  accumulated in place), beside `fp8_wgrad_gemm_nt`;
+- the same kernel over k-grouped operands (each group's tokens in 128-token blocks, one group
+  after another, as `grouped_transposed_quant_fp8` writes them), beside
+  `k_grouped_fp8_gemm_nt_contiguous`.
 
     cutegen deepgemm-build --deepgemm ~/DeepGEMM --cutlass ~/cutlass -o build/deepgemm   # CPU, nvcc
     cutegen bench --deepgemm build/deepgemm                                               # the GPU
@@ -64,6 +67,11 @@ BLOCK_N_START_1D1D_F32 = 24
 BLOCK_N_MAX_1D1D = 160
 # DeepGEMM's contiguous layout aligns each group to this many rows and tiles M by it.
 CONTIGUOUS_ALIGNMENT = 128
+# The k-grouped 1D1D kernel: its heuristic's shared memory for tensor maps (four CUtensorMaps),
+# the most groups it still multicasts for, and its tokens per group: whole 128-token blocks.
+K_GROUPED_TENSOR_MAP_BYTES = 4 * 128
+K_GROUPED_MULTICAST_MAX_GROUPS = 4
+K_GROUPED_TOKEN_ALIGNMENT = 128
 L1_BYTES_PER_CYCLE_PER_SM = 128
 WGMMA_M = 64
 
@@ -74,16 +82,27 @@ class DeepGemmKernel(enum.Enum):
     DENSE_1D2D = "1d2d"
     CONTIGUOUS_1D2D = "contiguous_1d2d"
     WGRAD_1D1D = "1d1d"
+    K_GROUPED_1D1D = "k_grouped_1d1d"
 
     @property
     def op(self) -> str:
         """The cutegen op it is timed beside."""
         return {"1d2d": "fp8_gemm_nt", "contiguous_1d2d": "m_grouped_fp8_gemm_nt_contiguous",
-                "1d1d": "fp8_wgrad_gemm_nt"}[self.value]
+                "1d1d": "fp8_wgrad_gemm_nt", "k_grouped_1d1d": "k_grouped_fp8_gemm_nt_contiguous"}[self.value]
+
+    @property
+    def is_1d1d(self) -> bool:
+        """Scaled 1x128 on both operands, fp32 D accumulated in place (`sm90_fp8_gemm_1d1d_impl`)."""
+        return self in (DeepGemmKernel.WGRAD_1D1D, DeepGemmKernel.K_GROUPED_1D1D)
+
+    @property
+    def is_grouped(self) -> bool:
+        """Several groups in one launch (its configurations and names carry the group count)."""
+        return self in (DeepGemmKernel.CONTIGUOUS_1D2D, DeepGemmKernel.K_GROUPED_1D1D)
 
     @property
     def symbol(self) -> str:
-        return "sm90_fp8_gemm_1d1d_impl" if self is DeepGemmKernel.WGRAD_1D1D else KERNEL_SYMBOL
+        return "sm90_fp8_gemm_1d1d_impl" if self.is_1d1d else KERNEL_SYMBOL
 
     @property
     def header(self) -> str:
@@ -91,17 +110,18 @@ class DeepGemmKernel(enum.Enum):
 
     @property
     def gemm_type(self) -> str:
-        return "MGroupedContiguous" if self is DeepGemmKernel.CONTIGUOUS_1D2D else "Normal"
+        return {DeepGemmKernel.CONTIGUOUS_1D2D: "MGroupedContiguous",
+                DeepGemmKernel.K_GROUPED_1D1D: "KGroupedContiguous"}.get(self, "Normal")
 
     @property
     def d_bytes(self) -> int:
         """Bytes per element of D: bf16 for 1D2D, fp32 for 1D1D."""
-        return 4 if self is DeepGemmKernel.WGRAD_1D1D else 2
+        return 4 if self.is_1d1d else 2
 
     @property
     def accumulates(self) -> bool:
         """Whether D is read as well as written (the 1D1D kernel reduce-adds into D)."""
-        return self is DeepGemmKernel.WGRAD_1D1D
+        return self.is_1d1d
 
 
 def swizzle_bytes(block: int, elem_bytes: int) -> int:
@@ -115,7 +135,8 @@ def swizzle_bytes(block: int, elem_bytes: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class DeepGemmConfig:
     """One DeepGEMM kernel instantiation for one problem: its tile, cluster and pipeline. For the
-    contiguous layout M is the total row count (every group's rows and padding) over `groups`."""
+    contiguous layout M is the total row count (every group's rows and padding) over `groups`; for
+    the k-grouped one K is the largest group's tokens (DeepGEMM's expected K), in 128-token blocks."""
 
     m: int
     n: int
@@ -154,12 +175,12 @@ class DeepGemmConfig:
     @property
     def store_block_m(self) -> int:
         """Rows of D per TMA store: the 1D1D kernel stores one warpgroup's 64 rows at a time."""
-        return WGMMA_M if self.kernel is DeepGemmKernel.WGRAD_1D1D else self.block_m
+        return WGMMA_M if self.kernel.is_1d1d else self.block_m
 
     @property
     def name(self) -> str:
         """Total and one-to-one over the fields that change the cubin or its launch."""
-        groups = f"_g{self.groups}" if self.kernel is DeepGemmKernel.CONTIGUOUS_1D2D else ""
+        groups = f"_g{self.groups}" if self.kernel.is_grouped else ""
         return (f"deepgemm_{self.kernel.value}{groups}_{self.m}x{self.n}x{self.k}_{self.block_m}x{self.block_n}"
                 f"_c{self.cluster_m}x{self.cluster_n}_s{self.stages}")
 
@@ -183,15 +204,17 @@ def short_config(entry: dict) -> str:
 def pipeline(m: int, n: int, k: int, block_m: int, block_n: int,
              kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D) -> tuple[int, int]:
     """(stages, dynamic shared memory) of a DeepGEMM tile: the whole D tile and the barriers
-    besides the stages of A, B and SFA; 1D2D adds the per-tile SFB row(s), 1D1D an SFB stage."""
+    besides the stages of A, B and SFA; 1D2D adds the per-tile SFB row(s), 1D1D an SFB stage, the
+    k-grouped kernel its tensor maps."""
     smem_d = align(block_m * block_n * kernel.d_bytes, 1024)
     barriers = MAX_STAGES * 8 * 2
-    if kernel is DeepGemmKernel.WGRAD_1D1D:
+    tensor_maps = K_GROUPED_TENSOR_MAP_BYTES if kernel is DeepGemmKernel.K_GROUPED_1D1D else 0
+    if kernel.is_1d1d:
         smem_sfb, sfb_per_stage = 0, align(block_n * 4, 128)
     else:
         sfb_rows = 1 if BLOCK_K % block_n == 0 else 2
         smem_sfb, sfb_per_stage = align(ceil_div(k, BLOCK_K) * 4 * sfb_rows, 8), 0
-    fixed = smem_d + barriers + smem_sfb
+    fixed = smem_d + barriers + smem_sfb + tensor_maps
     per_stage = block_m * BLOCK_K + block_n * BLOCK_K + align(block_m * 4, 128) + sfb_per_stage
     stages = min((SMEM_CAPACITY - fixed) // per_stage, MAX_STAGES)
     return stages, fixed + stages * per_stage
@@ -206,7 +229,7 @@ def _block_ms(m: int, kernel: DeepGemmKernel) -> list[int]:
 
 
 def _block_ns(kernel: DeepGemmKernel) -> list[int]:
-    if kernel is DeepGemmKernel.WGRAD_1D1D:
+    if kernel.is_1d1d:
         return [BLOCK_N_STEP] + list(range(BLOCK_N_START_1D1D_F32, BLOCK_N_MAX_1D1D + 1, BLOCK_N_STEP))
     return list(range(BLOCK_N_STEP, BLOCK_N_MAX_1D2D + 1, BLOCK_N_STEP))
 
@@ -219,15 +242,17 @@ def _sfb_unroll_allows(block_n: int) -> bool:
 
 def candidates(m: int, n: int, k: int, sms: int, kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D,
                groups: int = 1) -> list[DeepGemmConfig]:
-    """The tiles DeepGEMM's SM90 heuristic considers, in its order."""
+    """The tiles DeepGEMM's SM90 heuristic considers, in its order (no clusters for more than
+    K_GROUPED_MULTICAST_MAX_GROUPS k-grouped groups)."""
     out = []
-    for cluster_m in (1, 2):
-        for cluster_n in (1, 2):
+    extents = (1,) if kernel is DeepGemmKernel.K_GROUPED_1D1D and groups > K_GROUPED_MULTICAST_MAX_GROUPS else (1, 2)
+    for cluster_m in extents:
+        for cluster_n in extents:
             if cluster_m * cluster_n > 2 or sms % (cluster_m * cluster_n):
                 continue
             for block_m in _block_ms(m, kernel):
                 for block_n in _block_ns(kernel):
-                    if kernel is not DeepGemmKernel.WGRAD_1D1D and not _sfb_unroll_allows(block_n):
+                    if not kernel.is_1d1d and not _sfb_unroll_allows(block_n):
                         continue
                     if block_m > 128 and block_n > 128:  # registers
                         continue
@@ -242,8 +267,11 @@ def candidates(m: int, n: int, k: int, sms: int, kernel: DeepGemmKernel = DeepGe
 def modelled_cycles(c: DeepGemmConfig, sms: int) -> int:
     """DeepGEMM's SM90 cost model: L1 and L2 bytes over their per-cycle bandwidths, divided by the
     wave efficiency; clusters are never chosen for a single wave. (The contiguous layout counts
-    its total rows as one problem, as DeepGEMM does.)"""
+    its total rows as one problem, as DeepGEMM does; the k-grouped one every group's tiles, each
+    with the largest group's K.)"""
     blocks = ceil_div(c.m, c.block_m) * ceil_div(c.n, c.block_n)
+    if c.kernel is DeepGemmKernel.K_GROUPED_1D1D:
+        blocks *= c.groups
     waves = ceil_div(blocks, sms)
     if c.cluster_size > 1 and waves <= 1:
         return 2**63 - 1
@@ -286,8 +314,11 @@ def kernel_source(c: DeepGemmConfig, sms: int = 132) -> str:
     """A translation unit instantiating DeepGEMM's kernel for `c` on a GPU of `sms` SMs (N and K
     compiled in, as DeepGEMM's default `compiled_dims` does; M at run time)."""
     head = f"// Generated by cutegen deepgemm-build: DeepGEMM's {c.kernel.symbol} for {c.name}.\n"
-    if c.kernel is DeepGemmKernel.WGRAD_1D1D:
-        args = (f"0, {c.n}, {c.k}, {c.groups},\n        {c.block_m}, {c.block_n}, {BLOCK_K}, 128, 128,\n"
+    if c.kernel.is_1d1d:
+        # The k-grouped form compiles M and N in and takes K (the groups' sum) at run time, as
+        # DeepGEMM's k_grouped_fp8_gemm_nt_contiguous does by default (compiled_dims "mn").
+        dims = f"{c.m}, {c.n}, 0" if c.kernel is DeepGemmKernel.K_GROUPED_1D1D else f"0, {c.n}, {c.k}"
+        args = (f"{dims}, {c.groups},\n        {c.block_m}, {c.block_n}, {BLOCK_K}, 128, 128,\n"
                 f"        {c.stages}, {TMA_THREADS}, {c.math_threads},\n"
                 f"        {c.cluster_size}, {str(c.multicast_on_a).lower()},\n"
                 f"        {sms}, GemmType::{c.kernel.gemm_type}, float")
@@ -471,7 +502,7 @@ class DeepGemmAnchor:
     def _entry(self, m: int, n: int, k: int, kernel: DeepGemmKernel, groups: int = 1) -> dict:
         e = self.config(m, n, k, kernel, groups)
         if e is None:
-            what = f"{groups} groups, " if kernel is DeepGemmKernel.CONTIGUOUS_1D2D else ""
+            what = f"{groups} groups, " if kernel.is_grouped else ""
             raise KeyError(f"no DeepGEMM {kernel.value} kernel built for {what}{m}x{n}x{k} in {self.folder}")
         return e
 
@@ -536,6 +567,49 @@ class DeepGemmAnchor:
         scalars = [ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint64(0), ctypes.c_uint64(0),
                    ctypes.c_uint32(m), ctypes.c_uint32(n), ctypes.c_uint32(k)]
         return self._launch(e, scalars, maps)
+
+    def k_grouped_launcher(self, a: Any, sfa: Any, b: Any, sfb: Any, d: Any, group_sizes: list[int]) -> Callable[[], None]:
+        """D[g] += A_g·B_gᵀ for every group with DeepGEMM's 1D1D kernel over k-grouped operands, laid
+        out as `k_grouped_fp8_gemm_nt_contiguous` takes them: A and B flat e4m3, each group's [M, k]
+        and [N, k] K-major with its tokens padded to whole 128-token blocks; SFA [S, M] and SFB
+        [S, N] fp32, one row per 128-token block of every group in order; D fp32 [G, M, N].
+        DeepGEMM takes token counts that are multiples of 128, so each group is given its padded
+        count (the padding tokens are in the operands either way; cutegen's kernel multiplies
+        them too). `group_sizes` (host ints) are the real counts."""
+        import ctypes
+
+        import torch
+
+        groups, m, n = d.shape
+        padded = [align(int(t), K_GROUPED_TOKEN_ALIGNMENT) for t in group_sizes]
+        if len(padded) != groups:
+            raise ValueError(f"{len(padded)} group sizes for a D of {groups} groups")
+        if m % 4 or n % 4 or not d.is_contiguous():
+            raise ValueError("DeepGEMM takes M and N multiples of 4 and a contiguous D")
+        blocks = sum(padded) // K_GROUPED_TOKEN_ALIGNMENT
+        if a.numel() < blocks * K_GROUPED_TOKEN_ALIGNMENT * m or b.numel() < blocks * K_GROUPED_TOKEN_ALIGNMENT * n:
+            raise ValueError("A or B holds fewer 128-token blocks than the group sizes need")
+        e = self._entry(m, n, max(padded), DeepGemmKernel.K_GROUPED_1D1D, groups)
+        bm, bn = e["block_m"], e["block_n"]
+        # The A and B maps start at the first non-empty group; the kernel rewrites their address
+        # and K for each group in its own copies (the tensor-map buffer, two maps per SM).
+        first_k = next((t for t in padded if t), K_GROUPED_TOKEN_ALIGNMENT)
+        maps = [
+            _fp8_k_major_map(a, m, first_k, bm),
+            _fp8_k_major_map(b, n, first_k, bn),
+            _scale_map(sfa, m, blocks * BLOCK_K, bm),
+            _scale_map(sfb, n, blocks * BLOCK_K, bn),
+            TmaArgs("f32", 2, d.data_ptr(), (n, m * groups), (4 * n,), (bn, e["store_block_m"]), (1, 1),
+                    l2_promotion="256B"),
+        ]
+        sizes = torch.tensor(padded, dtype=torch.int32, device=d.device)
+        tensor_map_buffer = torch.empty(e["sms"] * K_GROUPED_TENSOR_MAP_BYTES, dtype=torch.uint8, device=d.device)
+        scalars = [ctypes.c_uint64(a.data_ptr()), ctypes.c_uint64(b.data_ptr()), ctypes.c_uint64(sizes.data_ptr()),
+                   ctypes.c_uint64(tensor_map_buffer.data_ptr()),
+                   ctypes.c_uint32(m), ctypes.c_uint32(n), ctypes.c_uint32(sum(padded))]
+        launch = self._launch(e, scalars, maps)
+        launch.keep_alive += (sizes, tensor_map_buffer)  # type: ignore[attr-defined]
+        return launch
 
     def _launch(self, e: dict, scalars: list, maps: list) -> Callable[[], None]:
         """A launch of entry `e` with these parameters (scalars first, then the tensor maps) on a

@@ -770,6 +770,9 @@ def _method(
         "m_grouped_fp8_gemm_nt_contiguous": "the same kernel over the contiguous layout for "
                                             "`m_grouped_fp8_gemm_nt_contiguous`",
         "fp8_wgrad_gemm_nt": "its dense 1D1D kernel (fp32 D accumulated) for `fp8_wgrad_gemm_nt`",
+        "k_grouped_fp8_gemm_nt_contiguous": "the same 1D1D kernel over the k-grouped operands, each group "
+                                            "given its token count padded to 128 (the padding tokens are "
+                                            "zeros), for `k_grouped_fp8_gemm_nt_contiguous`",
     }
     timed = [which[sec.op] for sec in sections if sec.op in which
              and any(a.name == DEEPGEMM_IN_RUN and a.us for p in sec.points for a in p.anchors)]
