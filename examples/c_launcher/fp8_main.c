@@ -61,7 +61,7 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   size_t sa = (size_t)M * K, sb = (size_t)N * K, sd = (size_t)M * N, i;
   size_t ssfa = (size_t)MA * KB, ssfb = (size_t)NB * KB;
   int status = 2, rows = M < 16 ? M : 16, r, n, kk, loaded = 0, m, kb;
-  bf16_check check = {0, 0.0, 0.0};
+  bf16_check check = {0, 0, 0.0, 0.0};
   uint64_t seed_a = 0x1234567ull, seed_b = 0x89abcdefull;
 
   CHECK(cutegen_kernel_load(&k, info, export_dir));
@@ -89,17 +89,19 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   CHECK(cuMemAlloc(&sfa, (ssfa ? ssfa : 1) * sizeof(float)));
   CHECK(cuMemAlloc(&sfb, (ssfb ? ssfb : 1) * sizeof(float)));
   CHECK(cuMemAlloc(&d, (sd ? sd : 1) * 2));
-  CHECK(cuMemcpyHtoD(a, ha, sa));
-  CHECK(cuMemcpyHtoD(b, hb, sb));
-  CHECK(cuMemcpyHtoD(sfa, hsfa, ssfa * sizeof(float)));
-  CHECK(cuMemcpyHtoD(sfb, hsfb, ssfb * sizeof(float)));
-  CHECK(cuMemsetD8(d, 0xff, sd * 2)); /* NaN: an element the kernel does not write fails the check */
+  /* Everything on the launch stream: it is non-blocking, so copies or a memset on the legacy
+     default stream would not be ordered before the kernel (a late memset overwrites its output). */
+  CHECK(cuMemcpyHtoDAsync(a, ha, sa, stream));
+  CHECK(cuMemcpyHtoDAsync(b, hb, sb, stream));
+  CHECK(cuMemcpyHtoDAsync(sfa, hsfa, ssfa * sizeof(float), stream));
+  CHECK(cuMemcpyHtoDAsync(sfb, hsfb, ssfb * sizeof(float), stream));
+  CHECK(cuMemsetD8Async(d, 0xff, sd * 2, stream)); /* NaN: an element the kernel does not write fails the check */
 
   /* Leading dimensions in elements: A and B K, sfa's K-block stride MA, sfb's row KB, D N. */
   CHECK(cutegen_fp8_gemm_nt_prepare(&k, a, K, b, K, sfa, MA, sfb, KB, d, N, M, N, K, KB, NB, &plan));
   CHECK(cutegen_launch(&k, &plan, stream));
+  CHECK(cuMemcpyDtoHAsync(hd, d, sd * 2, stream));
   CHECK(cuStreamSynchronize(stream));
-  CHECK(cuMemcpyDtoH(hd, d, sd * 2));
 
   for (r = 0; r < rows; r++) {
     int row = rows > 1 ? (int)((int64_t)r * (M - 1) / (rows - 1)) : 0;

@@ -49,7 +49,7 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   uint16_t *ha = NULL, *hb = NULL, *hd = NULL;
   size_t sa = (size_t)M * K, sb = (size_t)N * K, sd = (size_t)M * N;
   int status = 2, rows = M < 16 ? M : 16, r, n, kk, loaded = 0;
-  bf16_check check = {0, 0.0, 0.0};
+  bf16_check check = {0, 0, 0.0, 0.0};
 
   CHECK(cutegen_kernel_load(&k, info, export_dir));
   loaded = 1;
@@ -65,15 +65,17 @@ static int run(const char* export_dir, const cutegen_kernel_info* info, CUstream
   CHECK(cuMemAlloc(&a, (sa ? sa : 1) * 2));
   CHECK(cuMemAlloc(&b, (sb ? sb : 1) * 2));
   CHECK(cuMemAlloc(&d, (sd ? sd : 1) * 2));
-  CHECK(cuMemcpyHtoD(a, ha, sa * 2));
-  CHECK(cuMemcpyHtoD(b, hb, sb * 2));
-  CHECK(cuMemsetD8(d, 0xff, sd * 2)); /* NaN: an element the kernel does not write fails the check */
+  /* Everything on the launch stream: it is non-blocking, so copies or a memset on the legacy
+     default stream would not be ordered before the kernel (a late memset overwrites its output). */
+  CHECK(cuMemcpyHtoDAsync(a, ha, sa * 2, stream));
+  CHECK(cuMemcpyHtoDAsync(b, hb, sb * 2, stream));
+  CHECK(cuMemsetD8Async(d, 0xff, sd * 2, stream)); /* NaN: an element the kernel does not write fails the check */
 
   /* Row-major A[M, K], B[N, K], D[M, N]: leading dimensions K, K, N (in elements). */
   CHECK(cutegen_bf16_gemm_nt_prepare(&k, a, K, b, K, d, N, M, N, K, &plan));
   CHECK(cutegen_launch(&k, &plan, stream));
+  CHECK(cuMemcpyDtoHAsync(hd, d, sd * 2, stream));
   CHECK(cuStreamSynchronize(stream));
-  CHECK(cuMemcpyDtoH(hd, d, sd * 2));
 
   for (r = 0; r < rows; r++) {
     int row = rows > 1 ? (int)((int64_t)r * (M - 1) / (rows - 1)) : 0;

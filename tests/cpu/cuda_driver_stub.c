@@ -296,6 +296,18 @@ CUresult cuMemsetD8(CUdeviceptr dst, unsigned char uc, size_t n) {
   memset((void*)(uintptr_t)dst, uc, n);
   return CUDA_SUCCESS;
 }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream hStream) {
+  (void)hStream;
+  return cuMemcpyHtoD(dst, src, n);
+}
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream hStream) {
+  (void)hStream;
+  return cuMemcpyDtoH(dst, src, n);
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream hStream) {
+  (void)hStream;
+  return cuMemsetD8(dst, uc, n);
+}
 CUresult cuStreamCreate(CUstream* phStream, unsigned int flags) {
   (void)flags;
   *phStream = (CUstream)&stream_token;

@@ -1004,6 +1004,8 @@ def test_c_launcher_example_builds_and_checks_its_result(toolchain, real_export,
                          capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "max abs error" in run.stdout and "FAIL" in run.stdout
+    # The stub runs no kernel: every checked element (16 rows x 256) is still the NaN poison.
+    assert "4096 mismatches (4096 unwritten)" in run.stdout, run.stdout
     run = subprocess.run([str(exe), str(real_export)], capture_output=True, text=True,
                          env={**env, "CUTEGEN_STUB_NO_DEVICE": "1"}, timeout=60)
     assert run.returncode == 2 and "cuInit" in run.stderr
