@@ -240,6 +240,7 @@ def test_grouped_and_wgrad_tables(full):
     assert wgrad[0]["vs DeepGEMM †"] == f"{_gemm_tflops(7168, 2112, 4096, 150.0) / 952:.3f}"
     k_grouped = table(text, "`k_grouped_fp8_gemm_nt_contiguous`)")
     # TFLOPS over the real tokens: 2 · M · N · Σ k_g.
+    assert k_grouped[0]["G, M, N, mean k"] == "4, 7168, 4096, 4096"
     assert k_grouped[0]["cutegen TFLOPS"] == f"{_gemm_tflops(7168, 4096, 16100, 1300.0):.0f}"
     assert k_grouped[0]["vs DeepGEMM †"] == f"{_gemm_tflops(7168, 4096, 16100, 1300.0) / 967:.3f}"
 
@@ -584,8 +585,8 @@ def test_deepgemm_in_run_columns_agreement_and_method(tmp_path, monkeypatch):
 
 
 def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
-    """The contiguous grouped and weight-gradient sections carry DeepGEMM's kernels timed in the
-    run like fp8_gemm_nt does: their columns, how the outputs compared (one line of text even
+    """The contiguous grouped, weight-gradient and k-grouped sections carry DeepGEMM's kernels timed
+    in the run like fp8_gemm_nt does: their columns, how the outputs compared (one line of text even
     where plot labels break lines) and which kernels the Method line names."""
     from cutegen.gen import bench
 
@@ -595,7 +596,11 @@ def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
         r.update(deepgemm_run((r["groups"] * r["rows_per_group"], r["n"], r["k"]), us, True, 0.0, "128x192 c2x1 s4"))
     wgrad = [{"shape": [7168, 2112, 4096], "ours_us": 150.0, "ours_tflops": _gemm_tflops(7168, 2112, 4096, 150.0),
               "deepgemm_tflops": 952, **deepgemm_run((7168, 2112, 4096), 160.0, False, 2e-16, "128x152 c2x1 s4")}]
-    text = report_with_deepgemm_in_run(tmp_path, m_grouped_fp8_gemm_nt_contiguous=contiguous, fp8_wgrad_gemm_nt=wgrad)
+    # k-grouped: the FLOPs count the real tokens (16100 over 4 groups); DeepGEMM's kernel is timed too.
+    k_grouped = [{"shape": [4, 7168, 4096, 4096], "group_sizes": [4000, 4100, 3000, 5000], "ours_us": 1300.0,
+                  "deepgemm_tflops": 967, **deepgemm_run((7168, 4096, 16100), 1350.0, True, 0.0, "128x152 c2x1 s4")}]
+    text = report_with_deepgemm_in_run(tmp_path, m_grouped_fp8_gemm_nt_contiguous=contiguous, fp8_wgrad_gemm_nt=wgrad,
+                                       k_grouped_fp8_gemm_nt_contiguous=k_grouped)
     got = table(text, "## M-grouped FP8 GEMM, contiguous")
     assert [r["DeepGEMM in this run µs"] for r in got] == ["900.0", "520.0"]
     assert [r["vs DeepGEMM in this run"] for r in got] == ["0.900", "1.040"]
@@ -604,8 +609,14 @@ def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
     got = table(text, "## FP8 weight-gradient GEMM")
     assert [r["vs DeepGEMM in this run"] for r in got] == ["1.067"]
     assert "compared with cutegen's on 1 shape; calc_diff at most 2.0e-16" in text
+    got = table(text, "## k-grouped FP8 weight-gradient GEMM")
+    assert [r["DeepGEMM in this run µs"] for r in got] == ["1350.0"]
+    assert [r["vs DeepGEMM in this run"] for r in got] == ["1.038"]
+    summary = text.split("## Summary")[1].split("## Method")[0]
+    assert "1.038x DeepGEMM in this run" in summary.split("`k_grouped_fp8_gemm_nt_contiguous`")[1].splitlines()[0]
     method = text.split("## Method")[1].split("\n## ")[0]
     assert "over the contiguous layout for `m_grouped_fp8_gemm_nt_contiguous`" in method
+    assert "for `k_grouped_fp8_gemm_nt_contiguous`" in method
     assert "1D1D kernel (fp32 D accumulated) for `fp8_wgrad_gemm_nt`" in method
     assert "for `fp8_gemm_nt`" not in method  # no dense rows carried it in this run
 

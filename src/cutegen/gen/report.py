@@ -380,6 +380,7 @@ def wgrad_points(entry: Any) -> list[GemmPoint]:
 def k_grouped_points(entry: Any) -> list[GemmPoint]:
     """k-grouped weight-gradient rows: shape [G, M, N, mean k] and the drawn group sizes; FLOPs and
     bytes over the real tokens (each group's D[g] read and written in fp32)."""
+    in_run = _carries_in_run(entry)
     points = []
     for r in _rows(entry):
         shape = r.get("shape")
@@ -391,7 +392,8 @@ def k_grouped_points(entry: Any) -> list[GemmPoint]:
         nbytes = (m + n) * tokens + 4 * (m + n) * _cdiv(tokens, 128) + 8 * g * m * n if tokens else None
         label = [", ".join(map(str, shape)) if ok else NA]
         plot_label = "G{}x{}x{} k{}".format(*shape) if ok else NA
-        points.append(_point(r, label, plot_label, flops, nbytes, _deepgemm_only(r)(flops)))
+        anchors = _deepgemm_only(r)(flops) + _in_run_anchor(r, in_run, flops)
+        points.append(_point(r, label, plot_label, flops, nbytes, anchors, extra=_in_run_extra(r)))
     return points
 
 
@@ -501,7 +503,8 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
             if a.name not in [n.name for n in names]:
                 names.append(a)
     show_us = {a.name: any(x.us is not None for p in pts for x in p.anchors if x.name == a.name) for a in names}
-    first = ["groups x rows", "N, K"] if sec.op.startswith("m_grouped") else ["M, N, K"]
+    first = (["groups x rows", "N, K"] if sec.op.startswith("m_grouped")
+             else ["G, M, N, mean k"] if sec.op == "k_grouped_fp8_gemm_nt_contiguous" else ["M, N, K"])
     has_kernel = any(p.kernel for p in pts)
     header = [*first, *(["kernel"] if has_kernel else []), "cutegen µs", "cutegen TFLOPS", "AI (FLOP/B)", "bound",
               "% of roofline"]
