@@ -507,6 +507,14 @@ def test_report_method_names_the_timer():
     deepgemm = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel",
                                          conditions="deepgemm"))
     assert "means over 30 calls" in deepgemm and "8 GB memset" in deepgemm and "--conditions deepgemm" in deepgemm
+    # Every named condition is stated in the words the benchmark and the CLI use for it.
+    from cutegen.gen.conditions import CONDITIONS
+
+    for name, cond in CONDITIONS.items():
+        method = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel", conditions=name))
+        assert f"Times are {cond.description} (`cutegen bench --conditions {name}`" in method
+    unknown = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, conditions="later"))
+    assert "conditions named 'later'" in unknown
 
 
 def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 # The op lists only (both modules import torch lazily, inside their functions).
-from cutegen.gen.bench import CONDITIONS
 from cutegen.gen.bench import OPS as BENCH_OPS
+from cutegen.gen.conditions import CONDITIONS
 from cutegen.gen.deepgemm_anchor import DeepGemmKernel
 from cutegen.gen.tune import TUNABLE_OPS
 from cutegen.runtime.manifest import KernelManifest, ManifestError
@@ -760,7 +760,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _conditions_help() -> str:
-    """`--conditions`: each choice with the description `cutegen.gen.bench.CONDITIONS` gives it."""
+    """`--conditions`: each choice with the description `cutegen.gen.conditions.CONDITIONS` gives it."""
     return "what runs between the timed calls. " + "; ".join(
         f"{name}{' (default)' if name == 'cutegen' else ''}: {c.description}" for name, c in CONDITIONS.items()
     )

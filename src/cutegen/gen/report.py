@@ -42,6 +42,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from cutegen.gen.conditions import CONDITIONS
 from cutegen.gen.deepgemm_anchor import IN_RUN_LABEL as DEEPGEMM_IN_RUN
 
 FP8_PEAK_TFLOPS = 1979.0
@@ -708,6 +709,15 @@ def _header(env: dict, command: str | None, source: str | None, generated_by: st
     ]
 
 
+def _conditions_text(name: str) -> str:
+    """What ran between the timed calls, as `cutegen.gen.conditions.CONDITIONS` describes it."""
+    known = CONDITIONS.get(name)
+    if known is None:
+        return f"taken under the conditions named {name!r} (`cutegen bench --conditions`)"
+    measured_dagger = "; the † numbers were measured under them" if name == "deepgemm" else ""
+    return f"{known.description} (`cutegen bench --conditions {name}`{measured_dagger})"
+
+
 def _method(
     sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event",
     fresh_allocations: bool = False, deepgemm_in_run: str | None = None, conditions: str = "cutegen",
@@ -725,14 +735,7 @@ def _method(
     lines = [
         "## Method",
         "",
-        (
-            f"Times are medians over calls run alone with the L2 flushed before each (`cutegen bench`), timed by {how}; "
-            if conditions != "deepgemm"
-            else "Times are means over 30 calls after 30 untimed ones, each call after an 8 GB memset "
-            "(`cutegen bench --conditions deepgemm`: the conditions of DeepGEMM's own benchmark, under which the "
-            "† numbers were measured; the memset flushes the L2 and gives the power-limited GPU ~2.5 ms to "
-            f"recover before each call), timed by {how}; "
-        )
+        f"Times are {_conditions_text(conditions)}, timed by {how}; "
         + "the anchors ran in the same process and were timed the same way, so the ratios are what to compare "
         "(absolute times drift)."
         + (" Each GEMM shape's operands are fresh allocations (torch's allocator cache is emptied before the "
