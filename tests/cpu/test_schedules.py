@@ -151,6 +151,11 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128, tile_n=176), "tile_n"),
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=64), "tile_k"),
     ],
+    # A 256-row tile (two 128-row expert segments) would compute both halves with one expert's B.
+    "contiguous_tile_within_one_expert": [
+        (bad(op=Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32,
+             tile_k=128, tile_m=256), "tile_m"),
+    ],
     # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
     "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
     "whole_tile_epilogue_16bit_output": [

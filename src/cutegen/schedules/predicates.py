@@ -93,6 +93,9 @@ ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
 SWIZZLE_ROW_BYTES = 128
 # TMA: the inner box extent and global strides must be multiples of 16 bytes.
 TMA_ALIGN_BYTES = 16
+# Rows each expert's segment of the contiguous layout is aligned to (the runtime's
+# `grouped_ops.contiguous_alignment()`, DeepGEMM's M block).
+CONTIGUOUS_SEGMENT_ROWS = 128
 # Cluster extents the templates support.
 CLUSTER_EXTENTS = (1, 2)
 # A 2x2 cluster compiles and runs correctly, but only 30 four-CTA clusters fit on an H200 (120 of
@@ -516,7 +519,20 @@ def contiguous_single_cta_mma(s: Schedule) -> str | None:
         return None
     return (
         f"cluster_m={s.cluster_m}: a CTA pair's 256-row MMA may cover two experts of the "
-        f"contiguous layout (segments are aligned to 128 rows); use cluster 1x1"
+        f"contiguous layout (segments are aligned to {CONTIGUOUS_SEGMENT_ROWS} rows); use cluster 1x1"
+    )
+
+
+@_rule(archs=_SM90, ops=frozenset({Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS}))
+def contiguous_tile_within_one_expert(s: Schedule) -> str | None:
+    """The contiguous layout aligns experts to 128 rows and the Hopper template computes all of a
+    tile's rows with the B of its first row's expert, so a tile has at most 128 rows."""
+    if s.tile_m <= CONTIGUOUS_SEGMENT_ROWS:
+        return None
+    return (
+        f"tile_m={s.tile_m}: a tile may cover two experts of the contiguous layout (segments are "
+        f"aligned to {CONTIGUOUS_SEGMENT_ROWS} rows) and is computed with one expert's B; use tile_m "
+        f"<= {CONTIGUOUS_SEGMENT_ROWS}"
     )
 
 
