@@ -680,11 +680,16 @@ def k_grouped_sizes(groups: int, mean: int, seed: int = 0) -> list[int]:
     return [int(mean * rng.uniform(0.7, 1.3)) for _ in range(groups)]
 
 
+def _token_span(k: int) -> int:
+    """Tokens a k-grouped group of k tokens occupies in the operands: whole 128-token scale blocks."""
+    return ceil_div(k, SCALE_BLOCK) * SCALE_BLOCK
+
+
 def k_grouped_expected_k(groups: int, mean: int) -> int:
     """The K DeepGEMM's heuristic plans a k-grouped benchmark problem for: its largest group, in
     whole 128-token blocks (the configuration `cutegen deepgemm-build` compiles and the bench
     looks up)."""
-    return max(-(-k // 128) * 128 for k in k_grouped_sizes(groups, mean))
+    return max(_token_span(k) for k in k_grouped_sizes(groups, mean))
 
 
 def _zero_token_padding(flat, rows: int, sizes: list[int]):
@@ -695,7 +700,7 @@ def _zero_token_padding(flat, rows: int, sizes: list[int]):
     data = flat.view(torch.uint8)  # e4m3's zero is the byte 0; byte views fill on any torch
     start = 0
     for k in sizes:
-        span = -(-k // 128) * 128
+        span = _token_span(k)
         data[start:start + rows * span].view(rows, span)[:, k:] = 0
         start += rows * span
     return flat

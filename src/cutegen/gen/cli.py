@@ -880,7 +880,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "benchmark timed its numbers (default); event: CUDA events around each call")
     bn.add_argument("--conditions", choices=tuple(CONDITIONS), default="cutegen", help=_conditions_help())
     bn.add_argument("--deepgemm", metavar="DIR",
-                    help="fp8_gemm_nt, m_grouped_fp8_gemm_nt_contiguous and fp8_wgrad_gemm_nt: also time "
+                    help=", ".join(k.op for k in DeepGemmKernel) + ": also time "
                          "DeepGEMM's own kernels from a `deepgemm-build` folder beside cutegen's, same operands, "
                          "checked against cutegen's output first")
     bn.set_defaults(func=cmd_bench)
