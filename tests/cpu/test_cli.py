@@ -121,6 +121,28 @@ def test_list_all_shows_invalid(capsys, with_invalid):
     assert rc == 0 and "tile_m_wgmma" in out
 
 
+def test_list_hardware_is_per_schedule_point(capsys, tmp_path):
+    """Only the shipped catalogue's points carry their architecture's hardware evidence: a point
+    that only a user's schedule file names, or that the rules refuse, has run nowhere."""
+    extra = tmp_path / "mine.toml"
+    extra.write_text(bf16_family(
+        "mine",
+        sweep="tile = [ {tile_m = 128, tile_n = 48, math_warpgroups = 2},\n"
+        "         {tile_m = 96, tile_n = 128, math_warpgroups = 2} ]",
+        base_extra=ONE_CTA_CLUSTER,
+    ))
+    rc, out, err = run(capsys, "list", "--all", "--json", "--op", "bf16_gemm_nt", "--schedules", str(extra))
+    assert rc == 0, err
+    data = json.loads(out)
+    by_name = {d["name"]: d for d in data}
+    assert all(by_name[n]["hardware"] == "ran on H200" for n in NAMES)
+    mine = [d for d in data if d["source"] == str(extra)]
+    assert {d["hardware"] for d in mine if d["valid"]} == {"none (not in catalogue)"}
+    assert {d["hardware"] for d in mine if not d["valid"]} == {"none (invalid)"}
+    rc, out, _ = run(capsys, "list", "--schedules", str(extra), "128x48x64")
+    assert rc == 0 and "none (not in catalogue)" in out and "ran on H200" not in out
+
+
 # ---- show --------------------------------------------------------------------------------------
 
 

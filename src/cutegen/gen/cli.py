@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+import functools
 import json
 import os
 import shutil
@@ -172,6 +173,23 @@ def _safe_derived(s: Schedule) -> dict[str, Any] | None:
         return None
 
 
+@functools.cache
+def _catalogue_names() -> frozenset[str]:
+    """Names of the shipped catalogue's valid schedule points (those the GPU tier and benchmark run)."""
+    return frozenset(e.name for e in all_expanded() if e.valid and e.name)
+
+
+def _hardware(e: Expanded) -> str:
+    """What hardware has run this schedule point. Only the shipped catalogue's points carry their
+    architecture's evidence ("ran on H200" / "compiled only"); a point only a user's schedule file
+    names, or one the rules refuse, has run nowhere."""
+    if not e.valid or e.schedule is None:
+        return "none (invalid)"
+    if e.name not in _catalogue_names():
+        return "none (not in catalogue)"
+    return e.schedule.arch.hardware_evidence
+
+
 def _entry_json(e: Expanded) -> dict[str, Any]:
     s = e.schedule
     return {
@@ -183,7 +201,7 @@ def _entry_json(e: Expanded) -> dict[str, Any]:
         "violations": [{"name": v.name, "reason": v.reason} for v in e.violations],
         "schedule": s.to_dict() if s is not None else None,
         "derived": _safe_derived(s) if s is not None else None,
-        "hardware": s.arch.hardware_evidence if s is not None else None,
+        "hardware": _hardware(e),
     }
 
 
@@ -237,7 +255,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 str(s.stages),
                 str(s.math_warpgroups),
                 smem,
-                s.arch.hardware_evidence,
+                _hardware(e),
                 _status(e),
             ]
         )
@@ -361,7 +379,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         lines.append(f"  family       {e.family}  ({e.source})" if not note else f"  family       - ({note})")
         n_fail = sum(r.status == "fail" for r in results)
         lines.append(f"  status       {'valid' if not n_fail else f'INVALID ({n_fail} rule(s) broken)'}")
-        lines.append(f"  hardware     {s.arch.hardware_evidence}")
+        lines.append(f"  hardware     {_hardware(e)}")
         lines.append("schedule")
         for k, v in s.to_dict().items():
             extra = "  (auto)" if k == "stages" and e.stages_auto else ""
