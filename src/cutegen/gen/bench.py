@@ -34,8 +34,8 @@ from typing import Callable
 
 from cutegen.gen.conditions import CONDITIONS, Conditions
 from cutegen.gen.deepgemm_anchor import CONTIGUOUS_ALIGNMENT, IN_RUN_LABEL, short_config
-from cutegen.gen.report import GEMM_OPS, short_kernel
-from cutegen.runtime.params import SCALE_BLOCK, ceil_div
+from cutegen.gen.report import GEMM_OPS, shape_columns, short_kernel
+from cutegen.runtime.params import SCALE_BLOCK, align, ceil_div
 
 BF16_SHAPES = [
     (4096, 4096, 4096),
@@ -682,7 +682,7 @@ def k_grouped_sizes(groups: int, mean: int, seed: int = 0) -> list[int]:
 
 def _token_span(k: int) -> int:
     """Tokens a k-grouped group of k tokens occupies in the operands: whole 128-token scale blocks."""
-    return ceil_div(k, SCALE_BLOCK) * SCALE_BLOCK
+    return align(k, SCALE_BLOCK)
 
 
 def k_grouped_expected_k(groups: int, mean: int) -> int:
@@ -720,7 +720,7 @@ def bench_k_grouped(deepgemm=None) -> list[dict]:
     for (groups, m, n, mean), anchor in DEEPGEMM_K_GROUPED.items():
         fresh_allocations()
         sizes = k_grouped_sizes(groups, mean)
-        blocks = sum(-(-k // 128) for k in sizes)
+        blocks = sum(_token_span(k) for k in sizes) // SCALE_BLOCK
         a = _zero_token_padding(torch.randn(128 * m * blocks, device="cuda").to(torch.float8_e4m3fn), m, sizes)
         b = _zero_token_padding(torch.randn(128 * n * blocks, device="cuda").to(torch.float8_e4m3fn), n, sizes)
         sfa = torch.rand(blocks, m, device="cuda") + 0.5
@@ -870,14 +870,13 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         rows = bench_grouped_masked()
         print(render_grouped(rows, env, "m_grouped_fp8_gemm_nt_masked"))
         results["m_grouped_fp8_gemm_nt_masked"] = rows
-    for op, bench_op, title, shape_header in (
-        ("fp8_wgrad_gemm_nt", lambda: bench_wgrad(deepgemm=deepgemm), "fp32 D += A·Bᵀ", "M, N, K"),
-        ("k_grouped_fp8_gemm_nt_contiguous", lambda: bench_k_grouped(deepgemm=deepgemm), "fp32 D[g] += A_g·B_gᵀ",
-         "G, M, N, mean k"),
+    for op, bench_op, title in (
+        ("fp8_wgrad_gemm_nt", lambda: bench_wgrad(deepgemm=deepgemm), "fp32 D += A·Bᵀ"),
+        ("k_grouped_fp8_gemm_nt_contiguous", lambda: bench_k_grouped(deepgemm=deepgemm), "fp32 D[g] += A_g·B_gᵀ"),
     ):
         if op in ops and op in available:
             rows = bench_op()
-            print(render_vs_deepgemm(rows, f"{op} ({title})", shape_header))
+            print(render_vs_deepgemm(rows, f"{op} ({title})", ", ".join(shape_columns(op))))
             results[op] = rows
     if "quantize" in ops:
         try:

@@ -495,6 +495,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+def shape_columns(op: str) -> list[str]:
+    """The columns naming a problem in an op's tables (the report's and `cutegen bench`'s)."""
+    if op.startswith("m_grouped"):
+        return ["groups x rows", "N, K"]
+    return ["G, M, N, mean k"] if op == "k_grouped_fp8_gemm_nt_contiguous" else ["M, N, K"]
+
+
 def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
     """The op's table and its geometric means (per anchor, of % of roofline)."""
     pts, roof = sec.points, sec.roof
@@ -504,8 +511,7 @@ def _gemm_table(sec: Section) -> tuple[list[str], dict[str, Any]]:
             if a.name not in [n.name for n in names]:
                 names.append(a)
     show_us = {a.name: any(x.us is not None for p in pts for x in p.anchors if x.name == a.name) for a in names}
-    first = (["groups x rows", "N, K"] if sec.op.startswith("m_grouped")
-             else ["G, M, N, mean k"] if sec.op == "k_grouped_fp8_gemm_nt_contiguous" else ["M, N, K"])
+    first = shape_columns(sec.op)
     has_kernel = any(p.kernel for p in pts)
     header = [*first, *(["kernel"] if has_kernel else []), "cutegen µs", "cutegen TFLOPS", "AI (FLOP/B)", "bound",
               "% of roofline"]
