@@ -226,6 +226,11 @@ THREADS_PER_WARPGROUP = 128
 SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
+# The epilogue ring of column-wave tiles (`Schedule.column_waves`): two sub-tile buffers leave
+# room for a fourth operand stage of 128x256 (4 x 48.5 KB). On an H200 (docs/perf/NOTES.md,
+# 2026-12-03) that kernel ran 1.00-1.07x the shipped 128x192 one on the contiguous problems at
+# K 7168, where three stages and the whole tile staged ran 0.99-1.04x.
+COLUMN_WAVE_EPILOGUE_STAGES = 2
 # Accumulator registers (promoted sum + the ring of WGMMA accumulators) up to which a single-wave
 # block-scaled tile keeps more than one WGMMA accumulator: 128x128 with two math warpgroups
 # (64 + 2 x 64) fits under consumer_regs=232 without local memory.
@@ -268,6 +273,8 @@ PER_TOKEN_WARP_COLS = 512
 PER_TOKEN_TILE_COLS = (512, 1024)
 # Block-scaled ops: one scale per 128 elements along K (and per 128 rows of B).
 SCALE_BLOCK = 128
+# Width of a column wave of a block-scaled Hopper tile (`Schedule.column_waves`): one SFB block.
+COLUMN_WAVE_WIDTH = SCALE_BLOCK
 # A tail split (`Op.splits_last_wave`) shares the last wave's K blocks only where it pays: that
 # wave is at most TAIL_SPLIT_MAX_FILL full, and each cluster is spared at least
 # TAIL_SPLIT_MIN_SAVED_BLOCKS of the K blocks a whole tile would have cost it (a piece costs a
@@ -445,13 +452,16 @@ class Schedule:
     @property
     def epilogue_stages(self) -> int:
         """Sub-tile buffers of the epilogue in shared memory: every sub-tile of the tile when
-        `epilogue_whole_tile`, else a ring of EPILOGUE_STAGES, or F32_EPILOGUE_STAGES for fp32
-        outputs (weight gradients), whose tiles need the room for operand stages;
-        SM100_EPILOGUE_STAGES for Blackwell's 128-row sub-tiles."""
+        `epilogue_whole_tile`, else a ring of EPILOGUE_STAGES (COLUMN_WAVE_EPILOGUE_STAGES for
+        column-wave tiles), or F32_EPILOGUE_STAGES for fp32 outputs (weight gradients), whose
+        tiles need the room for operand stages; SM100_EPILOGUE_STAGES for Blackwell's 128-row
+        sub-tiles."""
         if self.arch == Arch.SM100A:
             return SM100_EPILOGUE_STAGES
         if self.epilogue_whole_tile:
             return self.epilogue_subtiles
+        if self.column_waves > 1:
+            return COLUMN_WAVE_EPILOGUE_STAGES
         return F32_EPILOGUE_STAGES if self.c_dtype == DType.F32 else EPILOGUE_STAGES
 
     @property
@@ -501,7 +511,7 @@ class Schedule:
         if self.arch == Arch.SM100A:
             return self.tile_n // max(1, self.math_warpgroups) + SM100_EPILOGUE_COLUMNS
         if self.block_scaled_gemm:
-            per_wave = self.accumulators_per_thread // self.waves
+            per_wave = self.accumulators_per_thread // self.all_waves
             return self.accumulators_per_thread + per_wave * self.wgmma_accumulators
         return self.accumulators_per_thread
 
@@ -512,7 +522,7 @@ class Schedule:
         the most whose promoted sum and accumulators (and per-row SFB) fit in
         DOUBLE_ACCUMULATOR_REGISTERS, up to MAX_WGMMA_ACCUMULATORS for the smallest tiles and
         two for the others; else one."""
-        if not self.block_scaled_gemm or self.waves != 1 or self.arch == Arch.SM100A:
+        if not self.block_scaled_gemm or self.all_waves != 1 or self.arch == Arch.SM100A:
             return 1
         per_thread = self.accumulators_per_thread
         # The promotion of per-row SFB also holds one scale per column of the thread: half its
@@ -589,6 +599,28 @@ class Schedule:
         if not self.block_scaled_gemm or self.arch == Arch.SM100A:
             return 1
         return max(1, self.tile_m // (64 * self.math_warpgroups))
+
+    @property
+    def column_waves(self) -> int:
+        """Column blocks of COLUMN_WAVE_WIDTH that a single-row-wave block-scaled Hopper tile is
+        computed in, one after the other through a single WGMMA accumulator of that width: a
+        256-wide tile takes two, since its promoted sum and a whole-width accumulator (2 x 128
+        registers per math thread at 128x256) would not fit under consumer_regs, while the sum
+        and one wave's accumulator (128 + 64) do. Each wave's WGMMAs read the stage's A again
+        (the row waves of 256x128 tiles read B again), and each wave lies in one SFB block. Not
+        for per-row SFB (weight gradients), whose column scales would not fit beside them."""
+        if not self.block_scaled_gemm or self.arch == Arch.SM100A or self.waves != 1:
+            return 1
+        if self.op.scales_b_per_row:
+            return 1
+        if self.tile_n > COLUMN_WAVE_WIDTH and self.tile_n % COLUMN_WAVE_WIDTH == 0:
+            return self.tile_n // COLUMN_WAVE_WIDTH
+        return 1
+
+    @property
+    def all_waves(self) -> int:
+        """Waves of a block-scaled tile, row and column waves together."""
+        return self.waves * self.column_waves
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -187,7 +187,9 @@ class HopperGemmKernel(TileOrder):
     loop is compiled once per column where the second block can begin, so that each accumulator
     chunk's scale is fixed at compile time), or, for the weight gradient, staged per row of B by
     TMA like SFA. The tile's rows are computed in `waves` of 64 rows per math warpgroup
-    (tile_m=256 with two warpgroups: two waves). Per K
+    (tile_m=256 with two warpgroups: two waves), or a 256-wide tile's columns in two waves of 128
+    (`Schedule.column_waves`: each wave's WGMMAs take its half of B and the same A, and its
+    promotion its own SFB block). Per K
     block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
     (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
     them and promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it
@@ -344,7 +346,11 @@ class HopperGemmKernel(TileOrder):
         self.sfb_boundaries = sfb_boundaries(s.tile_n)
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
         # wave's WGMMAs into one accumulator that is promoted before the next wave.
-        self.waves = s.waves
+        # 256-wide tiles are computed in column waves of 128 instead (`Schedule.column_waves`):
+        # `waves` counts every wave of the tile, `row_waves` the row blocks alone.
+        self.row_waves = s.waves
+        self.column_waves = s.column_waves
+        self.waves = s.all_waves
         # Single-wave tiles may cycle through a ring of WGMMA accumulators: block kb+D-1's WGMMAs
         # are issued before block kb is promoted, so D-1 blocks are always in flight.
         self.wgmma_accumulators = s.wgmma_accumulators
@@ -399,8 +405,9 @@ class HopperGemmKernel(TileOrder):
         return a_staged, a_tail_staged, b_staged, epi_staged
 
     def _make_tiled_mma(self, atom_layout_mnk=None):
-        """The kernel's tiled WGMMA (its math warpgroups stacked along M), or one over
-        `atom_layout_mnk` warpgroups (the per-warpgroup epilogue's copy takes one)."""
+        """The kernel's tiled WGMMA (its math warpgroups stacked along M; its atom as wide as
+        the tile, or as one column wave), or one over `atom_layout_mnk` warpgroups (the
+        per-warpgroup epilogue's copy takes one)."""
         return sm90_utils.make_trivial_tiled_mma(
             self.a_dtype,
             self.b_dtype,
@@ -408,7 +415,7 @@ class HopperGemmKernel(TileOrder):
             OperandMajorMode.K,
             self.acc_dtype,
             atom_layout_mnk or self.atom_layout_mnk,
-            tiler_mn=(64, self.tile_shape_mnk[1]),
+            tiler_mn=(64, self.tile_shape_mnk[1] // self.column_waves),
         )
 
     def _staged_subtiles(self, epi_tile_num, epi_tile_layout, wg_offset):
@@ -420,7 +427,7 @@ class HopperGemmKernel(TileOrder):
             return [(i, i, epi_tile_layout.get_hier_coord(i)) for i in range(epi_tile_num)]
         cols = self.tile_shape_mnk[1] // self.epi_tile[1]
         subtiles = []
-        for i in range(self.waves * cols):
+        for i in range(self.row_waves * cols):
             row_block = (i // cols) * self.num_mma_warpgroups + wg_offset
             subtiles.append((i, row_block * cols + i % cols, (row_block, i % cols)))
         return subtiles
@@ -1181,23 +1188,33 @@ class HopperGemmKernel(TileOrder):
         lane = cute.arch.lane_idx()
         return self._row_sfb(rows, cutlass.max(cutlass.min(first + lane, k_tile_cnt - 1), 0))
 
+    def _wave_rc(self, wave: int) -> tuple[int, int]:
+        """(row block, column block) of wave `wave` in a math warpgroup's accumulator fragment."""
+        if self.column_waves > 1:
+            return 0, wave
+        return wave, 0
+
     @cute.jit
     def _issue_wave(
         self, tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave: int, stage_ready=None
     ):
-        """Issue the WGMMAs of one wave (this warpgroup's 64 rows of row block `wave`) of the
-        stage of `mma_state` into `acc` (from zero) as one commit group. The first wave waits
-        for the stage (unless `stage_ready`, a try-wait's result, says it has arrived); the last
-        advances the state, which is returned."""
+        """Issue the WGMMAs of one wave (this warpgroup's 64 rows of row block `wave`, or its
+        rows' column block `wave` with column waves) of the stage of `mma_state` into `acc`
+        (from zero) as one commit group. The first wave waits for the stage (unless
+        `stage_ready`, a try-wait's result, says it has arrived); the last advances the state,
+        which is returned."""
         if cutlass.const_expr(wave == 0):
             pipe.consumer_wait(mma_state, stage_ready)
         warpgroup.fence()
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        row, col = self._wave_rc(wave)
         for kb in cutlass.range_constexpr(num_k_blocks):
-            # (V, 1) x (V, N) -> (V, 1, N): this wave's rows only; the WGMMA atom spans the
-            # tile's N, so N is 1.
-            a_frag = cute.append_ones(tCrA[(None, wave, kb, mma_state.index)], 2)
+            # (V, 1) x (V, 1) -> (V, 1, 1): this wave's rows (A's row block `row`) and columns.
+            # The WGMMA atom spans the tile's N, or one column wave's (B's column block `col`).
+            a_frag = cute.append_ones(tCrA[(None, row, kb, mma_state.index)], 2)
             b_frag = tCrB[(None, None, kb, mma_state.index)]
+            if cutlass.const_expr(self.column_waves > 1):
+                b_frag = cute.append_ones(tCrB[(None, col, kb, mma_state.index)], 2)
             cute.gemm(tiled_mma, acc, a_frag, b_frag, acc)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
@@ -1229,7 +1246,7 @@ class HopperGemmKernel(TileOrder):
         loads). A thread's elements cover two rows, so the loads and products are per row, not
         per element (the compiler merges the repeats). `sfa_rows`: the two rows' SFA, already
         read (the accumulator ring reads them when it issues the block)."""
-        coords = tCcC[(None, wave, 0)]
+        coords = tCcC[(None, *self._wave_rc(wave))]
         p0 = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
         p1 = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
         for i in cutlass.range_constexpr(cute.size(coords)):
@@ -1252,7 +1269,7 @@ class HopperGemmKernel(TileOrder):
     def _stage_sfb_columns(self, tCcC, sSFB, state, wave: int):
         """This thread's per-column SFB of wave `wave`, read from the stage of `state` (one per
         accumulator element; elements of one column share their load)."""
-        coords = tCcC[(None, wave, 0)]
+        coords = tCcC[(None, *self._wave_rc(wave))]
         sfb_col = cute.make_rmem_tensor(cute.size(coords), cutlass.Float32)
         for i in cutlass.range_constexpr(cute.size(coords)):
             sfb_col[i] = sSFB[(coords[i][1], 0, state.index)]
@@ -1268,8 +1285,10 @@ class HopperGemmKernel(TileOrder):
         the caller read it earlier, else read from the stage here); after the last wave the stage
         is handed back to the producer and the state advanced, unless the caller has done so
         (`released`). Returns the state."""
-        promoted_w = promoted[(None, wave, 0)]
-        coords = tCcC[(None, wave, 0)]
+        promoted_w = promoted[(None, *self._wave_rc(wave))]
+        # A column wave's elements start at its first column of the tile.
+        wave_col0 = self._wave_rc(wave)[1] * (self.tile_shape_mnk[1] // self.column_waves)
+        coords = tCcC[(None, *self._wave_rc(wave))]
         if cutlass.const_expr(self.sfb_per_row and sfb_col is None):
             # One scale per column (row of B); identical columns share one load. Read after the
             # wait: two-wave tiles have no room to hold a thread's 32 column scales across it.
@@ -1288,7 +1307,7 @@ class HopperGemmKernel(TileOrder):
             if cutlass.const_expr(self.sfb_per_row):
                 scale = p0[i] * sfb_col[i]
             elif cutlass.const_expr(not self.single_sfb_block):
-                scale = p0[i] if cutlass.const_expr(8 * (i // 4) < boundary) else p1[i]
+                scale = p0[i] if cutlass.const_expr(wave_col0 + 8 * (i // 4) < boundary) else p1[i]
             promoted_w[i] = promoted_w[i] + acc[i] * scale
         return read_state
 
