@@ -717,6 +717,7 @@ def test_static_stage_rounds_where_they_were_measured_faster():
     expected = {
         ("fp8_gemm_nt", "sm_90a", 128, 192), ("fp8_gemm_nt", "sm_90a", 256, 128),
         ("m_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 192),
+        ("m_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 256),
         ("m_grouped_fp8_gemm_nt_masked", "sm_90a", 256, 128),
         ("fp8_wgrad_gemm_nt", "sm_90a", 128, 112), ("fp8_wgrad_gemm_nt", "sm_90a", 128, 128),
         ("fp8_wgrad_gemm_nt", "sm_90a", 128, 160), ("fp8_wgrad_gemm_nt", "sm_90a", 256, 128),
@@ -726,6 +727,46 @@ def test_static_stage_rounds_where_they_were_measured_faster():
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 256, 128),
     }
     assert rounds == expected
+
+
+def test_256_wide_block_scaled_tiles_run_in_column_waves():
+    """A 256-wide block-scaled Hopper tile is computed in two column waves of 128 (its promoted
+    sum and one wave's accumulator fit where a whole-width accumulator would not), with a ring of
+    two epilogue sub-tiles so that four operand stages fit; the contiguous catalogue has one, in a
+    2x1 cluster. Row-wave (256-row) tiles, narrower tiles, weight gradients (per-row SFB),
+    unscaled tiles and sm_100a keep one column wave, and a weight-gradient 128x256 tile is still
+    refused for its registers."""
+    from cutegen.schedules.spec import COLUMN_WAVE_EPILOGUE_STAGES, SM90_SMEM_OPT_IN_BYTES
+
+    wide = [s for s in default_schedules(arch="sm_90a") if s.column_waves > 1]
+    assert {(s.op.value, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in wide} == {
+        ("m_grouped_fp8_gemm_nt_contiguous", 128, 256, 2, 1)
+    }
+    (s,) = wide
+    assert s.column_waves == 2 and s.waves == 1 and s.all_waves == 2
+    assert s.wgmma_accumulators == 1
+    assert s.accumulator_registers == 128 + 64 <= s.consumer_regs - preds.REGISTER_HEADROOM
+    assert s.stages == 4 and not s.epilogue_whole_tile
+    assert s.epilogue_stages == COLUMN_WAVE_EPILOGUE_STAGES
+    assert s.smem_bytes <= SM90_SMEM_OPT_IN_BYTES
+    assert not violations(s)
+    # Three stages leave room for the whole output tile, which the epilogue then stages.
+    three = dataclasses.replace(s, stages=3)
+    assert three.epilogue_whole_tile and not violations(three)
+    dense = dataclasses.replace(s, op=Op.FP8_GEMM_NT)
+    assert dense.column_waves == 2 and not violations(dense)
+    for other in (
+        next(x for x in default_schedules(arch="sm_90a", op="fp8_gemm_nt") if x.tile_m == 256),
+        next(x for x in default_schedules(arch="sm_90a", op="fp8_gemm_nt") if x.tile_n == 192),
+        next(x for x in default_schedules(arch="sm_90a", op="bf16_gemm_nt") if x.tile_n == 256),
+        next(x for x in default_schedules(arch="sm_100a") if x.tile_n == 128),
+    ):
+        assert other.column_waves == 1 and other.all_waves == other.waves
+    wgrad = dataclasses.replace(
+        next(x for x in default_schedules(op="fp8_wgrad_gemm_nt") if x.tile_m == 128), tile_n=256, stages=3
+    )
+    assert wgrad.column_waves == 1
+    assert "accumulator_registers" in {v.name for v in violations(wgrad)}
 
 
 def test_column_scales_early_where_they_fit():
