@@ -168,6 +168,22 @@ def test_show_epilogue_buffers(capsys, tmp_path):
     rc, out, err = run(capsys, "show", ring, "--build-dir", str(tmp_path))
     assert rc == 0, err
     assert "epilogue_bytes          32768 (4 sub-tile buffers: a ring)" in out
+    assert "waves                   2 (2 of 64 rows per math warpgroup x 1 of 128 columns)" in out
+
+
+def test_show_column_waves(capsys, tmp_path):
+    """`show` gives a block-scaled Hopper tile's waves: the 256-wide contiguous tile runs two
+    column waves of 128 and rings two epilogue sub-tiles, so that four operand stages fit."""
+    wide = "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
+    rc, out, err = run(capsys, "show", wide, "--build-dir", str(tmp_path))
+    assert rc == 0, err
+    assert "waves                   2 (1 of 64 rows per math warpgroup x 2 of 128 columns)" in out
+    assert "epilogue_bytes          16384 (2 sub-tile buffers: a ring)" in out
+    assert "= 4 stages x 49664" in out
+    rc, out, err = run(capsys, "show", "--json", wide, "--build-dir", str(tmp_path))
+    assert rc == 0, err
+    derived = json.loads(out)["derived"]
+    assert (derived["row_waves"], derived["column_waves"]) == (1, 2)
 
 
 def test_show_blackwell(capsys, tmp_path):

@@ -147,6 +147,8 @@ def derived_facts(s: Schedule) -> dict[str, Any]:
         "barrier_bytes": s.barrier_bytes,
         "epi_tile": [em, en],
         "wgmma_accumulators": s.wgmma_accumulators,
+        "row_waves": s.waves,
+        "column_waves": s.column_waves,
         "accumulators_per_thread": s.accumulators_per_thread,
         "threads_per_cta": s.threads_per_cta,
         "cluster_size": s.cluster_size,
@@ -402,6 +404,12 @@ def cmd_show(args: argparse.Namespace) -> int:
                 f"  {'threads_per_cta':<24}{d['threads_per_cta']}",
                 f"  {'cluster_size':<24}{d['cluster_size']}",
             ]
+            if s.arch.value == "sm_90a" and s.block_scaled_gemm:  # one WGMMA accumulator, in waves
+                rows, cols = d["row_waves"], d["column_waves"]
+                lines.append(
+                    f"  {'waves':<24}{rows * cols} ({rows} of 64 rows per math warpgroup x {cols} of "
+                    f"{s.tile_n // cols} columns)"
+                )
             if s.arch.value == "sm_100a":  # tcgen05: the MMA's CTAs and the tensor memory it uses
                 lines += [
                     f"  {'mma_ctas':<24}{d['mma_ctas']}",
