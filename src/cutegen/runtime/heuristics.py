@@ -158,7 +158,9 @@ class CostModel:
     # wave: the tile's group is read from L1 (prefetched a tile before) and its rows' m_indices
     # while the main loop runs, but the padding-row selects and the store remain, and the term
     # stands for what the model does not see of the wider tiles' advantage. It favours fewer,
-    # wider tiles (160, 192 columns), most where K is short. Fitted on kernel durations of every
+    # wider tiles (160, 192, 256 columns), most where K is short; with tile quantisation it picks
+    # 128x256 on all six DeepGEMM shapes, which measured 0.99-1.07x 128x192 there
+    # (tests/cpu/test_heuristic_calibration.py). Fitted on kernel durations of every
     # contiguous kernel on DeepGEMM's six shapes (an earlier build's timings, in-sample): 6-8 µs
     # choose within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x; on the current kernels
     # (docs/perf/2026-12-02-h200-contiguous-kernel-timings.json) 1.001x.
