@@ -405,10 +405,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                 f"  {'cluster_size':<24}{d['cluster_size']}",
             ]
             if s.arch.value == "sm_90a" and s.block_scaled_gemm:  # one WGMMA accumulator, in waves
-                rows, cols = d["row_waves"], d["column_waves"]
                 lines.append(
-                    f"  {'waves':<24}{rows * cols} ({rows} of 64 rows per math warpgroup x {cols} of "
-                    f"{s.tile_n // cols} columns)"
+                    f"  {'waves':<24}{s.all_waves} ({s.waves} of 64 rows per math warpgroup x "
+                    f"{s.column_waves} of {s.wave_columns} columns)"
                 )
             if s.arch.value == "sm_100a":  # tcgen05: the MMA's CTAs and the tensor memory it uses
                 lines += [

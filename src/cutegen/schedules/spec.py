@@ -609,9 +609,7 @@ class Schedule:
         and one wave's accumulator (128 + 64) do. Each wave's WGMMAs read the stage's A again
         (the row waves of 256x128 tiles read B again), and each wave lies in one SFB block. Not
         for per-row SFB (weight gradients), whose column scales would not fit beside them."""
-        if not self.block_scaled_gemm or self.arch == Arch.SM100A or self.waves != 1:
-            return 1
-        if self.op.scales_b_per_row:
+        if not self.block_scaled_gemm or self.arch == Arch.SM100A or self.waves != 1 or self.op.scales_b_per_row:
             return 1
         if self.tile_n > COLUMN_WAVE_WIDTH and self.tile_n % COLUMN_WAVE_WIDTH == 0:
             return self.tile_n // COLUMN_WAVE_WIDTH
@@ -621,6 +619,11 @@ class Schedule:
     def all_waves(self) -> int:
         """Waves of a block-scaled tile, row and column waves together."""
         return self.waves * self.column_waves
+
+    @property
+    def wave_columns(self) -> int:
+        """Columns of one wave: the tile's width, or a column wave's."""
+        return self.tile_n // self.column_waves
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

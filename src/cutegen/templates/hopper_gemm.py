@@ -347,10 +347,11 @@ class HopperGemmKernel(TileOrder):
         # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
         # wave's WGMMAs into one accumulator that is promoted before the next wave.
         # 256-wide tiles are computed in column waves of 128 instead (`Schedule.column_waves`):
-        # `waves` counts every wave of the tile, `row_waves` the row blocks alone.
+        # `all_waves` counts every wave of the tile, `row_waves` the row blocks alone.
         self.row_waves = s.waves
         self.column_waves = s.column_waves
-        self.waves = s.all_waves
+        self.all_waves = s.all_waves
+        self.wave_columns = s.wave_columns
         # Single-wave tiles may cycle through a ring of WGMMA accumulators: block kb+D-1's WGMMAs
         # are issued before block kb is promoted, so D-1 blocks are always in flight.
         self.wgmma_accumulators = s.wgmma_accumulators
@@ -415,7 +416,7 @@ class HopperGemmKernel(TileOrder):
             OperandMajorMode.K,
             self.acc_dtype,
             atom_layout_mnk or self.atom_layout_mnk,
-            tiler_mn=(64, self.tile_shape_mnk[1] // self.column_waves),
+            tiler_mn=(64, self.wave_columns),
         )
 
     def _staged_subtiles(self, epi_tile_num, epi_tile_layout, wg_offset):
@@ -818,7 +819,7 @@ class HopperGemmKernel(TileOrder):
         Returns (read_state, mma_state, next_stage_ready)."""
         k_tile = first + j
         sfb0, sfb1 = self._chunk_sfb(chunk0, chunk1, j)
-        for wave in cutlass.range_constexpr(self.waves):
+        for wave in cutlass.range_constexpr(self.all_waves):
             mma_state = self._issue_wave(
                 tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
             )
@@ -827,7 +828,7 @@ class HopperGemmKernel(TileOrder):
             if cutlass.const_expr(early_columns):
                 sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
             warpgroup.wait_group(0)
-            last_wave = wave == self.waves - 1
+            last_wave = wave == self.all_waves - 1
             if cutlass.const_expr(last_wave and stage_done_before_promotion):
                 read_state, next_stage_ready = self._release_and_probe(
                     pipe, read_state, None, k_tile, k_tile_cnt
@@ -1212,13 +1213,14 @@ class HopperGemmKernel(TileOrder):
             # (V, 1) x (V, 1) -> (V, 1, 1): this wave's rows (A's row block `row`) and columns.
             # The WGMMA atom spans the tile's N, or one column wave's (B's column block `col`).
             a_frag = cute.append_ones(tCrA[(None, row, kb, mma_state.index)], 2)
-            b_frag = tCrB[(None, None, kb, mma_state.index)]
             if cutlass.const_expr(self.column_waves > 1):
                 b_frag = cute.append_ones(tCrB[(None, col, kb, mma_state.index)], 2)
+            else:
+                b_frag = tCrB[(None, None, kb, mma_state.index)]
             cute.gemm(tiled_mma, acc, a_frag, b_frag, acc)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
-        if cutlass.const_expr(wave == self.waves - 1):
+        if cutlass.const_expr(wave == self.all_waves - 1):
             mma_state.advance()
         return mma_state
 
@@ -1287,13 +1289,13 @@ class HopperGemmKernel(TileOrder):
         (`released`). Returns the state."""
         promoted_w = promoted[(None, *self._wave_rc(wave))]
         # A column wave's elements start at its first column of the tile.
-        wave_col0 = self._wave_rc(wave)[1] * (self.tile_shape_mnk[1] // self.column_waves)
+        wave_col0 = self._wave_rc(wave)[1] * self.wave_columns
         coords = tCcC[(None, *self._wave_rc(wave))]
         if cutlass.const_expr(self.sfb_per_row and sfb_col is None):
             # One scale per column (row of B); identical columns share one load. Read after the
             # wait: two-wave tiles have no room to hold a thread's 32 column scales across it.
             sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
-        if cutlass.const_expr(wave == self.waves - 1 and not released):
+        if cutlass.const_expr(wave == self.all_waves - 1 and not released):
             pipe.consumer_release(read_state)
             read_state.advance()
         # WGMMA accumulator layout (PTX ISA, m64nNk32 D fragment): element i of a thread is column
