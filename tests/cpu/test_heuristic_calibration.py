@@ -22,6 +22,8 @@ import math
 from pathlib import Path
 
 from cutegen.runtime import heuristics
+from cutegen.runtime.grouped_ops import contiguous_alignment
+from cutegen.runtime.params import align
 from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Param
 from cutegen.schedules import parse_name
 
@@ -149,6 +151,11 @@ def test_weight_gradient_choice_stays_close_to_the_fastest_measured_kernel():
         assert geomean < 1.02, f"{op}: geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
 
 
+def _padded_rows(sizes: list[int]) -> int:
+    """Rows of a contiguous A whose groups have `sizes` rows, each segment padded to the alignment."""
+    return sum(align(size, contiguous_alignment()) for size in sizes)
+
+
 def test_contiguous_choice_stays_close_to_the_fastest_measured_kernel():
     """DeepGEMM's six contiguous shapes (groups of 0.7-1.3x the expected rows, each segment
     padded to 128): the choice for the padded rows against every contiguous kernel's duration."""
@@ -158,7 +165,7 @@ def test_contiguous_choice_stays_close_to_the_fastest_measured_kernel():
     for key, problem in problems.items():
         _, _, n, k = map(int, key.split(","))
         times = problem["times"]
-        rows = sum(-(-size // 128) * 128 for size in problem["sizes"])
+        rows = _padded_rows(problem["sizes"])
         candidates = [manifest_from_name(name) for name in times]
         chosen = heuristics.choose(op, candidates, rows, n, k, H200_SMS, tuning={})
         regrets[key] = times[chosen.name] / min(times.values())
@@ -184,7 +191,7 @@ def test_contiguous_choice_between_the_192_and_256_wide_tiles():
         _, _, n, k = map(int, key.split(","))
         times = {name: t for name, t in problem["times"].items() if "_s4_" in name}
         assert len(times) == 2, sorted(problem["times"])
-        rows = sum(-(-size // 128) * 128 for size in problem["sizes"])
+        rows = _padded_rows(problem["sizes"])
         candidates = [manifest_from_name(name) for name in times]
         chosen = heuristics.choose(op, candidates, rows, n, k, H200_SMS, tuning={})
         assert "_128x256x128_" in chosen.name, key

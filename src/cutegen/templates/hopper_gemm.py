@@ -1287,10 +1287,11 @@ class HopperGemmKernel(TileOrder):
         the caller read it earlier, else read from the stage here); after the last wave the stage
         is handed back to the producer and the state advanced, unless the caller has done so
         (`released`). Returns the state."""
-        promoted_w = promoted[(None, *self._wave_rc(wave))]
+        row, col = self._wave_rc(wave)
+        promoted_w = promoted[(None, row, col)]
         # A column wave's elements start at its first column of the tile.
-        wave_col0 = self._wave_rc(wave)[1] * self.wave_columns
-        coords = tCcC[(None, *self._wave_rc(wave))]
+        wave_col0 = col * self.wave_columns
+        coords = tCcC[(None, row, col)]
         if cutlass.const_expr(self.sfb_per_row and sfb_col is None):
             # One scale per column (row of B); identical columns share one load. Read after the
             # wait: two-wave tiles have no room to hold a thread's 32 column scales across it.
