@@ -1210,13 +1210,11 @@ class HopperGemmKernel(TileOrder):
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         row, col = self._wave_rc(wave)
         for kb in cutlass.range_constexpr(num_k_blocks):
-            # (V, 1) x (V, 1) -> (V, 1, 1): this wave's rows (A's row block `row`) and columns.
-            # The WGMMA atom spans the tile's N, or one column wave's (B's column block `col`).
+            # (V, 1) x (V, 1) -> (V, 1, 1): this wave's rows (A's row block `row`) and columns
+            # (B's column block `col`). The WGMMA atom spans one wave's columns: the tile's N, or
+            # a column wave's, so B has one column block per column wave.
             a_frag = cute.append_ones(tCrA[(None, row, kb, mma_state.index)], 2)
-            if cutlass.const_expr(self.column_waves > 1):
-                b_frag = cute.append_ones(tCrB[(None, col, kb, mma_state.index)], 2)
-            else:
-                b_frag = tCrB[(None, None, kb, mma_state.index)]
+            b_frag = cute.append_ones(tCrB[(None, col, kb, mma_state.index)], 2)
             cute.gemm(tiled_mma, acc, a_frag, b_frag, acc)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
