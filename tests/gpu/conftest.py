@@ -1,5 +1,6 @@
 """GPU tier: every test under tests/gpu is marked ``gpu`` and skipped, with the reason, unless
-torch sees a CUDA device and a kernel catalogue exists ($CUTEGEN_BUILD_DIR or ./build)."""
+torch sees a CUDA device and a kernel catalogue exists ($CUTEGEN_BUILD_DIR, ./build, or the kernels
+of an installed runtime wheel: `cutegen.runtime.catalogue.resolve_build_dir`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def _unavailable_reason() -> str | None:
 
     build = resolve_build_dir()
     if not (build / CATALOGUE_FILE).is_file():
-        return f"no kernel catalogue at {build} (run `cutegen build` or set CUTEGEN_BUILD_DIR)"
+        return (f"no kernel catalogue at {build} (run `cutegen build`, set CUTEGEN_BUILD_DIR, or "
+                "install the runtime wheel: `make wheel`, `pip install dist/cutegen-*.whl`)")
     return None
 
 

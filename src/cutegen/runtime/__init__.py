@@ -10,6 +10,7 @@ reached lazily by attribute:
 * ``per_token_quant_fp8``, ``per_block_quant_fp8``, ``grouped_transposed_quant_fp8``
   (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch references are in
   `cutegen.runtime.quant_reference`);
+* ``set_num_sms`` (`sm_budget`): cap the SMs every persistent grid uses;
 * ``load_catalogue`` / ``KernelCatalogue`` (`catalogue`), ``LoadedKernel`` (`driver`),
   ``choose`` / ``explain`` (`heuristics`). The launcher is ``cutegen.runtime.launch.launch``
   (the submodule's name would shadow a lazy attribute).
@@ -50,6 +51,7 @@ _LAZY = {
     "LoadedKernel": "driver",
     "choose": "heuristics",
     "explain": "heuristics",
+    "set_num_sms": "sm_budget",
 }
 
 

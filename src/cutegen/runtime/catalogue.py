@@ -9,12 +9,20 @@ Listing and reading manifests work on any machine. The architecture check and th
 happen when a kernel is loaded (`KernelCatalogue.load`), which is also the only step that touches
 the GPU driver.
 
-The build folder is, in order: the explicit path, ``$CUTEGEN_BUILD_DIR``, ``./build``.
+The build folder is, in order: the explicit path, ``$CUTEGEN_BUILD_DIR``, ``./build`` when it
+holds a catalogue, the prebuilt kernels of the runtime wheel (the installed ``cutegen.kernels``
+package, `packaged_kernels_dir`) when they are installed, else ``./build``.
+
+A packaged catalogue (a kernel folder with an ``__init__.py``, as ``make wheel`` writes it) records
+every cubin's sha256 in its ``CUBIN_SHA256`` table; its cubins are checked against both the
+manifest and that table.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import os
 import re
 import threading
@@ -30,18 +38,64 @@ if TYPE_CHECKING:  # pragma: no cover
 BUILD_DIR_ENV = "CUTEGEN_BUILD_DIR"
 CATALOGUE_FILE = "catalogue.json"
 TUNING_FILE = "tuning.json"
+# The data package of the runtime wheel (`make wheel`): catalogue.json, manifests, cubins.
+KERNELS_PACKAGE = "cutegen.kernels"
+DIGEST_TABLE = "CUBIN_SHA256"
 
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 
 
+def packaged_kernels_dir() -> Path | None:
+    """The folder of the installed ``cutegen.kernels`` package if it holds a catalogue, else None.
+
+    Found with `importlib.util.find_spec`, without importing the package (nor torch or CUDA).
+    """
+    try:
+        spec = importlib.util.find_spec(KERNELS_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    locations = spec.submodule_search_locations if spec is not None else None
+    for location in locations or []:
+        if (Path(location) / CATALOGUE_FILE).is_file():
+            return Path(location)
+    return None
+
+
 def resolve_build_dir(build_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The build folder to use: ``build_dir``, else ``$CUTEGEN_BUILD_DIR``, else ``./build``."""
+    """The build folder to use: ``build_dir``, else ``$CUTEGEN_BUILD_DIR``, else ``./build`` if it
+    holds a catalogue, else the installed prebuilt kernels (`packaged_kernels_dir`), else ``./build``."""
     if build_dir is not None:
         return Path(build_dir)
     env = os.environ.get(BUILD_DIR_ENV)
     if env:
         return Path(env)
-    return Path.cwd() / "build"
+    local = Path.cwd() / "build"
+    if (local / CATALOGUE_FILE).is_file():
+        return local
+    return packaged_kernels_dir() or local
+
+
+def packaged_digests(root: Path) -> dict[str, str] | None:
+    """The ``CUBIN_SHA256`` table of a packaged catalogue (``root/__init__.py``), None for a plain
+    build folder. Read as a literal, without importing the package."""
+    init = root / "__init__.py"
+    if not init.is_file():
+        return None
+    try:
+        tree = ast.parse(init.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == DIGEST_TABLE for t in node.targets
+            ):
+                table = ast.literal_eval(node.value)
+                if isinstance(table, dict):
+                    return {str(k): str(v).lower() for k, v in table.items()}
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"the packaged catalogue's {init} cannot be read: {exc}") from exc
+    raise ArtifactError(
+        f"{init} has no {DIGEST_TABLE} table: the packaged kernels are incomplete; reinstall the "
+        "runtime wheel (`make wheel`, `pip install dist/cutegen-*.whl`)"
+    )
 
 
 def required_capability(arch: str) -> tuple[int, int, str]:
@@ -96,9 +150,13 @@ def sha256_of(data: bytes) -> str:
 class KernelCatalogue:
     """The kernels of one build folder; loads (and caches) them on demand."""
 
-    def __init__(self, build_dir: Path, index: Catalogue) -> None:
+    def __init__(
+        self, build_dir: Path, index: Catalogue, cubin_digests: dict[str, str] | None = None
+    ) -> None:
         self.build_dir = Path(build_dir)
         self.index = index
+        # A packaged catalogue's CUBIN_SHA256 table (None for a build folder).
+        self.cubin_digests = cubin_digests
         self._by_name: dict[str, CatalogueEntry] = {e.name: e for e in index.kernels}
         self._manifests: dict[str, KernelManifest] = {}
         self._loaded: dict[tuple[str, int], "LoadedKernel"] = {}
@@ -107,19 +165,22 @@ class KernelCatalogue:
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
     def open(cls, build_dir: str | os.PathLike[str] | None = None) -> "KernelCatalogue":
-        """Read ``catalogue.json`` of the build folder (see `resolve_build_dir`)."""
+        """Read ``catalogue.json`` of the build folder (see `resolve_build_dir`) and, for a
+        packaged catalogue, its digest table."""
         root = resolve_build_dir(build_dir)
         path = root / CATALOGUE_FILE
         if not path.is_file():
             raise ArtifactError(
                 f"no kernel catalogue at {path}: build kernels with `cutegen build -o {root}`, "
-                f"or point ${BUILD_DIR_ENV} at a build folder"
+                f"point ${BUILD_DIR_ENV} at a build folder, or install the runtime wheel with the "
+                "prebuilt kernels (`make wheel` on a CPU machine, then `pip install "
+                "dist/cutegen-*.whl`)"
             )
         try:
             index = Catalogue.from_json(path.read_text())
         except (ManifestError, OSError, UnicodeDecodeError) as exc:
             raise ArtifactError(f"{path} cannot be used: {exc}") from exc
-        return cls(root, index)
+        return cls(root, index, packaged_digests(root))
 
     def __repr__(self) -> str:
         return f"KernelCatalogue({str(self.build_dir)!r}, {len(self._by_name)} kernels)"
@@ -203,7 +264,8 @@ class KernelCatalogue:
         return in_root if in_root.is_file() else beside
 
     def read_cubin(self, name: str) -> bytes:
-        """The kernel's cubin bytes, after checking their sha256 against the manifest."""
+        """The kernel's cubin bytes, after checking their sha256 against the manifest (and, for a
+        packaged catalogue, against its ``CUBIN_SHA256`` table)."""
         manifest = self.manifest(name)
         path = self.cubin_path(name)
         try:
@@ -219,6 +281,14 @@ class KernelCatalogue:
                 f"kernel {name}: cubin {path} is corrupt or stale: sha256 {digest}, manifest "
                 f"expects {manifest.sha256}; rebuild it with `cutegen build`"
             )
+        if self.cubin_digests is not None:
+            recorded = self.cubin_digests.get(name)
+            if recorded != digest:
+                raise ArtifactError(
+                    f"kernel {name}: cubin {path} has sha256 {digest}, the packaged catalogue's "
+                    f"{DIGEST_TABLE} records {recorded or 'no digest for it'}; reinstall the runtime "
+                    "wheel (`pip install --force-reinstall dist/cutegen-*.whl`)"
+                )
         return data
 
     def tuning_path(self) -> Path:
@@ -252,6 +322,11 @@ class KernelCatalogue:
     def load_all(self, names: Iterable[str], device: int = 0) -> list["LoadedKernel"]:
         return [self.load(n, device) for n in names]
 
+    def loaded(self) -> list["LoadedKernel"]:
+        """The kernels this process has loaded so far, on any device."""
+        with self._lock:
+            return list(self._loaded.values())
+
 
 def load_catalogue(build_dir: str | os.PathLike[str] | None = None) -> KernelCatalogue:
     """Open the catalogue of a build folder (see `resolve_build_dir`)."""
@@ -264,6 +339,7 @@ __all__ = [
     "arch_compatible",
     "check_arch",
     "load_catalogue",
+    "packaged_kernels_dir",
     "required_capability",
     "resolve_build_dir",
     "sha256_of",

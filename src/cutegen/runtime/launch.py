@@ -8,7 +8,8 @@ kernel, so a repeated call costs one dictionary look-up and one ``cuLaunchKernel
 
 Symbols available to manifest expressions: the operands' extents (``M``, ``N``, ``K`` ...), any
 ``extents`` passed in, and ``max_active_clusters``, ``sm_count``, ``cluster_tiles``, ``tiles_m``,
-``tiles_n`` and ``num_clusters`` (the grid's persistent dimension). Kernels with the ``blocks``
+``tiles_n`` and ``num_clusters`` (the grid's persistent dimension); ``sm_count`` and
+``max_active_clusters`` are within the SM budget of `sm_budget.set_num_sms`. Kernels with the ``blocks``
 grid rule get their grid from its expressions over the same symbols; a dimension of 0 launches
 nothing.
 """
@@ -20,6 +21,7 @@ import ctypes
 import dataclasses
 from typing import Any, Mapping
 
+from . import sm_budget
 from .driver import LoadedKernel, check, cu, launch_config
 from .errors import InputError, KernelLoadError
 from .manifest import GridRule, KernelManifest
@@ -153,8 +155,10 @@ def prepare(
     ):
         return PreparedLaunch(grid=(0, 0, 0), skip=True, env=bound)
     env = dict(bound)
-    env.setdefault("sm_count", kernel.device.sm_count)
-    env.setdefault("max_active_clusters", kernel.max_active_clusters())
+    env.setdefault("sm_count", sm_budget.usable_sms(kernel.device.sm_count))
+    env.setdefault(
+        "max_active_clusters", sm_budget.usable_clusters(kernel.max_active_clusters(), kernel.cluster_size)
+    )
     grid, derived = compute_grid(manifest, env, int(env["max_active_clusters"]))
     if min(grid) <= 0:
         return PreparedLaunch(grid=grid, skip=True, env=env)
@@ -217,7 +221,9 @@ def launch(
     Nothing is launched when the grid rule's M or N extent is 0. Returns the prepared launch
     (grid, packed params) for inspection.
     """
-    key = (_operands_key(operands), tuple(sorted(extents.items())) if extents else ())
+    key = (
+        _operands_key(operands), tuple(sorted(extents.items())) if extents else (), sm_budget.budget()
+    )
     cache = _cache(kernel)
     prepared = cache.get(key)
     if prepared is None:

@@ -19,7 +19,8 @@ with fp32 accumulation (DeepGEMM's ``nt`` convention):
   `cutegen.runtime.heuristics`).
 
 Bad inputs raise `InputError` naming the argument before anything is launched. The kernel
-catalogue is read once per process from ``$CUTEGEN_BUILD_DIR`` or ``./build`` (`set_build_dir`
+catalogue is read once per process from ``$CUTEGEN_BUILD_DIR``, ``./build`` or the installed runtime
+wheel's prebuilt kernels (`cutegen.runtime.catalogue.resolve_build_dir`; `set_build_dir`
 changes it). Kernels launch on ``torch.cuda.current_stream(a.device)``, so the ops compose with
 streams, ``torch.compile`` (fake implementations are registered) and CUDA-graph capture (run
 each shape once before capturing, so that the kernel is loaded outside the capture).
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import driver, heuristics
+from . import driver, heuristics, sm_budget
 from .catalogue import KernelCatalogue, load_catalogue
 from .errors import ArtifactError, InputError, KernelLoadError
 from .launch import launch
@@ -56,7 +57,7 @@ _choices: dict[tuple[str, int, int, int, int], str] = {}
 
 
 def set_build_dir(build_dir: str | os.PathLike[str] | None) -> None:
-    """Use kernels from ``build_dir`` from now on (None: ``$CUTEGEN_BUILD_DIR`` or ``./build``)."""
+    """Use kernels from ``build_dir`` from now on (None: `catalogue.resolve_build_dir`)."""
     global _catalogue, _build_dir
     with _lock:
         _build_dir = build_dir
@@ -116,12 +117,13 @@ def choose_kernel(
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
     (among those taking ``scale`` block scales, when given; ``rows_per_group``: M is that many
     rows per group, as the masked grouped GEMM's groups, see `heuristics.score`)."""
-    key = (op, int(device), int(m), int(n), int(k), scale, rows_per_group)
+    key = (op, int(device), int(m), int(n), int(k), scale, rows_per_group, sm_budget.budget())
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
         manifest = heuristics.choose(
-            op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir,
+            op, _candidates(op, device, scale), m, n, k, sm_budget.usable_sms(info.sm_count),
+            build_dir=catalogue().build_dir,
             rows_per_group=rows_per_group,
         )
         name = manifest.name
@@ -139,7 +141,8 @@ def explain(
     `choose_kernel` weighs, scored as it does, with the same ``scale`` and ``rows_per_group``."""
     info = driver.device_info(device)
     return heuristics.explain(
-        op, _candidates(op, device, scale), m, n, k, info.sm_count, build_dir=catalogue().build_dir,
+        op, _candidates(op, device, scale), m, n, k, sm_budget.usable_sms(info.sm_count),
+        build_dir=catalogue().build_dir,
         rows_per_group=rows_per_group,
     )
 

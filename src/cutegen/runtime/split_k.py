@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import heuristics, ops, stream_scratch
+from . import heuristics, ops, sm_budget, stream_scratch
 from .manifest import KernelManifest
 from .params import ceil_div
 
@@ -70,7 +70,7 @@ def launch_arguments(
     heuristic's for this GPU), normalised so that no split is empty."""
     # A launch being captured gets a workspace of its own, so it neither reads nor fills the cache.
     capturing = stream_scratch.capturing()
-    key = (loaded.name, str(device), int(stream), int(m), int(n), int(k), int(k_splits))
+    key = (loaded.name, str(device), int(stream), int(m), int(n), int(k), int(k_splits), sm_budget.budget())
     cached = None if capturing else _launches.get(key)
     if cached is not None:
         return cached
@@ -78,7 +78,9 @@ def launch_arguments(
     if requested < 1:
         requested = heuristics.tuned_split_count(
             loaded.manifest.op, loaded.name, m, n, k, ops.catalogue().build_dir
-        ) or heuristics.split_k_count(loaded.manifest, m, n, k, loaded.device.sm_count)
+        ) or heuristics.split_k_count(
+            loaded.manifest, m, n, k, sm_budget.usable_sms(loaded.device.sm_count)
+        )
     splits = heuristics.normalize_splits(k, requested)
     tiles, partials = workspace_extents(loaded.manifest, m, n, splits)
     counters, partial_buffer = workspace(device, stream, tiles, partials)

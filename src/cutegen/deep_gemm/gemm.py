@@ -1,0 +1,395 @@
+"""DeepGEMM's GEMM entry points over cutegen's kernels: tuple operands, D written in place, None returned.
+
+Every function here has DeepGEMM's name, argument order, keywords and defaults, and computes
+D = C + A·Bᵀ into the preallocated ``d`` the way DeepGEMM does on Hopper, by calling the
+matching `cutegen.runtime` op:
+
+| DeepGEMM | cutegen |
+| --- | --- |
+| `fp8_gemm_nt`, recipe (1, 128, 128) (the default): bf16 D, no C | `fp8_ops.fp8_gemm_nt` |
+| `fp8_gemm_nt`, recipe (1, 1, 128): fp32 D, D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` |
+| `m_grouped_fp8_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`) | `grouped_ops.m_grouped_fp8_gemm_nt_contiguous` |
+| `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
+| `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
+| `bf16_gemm_nt`, bf16 D, no C | `ops.bf16_gemm_nt` |
+
+Scales are taken as DeepGEMM takes them and brought into the layout the kernels read: fp32
+1 x 128 scales given row-major (what engines' own quantizers write) are copied once per call into
+the MN-major TMA-aligned layout (one small transposing copy of M·⌈K/128⌉ floats; none when they
+already have it), 128 x 128 weight scales made contiguous when they are not. What cutegen has no
+kernel for raises `NotImplementedError` naming the function and the feature, never a wrong result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, ops
+from cutegen.runtime.quant_reference import to_mn_major_tma_aligned
+
+from .recipes import Recipe, operand_pair, resolve, unsupported
+from .utils.layout import check_mk_alignment
+
+SCALE_BLOCK = 128
+
+
+def _check_d(function: str, d: Any, shape: tuple[int, ...], dtypes: Sequence[torch.dtype]) -> None:
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"deep_gemm.{function}: argument 'd' must be a preallocated torch.Tensor, got {type(d).__name__}")
+    if tuple(d.shape) != shape:
+        raise ValueError(f"deep_gemm.{function}: argument 'd' must have shape {list(shape)}, got {list(d.shape)}")
+    if d.dtype not in dtypes:
+        names = " or ".join(str(t) for t in dtypes)
+        raise ValueError(f"deep_gemm.{function}: argument 'd' must be {names} here, got {d.dtype}")
+
+
+def _check_c(function: str, c: Any, d: torch.Tensor) -> None:
+    if c is None:
+        return
+    if not isinstance(c, torch.Tensor) or c.dtype != d.dtype or tuple(c.shape) != tuple(d.shape):
+        raise ValueError(
+            f"deep_gemm.{function}: argument 'c' must be a {d.dtype} tensor of d's shape {list(d.shape)}, got "
+            f"{getattr(c, 'dtype', type(c).__name__)} {list(getattr(c, 'shape', []))}"
+        )
+    if c.data_ptr() == d.data_ptr() and c.stride() != d.stride():
+        raise ValueError(f"deep_gemm.{function}: 'c' aliases 'd' with other strides ({list(c.stride())} vs {list(d.stride())})")
+
+
+def _rows_cols(function: str, arg: str, t: torch.Tensor, rank: int) -> tuple[int, ...]:
+    if t.dim() != rank:
+        raise ValueError(f"deep_gemm.{function}: argument '{arg}' data must have rank {rank}, got shape {list(t.shape)}")
+    return tuple(t.shape)
+
+
+def _empty_k(d: torch.Tensor, c: torch.Tensor | None) -> None:
+    """K == 0: D = C (or 0), as DeepGEMM's early return."""
+    if c is None:
+        d.zero_()
+    elif c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def fp8_gemm_nt(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    c: torch.Tensor | None = None,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+) -> None:
+    """D[M, N] = C + (A · sfa) @ (B · sfb)ᵀ, written into ``d``. ``a`` = (e4m3 [M, K], fp32 [M,
+    ⌈K/128⌉]); ``b`` = (e4m3 [N, K], fp32 [⌈N/128⌉, ⌈K/128⌉]) for recipe (1, 128, 128) or fp32
+    [N, K/128] for (1, 1, 128). ``compiled_dims`` and ``disable_ue8m0_cast`` are accepted (cutegen
+    compiles nothing; Hopper's scales are fp32)."""
+    function = "fp8_gemm_nt"
+    qa, sfa = operand_pair(function, "a", a)
+    qb, sfb = operand_pair(function, "b", b)
+    family = resolve(function, recipe, recipe_a, recipe_b)
+    m, k = _rows_cols(function, "a", qa, 2)
+    n, kb = _rows_cols(function, "b", qb, 2)
+    if kb != k:
+        raise ValueError(f"deep_gemm.{function}: 'a' is [M, K] = {[m, k]} and 'b' must be [N, K], got {list(qb.shape)}")
+    if family is Recipe.BLOCK_1D2D:
+        _check_d(function, d, (m, n), (torch.bfloat16,))
+        if c is not None:
+            raise unsupported(function, "C with recipe (1, 128, 128) (the 1D2D kernel writes bf16 D without C, as DeepGEMM's; "
+                              "use recipe (1, 1, 128) with an fp32 d to accumulate)")
+    else:
+        _check_d(function, d, (m, n), (torch.float32,))
+        _check_c(function, c, d)
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        _empty_k(d, c)
+        return
+    if family is Recipe.BLOCK_1D2D:
+        fp8_ops.fp8_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, _contiguous(sfb), out=d)
+        return
+    if c is None:  # D = A·Bᵀ: the weight-gradient kernel accumulates into D
+        d.zero_()
+    fp8_ops.fp8_wgrad_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb), d, c)
+
+
+fp8_fp4_gemm_nt = fp8_gemm_nt
+
+
+def _transposed(pair: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    data, scales = pair
+    return data.transpose(-2, -1), scales.transpose(-2, -1)
+
+
+def fp8_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False) -> None:
+    """`fp8_gemm_nt` with B given as [K, N] (a view of the K-major [N, K] cutegen reads)."""
+    fp8_gemm_nt(a, _transposed(b), d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+def fp8_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn", disable_ue8m0_cast=False) -> None:
+    """`fp8_gemm_nt` with A given as [K, M] and B as [K, N]."""
+    fp8_gemm_nt(_transposed(a), _transposed(b), d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+def fp8_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn", disable_ue8m0_cast=False) -> None:
+    """`fp8_gemm_nt` with A given as [K, M]."""
+    fp8_gemm_nt(_transposed(a), b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
+
+
+fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
+
+
+def m_grouped_fp8_gemm_nt_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    grouped_layout: torch.Tensor | None = None,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+    use_psum_layout: bool = False,
+    ensure_zero_padding: bool = True,
+    expected_m_for_psum_layout: int | None = None,
+    *,
+    m_indices: torch.Tensor | None = None,
+) -> None:
+    """MoE experts over one [ΣM, K] activation: D[r] = A[r] @ B[g]ᵀ for every row r of group g.
+
+    ``grouped_layout`` (DeepGEMM's older name ``m_indices`` is accepted as a keyword) is int32 on
+    the GPU: per row its group, -1 for padding rows, or with ``use_psum_layout`` the cumulative
+    group ends [G] (group g's rows are [align(end[g-1], 128), end[g])), turned into per-row
+    indices on the GPU, with no host synchronisation. Padding rows of D are written as zeros
+    unless ``ensure_zero_padding=False``. ``expected_m_for_psum_layout`` is a hint and not needed.
+    """
+    function = "m_grouped_fp8_gemm_nt_contiguous"
+    if m_indices is not None:
+        if grouped_layout is not None:
+            raise TypeError(f"deep_gemm.{function}: give 'grouped_layout' or its old name 'm_indices', not both")
+        grouped_layout = m_indices
+    if not isinstance(grouped_layout, torch.Tensor):
+        raise TypeError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 CUDA tensor, got {type(grouped_layout).__name__}")
+    qa, sfa = operand_pair(function, "a", a)
+    qb, sfb = operand_pair(function, "b", b)
+    if resolve(function, recipe, recipe_a, recipe_b) is not Recipe.BLOCK_1D2D:
+        raise unsupported(function, "recipe (1, 1, 128) for the M-grouped GEMM (cutegen's are the 1D2D kernel)")
+    check_mk_alignment(function)
+    m, k = _rows_cols(function, "a", qa, 2)
+    g, n, _ = _rows_cols(function, "b", qb, 3)
+    _check_d(function, d, (m, n), (torch.bfloat16,))
+    if grouped_layout.dtype != torch.int32:
+        raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be torch.int32, got {grouped_layout.dtype}")
+    if use_psum_layout:
+        if tuple(grouped_layout.shape) != (g,):
+            raise ValueError(f"deep_gemm.{function}: with use_psum_layout, 'grouped_layout' must be the [G] = [{g}] group ends, got {list(grouped_layout.shape)}")
+        row_groups = grouped_ops.m_indices_from_group_ends(grouped_layout, m)
+    else:
+        if expected_m_for_psum_layout is not None:
+            raise ValueError(f"deep_gemm.{function}: 'expected_m_for_psum_layout' applies only with use_psum_layout=True")
+        row_groups = grouped_layout
+    if m == 0:
+        return
+    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(
+        qa, to_mn_major_tma_aligned(sfa), qb, _contiguous(sfb), row_groups, out=d, zero_padding=bool(ensure_zero_padding)
+    )
+
+
+m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
+
+
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                                     disable_ue8m0_cast=False, use_psum_layout=False, ensure_zero_padding=True) -> None:
+    """`m_grouped_fp8_gemm_nt_contiguous` with each B[g] given as [K, N]."""
+    m_grouped_fp8_gemm_nt_contiguous(a, _transposed(b), d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                                     disable_ue8m0_cast, use_psum_layout, ensure_zero_padding)
+
+
+m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
+
+
+def m_grouped_fp8_gemm_nt_masked(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    masked_m: torch.Tensor,
+    expected_m: int,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+) -> None:
+    """Decode-time experts: A [G, max_m, K], D [G, max_m, N]; rows [0, masked_m[g]) of group g are
+    computed (masked_m int32 [G] stays on the GPU: CUDA-graph capturable); ``expected_m`` guides the
+    kernel choice only."""
+    function = "m_grouped_fp8_gemm_nt_masked"
+    qa, sfa = operand_pair(function, "a", a)
+    qb, sfb = operand_pair(function, "b", b)
+    if resolve(function, recipe, recipe_a, recipe_b) is not Recipe.BLOCK_1D2D:
+        raise unsupported(function, "recipe (1, 1, 128) for the masked GEMM (cutegen's is the 1D2D kernel)")
+    g, max_m, _ = _rows_cols(function, "a", qa, 3)
+    _, n, _ = _rows_cols(function, "b", qb, 3)
+    _check_d(function, d, (g, max_m, n), (torch.bfloat16,))
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"deep_gemm.{function}: argument 'expected_m' must be a positive int, got {expected_m!r}")
+    grouped_ops.m_grouped_fp8_gemm_nt_masked(
+        qa, to_mn_major_tma_aligned(sfa), qb, _contiguous(sfb), masked_m, int(expected_m), out=d
+    )
+
+
+m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
+
+
+def k_grouped_fp8_gemm_nt_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    ks_cpu: Sequence[int] | None,
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None = None,
+    recipe: tuple[int, int, int] = (1, 1, 128),
+    compiled_dims: str = "mn",
+    use_psum_layout: bool = False,
+) -> None:
+    """MoE weight gradient: D[g] (fp32 [M, N]) = C[g] + A_g @ B_gᵀ over group g's k_g tokens.
+
+    DeepGEMM's Hopper layout: ``a`` = (e4m3 flat [Σk·M]: per group A_g [M, k_g] row-major, groups
+    back to back; fp32 [M, Σk/128]), ``b`` likewise with N; ``ks_cpu`` the host list of k_g, each a
+    multiple of 128; ``grouped_layout`` the same sizes, int32 [G] on the GPU (what the kernel reads).
+    """
+    function = "k_grouped_fp8_gemm_nt_contiguous"
+    qa, sfa = operand_pair(function, "a", a)
+    qb, sfb = operand_pair(function, "b", b)
+    if resolve(function, recipe, None, None) is not Recipe.PER_ROW_1D1D:
+        raise unsupported(function, f"recipe {tuple(recipe)} (the k-grouped GEMM is the 1D1D kernel, recipe (1, 1, 128))")
+    if use_psum_layout:
+        raise unsupported(function, "use_psum_layout (DeepGEMM's SM100 k-grouped layout)")
+    if ks_cpu is None or len(ks_cpu) == 0:
+        raise ValueError(f"deep_gemm.{function}: argument 'ks_cpu' must list every group's k (a host list), got {ks_cpu!r}")
+    check_mk_alignment(function)
+    if not isinstance(d, torch.Tensor) or d.dim() != 3:
+        raise ValueError(f"deep_gemm.{function}: argument 'd' must be an fp32 [G, M, N] tensor, got {getattr(d, 'shape', type(d).__name__)}")
+    g, m, n = d.shape
+    _check_d(function, d, (g, m, n), (torch.float32,))
+    _check_c(function, c, d)
+    ks = [int(x) for x in ks_cpu]
+    if len(ks) != g:
+        raise ValueError(f"deep_gemm.{function}: 'ks_cpu' must have G = {g} entries (d.shape[0]), got {len(ks)}")
+    if any(x < 0 or x % SCALE_BLOCK for x in ks):
+        raise ValueError(f"deep_gemm.{function}: every entry of 'ks_cpu' must be a non-negative multiple of 128, got {ks}")
+    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or tuple(grouped_layout.shape) != (g,):
+        raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 [G] = [{g}] tensor of the group sizes")
+    sum_k = sum(ks)
+    for arg, data, rows in (("a", qa, m), ("b", qb, n)):
+        if data.numel() != sum_k * rows or not data.is_contiguous():
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' data must be contiguous with Σk·{rows} = {sum_k * rows} elements, got {data.numel()}")
+    blocks = sum_k // SCALE_BLOCK
+    for arg, sf, rows in (("a", sfa, m), ("b", sfb, n)):
+        if tuple(sf.shape) != (rows, blocks):
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' scales must be [{rows}, Σk/128] = [{rows}, {blocks}], got {list(sf.shape)}")
+    if m == 0 or n == 0:
+        return
+    if sum_k == 0:
+        _empty_k(d, c)
+        return
+    if c is None:  # D = A·Bᵀ: the kernel accumulates into D
+        d.zero_()
+    # cutegen's kernel reads the scales as [Σk/128, rows] row-major: DeepGEMM's [rows, Σk/128]
+    # MN-major scales transposed (a view when they have that layout).
+    k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(
+        qa.view(-1), _contiguous(sfa.t()), qb.view(-1), _contiguous(sfb.t()), d, grouped_layout, c,
+        expected_k=max(SCALE_BLOCK, sum_k // g),
+    )
+
+
+def _bf16_operands(function: str, a: Any, b: Any) -> tuple[int, int, int]:
+    for arg, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' must be a 2-D torch.bfloat16 tensor, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', []))}")
+    (m, k), (n, kb) = a.shape, b.shape
+    if kb != k:
+        raise ValueError(f"deep_gemm.{function}: 'a' is [M, K] = {[m, k]} and 'b' must be [N, K], got {list(b.shape)}")
+    return m, n, k
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None, compiled_dims: str = "nk") -> None:
+    """D[M, N] = A @ Bᵀ in bf16 (fp32 accumulation), written into ``d``. cutegen's BF16 kernels
+    write bf16 D without C: fp32 D and C raise `NotImplementedError`."""
+    function = "bf16_gemm_nt"
+    m, n, k = _bf16_operands(function, a, b)
+    _check_d(function, d, (m, n), (torch.bfloat16, torch.float32))
+    if d.dtype == torch.float32:
+        raise unsupported(function, "fp32 D for the BF16 GEMM (cutegen's BF16 kernels write bf16)")
+    if c is not None:
+        raise unsupported(function, "C (D = C + A·Bᵀ) for the BF16 GEMM")
+    if m == 0 or n == 0:
+        return
+    ops.bf16_gemm_nt(a, b, out=d)
+
+
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk") -> None:
+    """`bf16_gemm_nt` with B given as [K, N]."""
+    bf16_gemm_nt(a, b.transpose(0, 1), d, c, compiled_dims)
+
+
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn") -> None:
+    """`bf16_gemm_nt` with A given as [K, M] and B as [K, N]."""
+    bf16_gemm_nt(a.transpose(0, 1), b.transpose(0, 1), d, c, compiled_dims)
+
+
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
+    """`bf16_gemm_nt` with A given as [K, M]."""
+    bf16_gemm_nt(a.transpose(0, 1), b, d, c, compiled_dims)
+
+
+def _cublaslt(function: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> None:
+    """D = C + A·Bᵀ on cuBLASLt through torch (FP8 without scales: `torch._scaled_mm` at scale 1)."""
+    if a.dtype == torch.float8_e4m3fn:
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        product = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=d.dtype)
+    elif a.dtype == torch.bfloat16:
+        product = torch.mm(a, b.t()) if d.dtype == torch.bfloat16 else torch.mm(a, b.t(), out_dtype=d.dtype)
+    else:
+        raise unsupported(function, f"{a.dtype} operands")
+    if c is None:
+        d.copy_(product)
+    else:
+        torch.add(c, product, out=d)
+
+
+def cublaslt_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
+    """DeepGEMM's cuBLASLt baseline: D = C + A @ Bᵀ (FP8 e4m3 or bf16 operands, no scales)."""
+    _cublaslt("cublaslt_gemm_nt", a, b, d, c)
+
+
+def cublaslt_gemm_nn(a, b, d, c=None) -> None:
+    _cublaslt("cublaslt_gemm_nn", a, b.t(), d, c)
+
+
+def cublaslt_gemm_tn(a, b, d, c=None) -> None:
+    _cublaslt("cublaslt_gemm_tn", a.t(), b.t(), d, c)
+
+
+def cublaslt_gemm_tt(a, b, d, c=None) -> None:
+    _cublaslt("cublaslt_gemm_tt", a.t(), b, d, c)
+
+
+__all__ = [
+    "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt",
+    "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
+    "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+    "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
+    "fp8_m_grouped_gemm_nt_masked",
+    "k_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
+]
