@@ -339,20 +339,56 @@ def test_operand_info_refuses_cpu_tensors():
         operand_info(torch.zeros(4, 8, dtype=torch.bfloat16), "a")
 
 
-def test_launch_cache_key_tells_tensors_apart():
+def test_launch_plan_key_tells_layouts_apart_and_not_addresses():
     torch = pytest.importorskip("torch")
     from cutegen.runtime.launch import _operands_key
 
     x = torch.zeros(4, 8, dtype=torch.bfloat16)
-    key = _operands_key({"a": x})
-    assert key == _operands_key({"a": x})
-    for other in (x[1:], x.t(), x.view(torch.float16), x.clone(), x[:, :4]):
-        assert _operands_key({"a": other}) != key
-    assert _operands_key({"b": x}) != key
+    key, addresses = _operands_key({"a": x})
+    assert addresses == {"a": x.data_ptr()}
+    assert _operands_key({"a": x.clone()})[0] == key  # another address: the same plan
+    for other in (x[1:], x.t(), x.view(torch.float16), x[:, :4]):
+        assert _operands_key({"a": other})[0] != key
+    assert _operands_key({"b": x})[0] != key
     record = (0x1000, (4, 8), (8, 1), "bf16")
-    assert _operands_key({"a": record}) == (("a", OperandInfo(0x1000, (4, 8), (8, 1), "bf16")),)
+    assert _operands_key({"a": record}) == ((("a", (4, 8), (8, 1), "bf16"),), {"a": 0x1000})
     with pytest.raises(InputError, match="'a'"):
         _operands_key({"a": 3.0})
+
+
+def test_address_sites_cover_every_address_param():
+    import numpy as np
+
+    from cutegen.runtime.launch import address_sites
+
+    manifest = make_manifest()
+    sites = address_sites(manifest)
+    kinds = {p.binding["kind"] for p in manifest.params}
+    assert {"pointer", "tma"} & kinds
+    expected = sorted(
+        (p.binding["operand"], p.offset // 8) for p in manifest.params if p.binding["kind"] in ("pointer", "tensor", "tma")
+    )
+    assert sorted((op, word) for op, word, _ in sites) == expected
+    for param in manifest.params:
+        if param.binding["kind"] == "tma":
+            assert any(word == param.offset // 8 and need >= 16 for _, word, need in sites)
+
+    # A blob packed for one set of addresses, with its address sites rewritten, is the blob packed
+    # for the other (descriptors stand in with their address in the first 8 bytes, as encoded).
+    def packed(infos):
+        maps = {
+            p.name: infos[p.binding["operand"]].ptr.to_bytes(8, "little") + bytes(range(1, 121))
+            for p in manifest.params if p.binding["kind"] == "tma"
+        }
+        return pack_params(manifest, {"M": 1000, "N": 2000, "K": 512, "max_active_clusters": 66}, infos, maps)
+
+    first = operands()
+    second = {name: OperandInfo(info.ptr + 0x4000_0000, info.shape, info.strides, info.dtype) for name, info in first.items()}
+    blob = packed(first).data.copy()
+    words = blob.view(np.uint64)
+    for operand, word, _ in sites:
+        words[word] = second[operand].ptr
+    assert bytes(blob) == packed(second).tobytes()
 
 
 # ------------------------------------------------------------------------------------------------

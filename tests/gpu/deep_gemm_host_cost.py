@@ -1,7 +1,7 @@
 """Host time per call of `cutegen.deep_gemm.fp8_gemm_nt` beside cutegen's native call and the anchors, same process.
 
 Run on a GPU machine: ``python tests/gpu/deep_gemm_host_cost.py [--m 128 --n 3072 --k 4096]``.
-Each row issues N calls back to back without synchronising and reports wall µs per call (the
+The masked row keeps its operands fixed in both columns. Each row issues N calls back to back without synchronising and reports wall µs per call (the
 kernels take ~10 µs, so a slower host is what the number shows), with the operands and output
 fixed and with them rotating through 1,000 buffers (what an engine's layers do). Anchors:
 cuBLAS blockwise FP8 through ``torch.nn.functional.scaled_mm`` and a bf16 ``torch.matmul``.
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import cutegen.deep_gemm as dg
-from cutegen.runtime import fp8_ops
+from cutegen.runtime import fp8_ops, ops, quant_ops
 
 ROTATION = 1000
 
@@ -66,6 +66,13 @@ def main() -> None:
     st = F.ScalingType
     a16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    groups = 4
+    qa4 = torch.randn(groups, m, k, device="cuda").to(torch.float8_e4m3fn)
+    sa4 = fp8_ops.to_mn_major_tma_aligned(torch.rand(groups, m, kb, device="cuda") + 0.5)
+    qb4 = torch.randn(groups, n, k, device="cuda").to(torch.float8_e4m3fn)
+    sb4 = torch.rand(groups, -(-n // 128), kb, device="cuda") + 0.5
+    d4 = torch.empty(groups, m, n, device="cuda", dtype=torch.bfloat16)
+    masked4 = torch.full((groups,), m, dtype=torch.int32, device="cuda")
 
     def series(build):
         return {
@@ -86,6 +93,11 @@ def main() -> None:
             # scaled_mm takes SFA with strides (1, M): the MN-major layout itself when M % 4 == 0
             lambda qa, rows, mn, d: lambda: F.scaled_mm(qa, qb.t(), mn, st.BlockWise1x128, scale_b,
                                                         st.BlockWise128x128, output_dtype=torch.bfloat16)),
+        "cutegen ops.bf16_gemm_nt (out=)": series(lambda qa, rows, mn, d: lambda: ops.bf16_gemm_nt(a16, b16, out=d)),
+        "cutegen quant_ops.per_token_quant_fp8 (x bf16 [M, K])": series(
+            lambda qa, rows, mn, d: lambda: quant_ops.per_token_quant_fp8(a16, scale_layout="mn-major-tma-aligned")),
+        "deep_gemm.fp8_m_grouped_gemm_nt_masked (4 groups of M rows)": series(
+            lambda qa, rows, mn, d: lambda: dg.fp8_m_grouped_gemm_nt_masked((qa4, sa4), (qb4, sb4), d4, masked4, m)),
         "torch.matmul bf16": series(lambda qa, rows, mn, d: lambda: torch.matmul(a16, b16.t())),
         "torch.empty (the floor of a torch call)": series(
             lambda qa, rows, mn, d: lambda: torch.empty(m, n, device="cuda", dtype=torch.bfloat16)),

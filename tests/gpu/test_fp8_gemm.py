@@ -338,3 +338,45 @@ def test_ue8m0_scales(ops, fp8):
         fp8.fp8_gemm_nt(qa, sfa_words, qb, sfb_words, out=out, kernel=name)
         check(out, a, b, qa, sa, qb, sb, name)
 
+
+
+def test_new_addresses_reuse_the_plan_and_threads_do_not_share_it(ops, fp8):
+    """Calls of one shape with other tensors (a plan retargeted to new addresses, TMA descriptors
+    included), bitwise equal to calls on fresh plans; two threads on two streams at once."""
+    import threading
+
+    m, n, k = 333, 2048, 1536
+    problems = []
+    for seed in range(4):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        a = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+        qa, sa = quantize_per_token(a)
+        qb, sb = quantize_per_block(b)
+        problems.append((a, b, qa, fp8.to_mn_major_tma_aligned(sa), sa, qb, sb))
+    first = []
+    for a, b, qa, sa_mn, sa, qb, sb in problems:  # each call after the first patches addresses
+        out = poisoned(m, n)
+        fp8.fp8_gemm_nt(qa, sa_mn, qb, sb, out=out)
+        check(out, a, b, qa, sa, qb, sb, "retargeted plan")
+        first.append(out.clone())
+    results: dict[int, list[torch.Tensor]] = {}
+
+    def worker(index: int) -> None:
+        stream = torch.cuda.Stream()
+        outs = []
+        with torch.cuda.stream(stream):
+            for _ in range(25):
+                for _, _, qa, sa_mn, _, qb, sb in problems:
+                    outs.append(fp8.fp8_gemm_nt(qa, sa_mn, qb, sb))
+        stream.synchronize()
+        results[index] = outs
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for outs in results.values():
+        for i, out in enumerate(outs):
+            assert torch.equal(out, first[i % len(problems)])

@@ -144,7 +144,7 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> None:
             )
         if k_splits > 1 and not split:
             raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+        stream = ops.current_stream(a.device)
         operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}
         extents = None
         if split:
@@ -295,7 +295,7 @@ def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
     device = ops.device_ordinal(a)
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel)
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+        stream = ops.current_stream(a.device)
         launch(
             loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=stream,
             extents={"TAIL_SPLIT": tail_split()},

@@ -129,7 +129,7 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Non
         names = sorted(s.name for s in loaded.manifest.operands)
         if names != ["a", "b", "d", "m_indices", "sfa", "sfb"]:
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP}")
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+        stream = ops.current_stream(a.device)
         launch(
             loaded,
             {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "m_indices": m_indices},
@@ -259,7 +259,7 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
     with torch.cuda.device(device):
         # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
         loaded = ops._kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows)
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+        stream = ops.current_stream(a.device)
         launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}, stream=stream)
 
 

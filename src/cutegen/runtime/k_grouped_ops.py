@@ -126,7 +126,7 @@ def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str)
     with torch.cuda.device(device):
         loaded = ops._kernel_for(OP, m * g, n, k_hint, device, kernel)
         workspace = torch.empty(workspace_words(loaded.device.sm_count), dtype=torch.int64, device=a.device)
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+        stream = ops.current_stream(a.device)
         operands = {
             # The flat operands as [rows, 128·S] (the host descriptors are templates the kernel
             # rewrites per group) and the scales as MN-major (rows, S) views.

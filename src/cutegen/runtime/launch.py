@@ -3,8 +3,12 @@
 `launch` is the framework-neutral entry: operands are torch tensors (duck-typed, torch is not
 imported) or ``(ptr, shape, strides, dtype)`` records or `OperandInfo`s, keyed by the manifest's
 operand names. Everything derived from the operands (checks, TMA encodings, packed blob, pointer
-array, grid, launch config) is prepared once per distinct (operands, extents) and cached on the
-kernel, so a repeated call costs one dictionary look-up and one ``cuLaunchKernelEx``.
+array, grid, launch config) is prepared once per distinct (shapes, strides, dtypes, device,
+extents, SM budget, calling thread) and cached on the kernel as a plan that does not depend on
+the operands' addresses: a call with other addresses only writes them into the plan's blob (the
+pointer params, the data field of tensor structs and the global address of each TMA descriptor,
+its first 8 bytes, a layout checked against the driver's encoder once per process). Each thread
+has plans of its own, so two threads never write one blob.
 
 Symbols available to manifest expressions: the operands' extents (``M``, ``N``, ``K`` ...), any
 ``extents`` passed in, and ``max_active_clusters``, ``sm_count``, ``cluster_tiles``, ``tiles_m``,
@@ -19,13 +23,17 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import threading
 from typing import Any, Mapping
+
+import numpy as np
 
 from . import sm_budget
 from .driver import LoadedKernel, check, cu, launch_config
 from .errors import InputError, KernelLoadError
 from .manifest import GridRule, KernelManifest
 from .params import (
+    TMA_GLOBAL_ALIGN,
     OperandInfo,
     bind_operands,
     ceil_div,
@@ -139,6 +147,62 @@ class PreparedLaunch:
     pointers: Any = None
     params_address: int = 0
     env: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Where each operand's address lives in the blob: (operand, 8-byte word index, alignment).
+    address_sites: tuple[tuple[str, int, int], ...] = ()
+    # The addresses the blob holds now, per operand.
+    addresses: dict[str, int] = dataclasses.field(default_factory=dict)
+    words: Any = None  # the blob as uint64 words
+    stream: int | None = None  # the stream config.hStream names
+
+
+def address_sites(manifest: KernelManifest) -> tuple[tuple[str, int, int], ...]:
+    """Every place a param holds an operand's address: a pointer param, the data pointer of a
+    tensor struct, the global address of a TMA descriptor (all at the param's first 8 bytes)."""
+    align = {spec.name: max(1, spec.align_bytes) for spec in manifest.operands}
+    sites = []
+    for param in manifest.params:
+        kind = param.binding["kind"]
+        if kind not in ("pointer", "tensor", "tma"):
+            continue
+        operand = param.binding["operand"]
+        need = max(align.get(operand, 1), TMA_GLOBAL_ALIGN if kind == "tma" else 1)
+        sites.append((operand, param.offset // 8, need))
+    return tuple(sites)
+
+
+_PATCHABLE: bool | None = None
+_patch_lock = threading.Lock()
+
+
+def tma_address_patchable() -> bool:
+    """True when a TMA descriptor's global address is its first 8 bytes and nothing else in it
+    depends on the address: two encodings at different addresses then differ only there. Checked
+    once per process against ``cuTensorMapEncodeTiled``; if it fails, new addresses re-encode."""
+    global _PATCHABLE
+    if _PATCHABLE is None:
+        with _patch_lock:
+            if _PATCHABLE is None:
+                _PATCHABLE = _check_tma_address_layout()
+    return _PATCHABLE
+
+
+def _check_tma_address_layout() -> bool:
+    from .params import TmaArgs
+
+    def encoded(address: int) -> bytes:
+        return encode_tiled(TmaArgs(
+            dtype="bf16", rank=2, global_address=address, global_dims=(4096, 512), global_strides=(8192,),
+            box=(64, 128), element_strides=(1, 1), interleave="none", swizzle="128B", l2_promotion="128B",
+            oob_fill="none",
+        ))
+
+    try:
+        first, second = encoded(0x7F0000000000), encoded(0x7F0000123400)
+    except Exception:  # noqa: BLE001 - no driver: the slow path stays correct
+        return False
+    patched = bytearray(first)
+    patched[0:8] = (0x7F0000123400).to_bytes(8, "little")
+    return bytes(patched) == second and first[0:8] == (0x7F0000000000).to_bytes(8, "little")
 
 
 def prepare(
@@ -186,21 +250,48 @@ def prepare(
         pointers=pointers,
         params_address=ctypes.addressof(pointers) if manifest.params else 0,
         env=env,
+        address_sites=address_sites(manifest),
+        addresses={name: info.ptr for name, info in normalized.items()},
+        words=blob.data.view(np.uint64) if len(blob.data) % 8 == 0 else None,
     )
 
 
-def _operands_key(operands: Mapping[str, Any]) -> tuple:
-    """The launch-cache key of the operands: a tensor's (name, address, shape, strides, dtype,
-    device) read straight off it, any other record as its `OperandInfo`. Cheaper per call than
-    building an `OperandInfo` per tensor; an entry exists only for operands that passed
-    `operand_info`'s checks, and the device is part of the key, so a hit needs no re-check."""
+def _operands_key(operands: Mapping[str, Any]) -> tuple[tuple, dict[str, int]]:
+    """The plan-cache key of the operands and their addresses: a tensor's (name, shape, strides,
+    dtype, device) read straight off it, any other record's `OperandInfo` without its address.
+    Cheaper per call than building an `OperandInfo` per tensor; a plan exists only for operands
+    that passed `operand_info`'s checks, and the device is part of the key, so a hit re-checks
+    only the new addresses' alignment."""
     parts = []
+    addresses = {}
     for name, value in operands.items():
         if hasattr(value, "data_ptr") and hasattr(value, "stride"):
-            parts.append((name, value.data_ptr(), value.shape, value.stride(), value.dtype, value.device))
+            parts.append((name, value.shape, value.stride(), value.dtype, value.device))
+            addresses[name] = value.data_ptr()
         else:
-            parts.append((name, operand_info(value, name)))
-    return tuple(parts)
+            info = operand_info(value, name)
+            parts.append((name, info.shape, info.strides, info.dtype))
+            addresses[name] = info.ptr
+    return tuple(parts), addresses
+
+
+def _retarget(kernel: LoadedKernel, prepared: PreparedLaunch, addresses: Mapping[str, int]) -> bool:
+    """Write the operands' new addresses into the plan's blob; False when the plan cannot be
+    patched (the TMA layout check failed), so the caller prepares afresh."""
+    if addresses == prepared.addresses:
+        return True
+    if prepared.words is None or not tma_address_patchable():
+        return False
+    for operand, word, need in prepared.address_sites:
+        ptr = addresses[operand]
+        if ptr % need:
+            raise InputError(
+                f"kernel {kernel.name}: operand {operand!r} base address must be {need}-byte aligned, got "
+                f"0x{ptr:x} (misaligned by {ptr % need} bytes)"
+            )
+        prepared.words[word] = ptr
+    prepared.addresses = dict(addresses)
+    return True
 
 
 def _cache(kernel: LoadedKernel) -> "collections.OrderedDict[Any, PreparedLaunch]":
@@ -221,24 +312,35 @@ def launch(
     Nothing is launched when the grid rule's M or N extent is 0. Returns the prepared launch
     (grid, packed params) for inspection.
     """
+    shapes, addresses = _operands_key(operands)
     key = (
-        _operands_key(operands), tuple(sorted(extents.items())) if extents else (), sm_budget.budget()
+        shapes, tuple(sorted(extents.items())) if extents else (), sm_budget.budget(), threading.get_ident()
     )
     cache = _cache(kernel)
     prepared = cache.get(key)
+    if prepared is not None and not prepared.skip and not _retarget(kernel, prepared, addresses):
+        prepared = None
+    if prepared is not None:
+        try:
+            cache.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile; the plan itself stays valid
+            pass
     if prepared is None:
         ordinal = kernel.device.ordinal
         infos = {name: operand_info(value, name, ordinal) for name, value in operands.items()}
         prepared = prepare(kernel, infos, extents)
         cache[key] = prepared
-        if len(cache) > LAUNCH_CACHE_SIZE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
+        while len(cache) > LAUNCH_CACHE_SIZE:
+            try:
+                cache.popitem(last=False)
+            except KeyError:  # another thread emptied it first
+                break
     if prepared.skip:
         return prepared
     config = prepared.config
-    config.hStream = cu.CUstream(int(stream))
+    if prepared.stream != stream:
+        config.hStream = cu.CUstream(int(stream))
+        prepared.stream = stream
     current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
     pushed = current is None or int(current) != int(kernel.context)
     if pushed:

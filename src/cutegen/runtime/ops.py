@@ -255,6 +255,17 @@ def _check_pointers(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
         check_aligned(OP_BF16_GEMM_NT, arg, t)
 
 
+# torch's current stream as a raw handle, without building a torch.cuda.Stream per call.
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device: torch.device) -> int:
+    """The ``CUstream`` handle of torch's current stream on ``device`` (a capture's, while capturing)."""
+    if _raw_current_stream is not None:
+        return int(_raw_current_stream(device.index if device.index is not None else torch.cuda.current_device()))
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def device_ordinal(t: torch.Tensor) -> int:
     """The CUDA ordinal of a tensor's device (the current device for a bare "cuda")."""
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
@@ -296,7 +307,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str, de
             f"kernel {loaded.name}: a {OP_BF16_GEMM_NT} kernel must declare operands (A, B, D), "
             f"got {[s.name for s in specs]}"
         )
-    stream = torch.cuda.current_stream(a.device).cuda_stream
+    stream = current_stream(a.device)
     launch(loaded, {specs[0].name: a, specs[1].name: b, specs[2].name: out}, stream=stream)
 
 

@@ -271,7 +271,7 @@ def _launch(
 
     def go() -> None:
         loaded = _kernel(op, in_dtype, scale, device, forced, scale_layout)
-        stream = torch.cuda.current_stream(device_of.device).cuda_stream
+        stream = ops.current_stream(device_of.device)
         launch(loaded, operands, extents={"eps": eps}, stream=stream)
 
     if torch.cuda.current_device() != device:
@@ -520,7 +520,7 @@ def _grouped_run(x, group_sizes, eps, q, sf, kernel):
     _check_ptr(OP_GROUPED, "out", q)
     _check_ptr(OP_GROUPED, "out_scales", sf, 8)
     _check_ptr(OP_GROUPED, "group_sizes", group_sizes, 4)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    stream = ops.current_stream(x.device)
     operands = {
         "x": x, "group_sizes": group_sizes, "q": q, "sf": sf,
         "tile_counter": grouped_tile_counter(x.device, stream),
