@@ -380,3 +380,21 @@ def test_new_addresses_reuse_the_plan_and_threads_do_not_share_it(ops, fp8):
     for outs in results.values():
         for i, out in enumerate(outs):
             assert torch.equal(out, first[i % len(problems)])
+
+
+def test_remembered_call_still_refuses_a_misaligned_address(ops, fp8):
+    """The second call of a layout skips the checks but not the alignment of the new addresses."""
+    from cutegen.runtime.errors import InputError
+
+    m, n, k = 256, 1024, 512
+    qa = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    qb = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    sa = fp8.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
+    sb = torch.rand(n // 128, k // 128, device="cuda") + 0.5
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    fp8.fp8_gemm_nt(qa, sa, qb, sb, out=out)  # remembered
+    storage = torch.empty(m * k + 8, device="cuda", dtype=torch.float8_e4m3fn)
+    shifted = storage[8:].view(m, k)  # the same layout, 8 bytes off a 16-byte boundary
+    shifted.copy_(qa)
+    with pytest.raises(InputError, match="'a'.*16-byte aligned"):
+        fp8.fp8_gemm_nt(shifted, sa, qb, sb, out=out)

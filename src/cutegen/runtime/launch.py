@@ -337,6 +337,20 @@ def launch(
                 break
     if prepared.skip:
         return prepared
+    _issue(kernel, prepared, stream)
+    return prepared
+
+
+def relaunch(kernel: LoadedKernel, prepared: PreparedLaunch, addresses: Mapping[str, int], stream: int) -> bool:
+    """Launch an earlier call's plan again with the operands at ``addresses`` (every operand the
+    kernel declares); False, launching nothing, when the plan cannot be retargeted."""
+    if prepared.skip or not _retarget(kernel, prepared, addresses):
+        return False
+    _issue(kernel, prepared, stream)
+    return True
+
+
+def _issue(kernel: LoadedKernel, prepared: PreparedLaunch, stream: int) -> None:
     config = prepared.config
     if prepared.stream != stream:
         config.hStream = cu.CUstream(int(stream))
@@ -354,7 +368,6 @@ def launch(
     finally:
         if pushed:
             cu.cuCtxPopCurrent()
-    return prepared
 
 
 __all__ = [
@@ -366,4 +379,5 @@ __all__ = [
     "operand_info",
     "persistent_grid",
     "prepare",
+    "relaunch",
 ]
