@@ -25,6 +25,7 @@ class RememberedCall(NamedTuple):
     kernel: Any  # LoadedKernel
     prepared: PreparedLaunch
     names: tuple[str, ...]  # the kernel operand each tensor of the call binds
+    extra: Any = None  # what the op derived from the layout during its checks, kept for the relaunch
 
 
 class CallCache:
@@ -44,6 +45,9 @@ class CallCache:
     def __contains__(self, key: tuple) -> bool:
         return key in self._calls
 
+    def get(self, key: tuple) -> RememberedCall | None:
+        return self._calls.get(key)
+
     def launch(self, key: tuple, tensors: Sequence[Any], stream: int) -> bool:
         """Relaunch the call remembered under ``key`` on ``tensors``; False if there is none."""
         call = self._calls.get(key)
@@ -52,12 +56,14 @@ class CallCache:
         addresses = {name: t.data_ptr() for name, t in zip(call.names, tensors)}
         return relaunch(call.kernel, call.prepared, addresses, stream)
 
-    def remember(self, key: tuple, kernel: Any, prepared: PreparedLaunch | None, names: Sequence[str]) -> None:
+    def remember(
+        self, key: tuple, kernel: Any, prepared: PreparedLaunch | None, names: Sequence[str], extra: Any = None
+    ) -> None:
         if prepared is None or prepared.skip or set(names) != set(prepared.addresses):
             return
         if len(self._calls) >= CALLS_PER_OP:
             self._calls.clear()
-        self._calls[key] = RememberedCall(kernel, prepared, tuple(names))
+        self._calls[key] = RememberedCall(kernel, prepared, tuple(names), extra)
 
     def clear(self) -> None:
         self._calls.clear()
