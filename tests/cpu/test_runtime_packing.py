@@ -389,6 +389,11 @@ def test_address_sites_cover_every_address_param():
     for operand, word, _ in sites:
         words[word] = second[operand].ptr
     assert bytes(blob) == packed(second).tobytes()
+    # A blob that does not end on a whole 8-byte word (a trailing i32) still holds every site in
+    # its whole words, which is all `launch` views as uint64.
+    tail = make_manifest(params=gemm_params() + [Param(11, "tail", 616, 4, 4, {"kind": "scalar", "dtype": "i32", "expr": "1"})])
+    assert tail.param_bytes % 8 == 4
+    assert all((word + 1) * 8 <= tail.param_bytes // 8 * 8 for _, word, _ in address_sites(tail))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 An op checks its inputs, chooses its kernel and prepares the launch once per distinct call
 layout: the tensors' shapes, strides, dtypes and devices, the op's other arguments, the SM budget
 and the calling thread. A later call with that layout has passed the same checks, so it only
-reads the tensors' addresses, checks their alignment and relaunches (`launch.relaunch`). What
-depends on more than the layout (split-K workspaces, launches being captured into a CUDA graph)
-is never remembered, and `forget_all` (called by `ops.set_build_dir`) drops every entry.
+reads the tensors' addresses, checks their alignment and relaunches (`launch.relaunch`); a
+launch being captured into a CUDA graph records those parameters like any other. What depends on
+more than the layout (a split-K launch's per-stream workspace) is never remembered, and
+`forget_all` (called by `ops.set_build_dir`) drops every entry.
 """
 
 from __future__ import annotations

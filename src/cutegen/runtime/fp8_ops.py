@@ -164,7 +164,7 @@ _CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d")
 
 
 def _impl(a, sfa, b, sfb, kernel: str, k_splits: int = 0) -> torch.Tensor:
-    key = _calls.key((a, sfa, b, sfb), kernel, k_splits, "new")
+    key = _calls.key((a, sfa, b, sfb), kernel, k_splits)
     if key in _calls:
         out = ops._new_out(a, a.shape[0], b.shape[0])
         if _calls.launch(key, (a, sfa, b, sfb, out), ops.current_stream(a.device)):

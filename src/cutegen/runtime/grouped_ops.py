@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from . import fp8_ops, ops
+from .call_cache import CallCache
 from .errors import InputError, KernelLoadError
 from .heuristics import CONTIGUOUS_OP as OP
-from .call_cache import CallCache
 from .launch import launch
 
 # Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.

@@ -151,7 +151,7 @@ class PreparedLaunch:
     address_sites: tuple[tuple[str, int, int], ...] = ()
     # The addresses the blob holds now, per operand.
     addresses: dict[str, int] = dataclasses.field(default_factory=dict)
-    words: Any = None  # the blob as uint64 words
+    words: Any = None  # the blob's whole 8-byte words, as uint64
     stream: int | None = None  # the stream config.hStream names
 
 
@@ -252,7 +252,8 @@ def prepare(
         env=env,
         address_sites=address_sites(manifest),
         addresses={name: info.ptr for name, info in normalized.items()},
-        words=blob.data.view(np.uint64) if len(blob.data) % 8 == 0 else None,
+        # Every address site is 8-byte aligned and ends within the blob, so it lies in its whole words.
+        words=blob.data[: len(blob.data) // 8 * 8].view(np.uint64),
     )
 
 
@@ -280,7 +281,7 @@ def _retarget(kernel: LoadedKernel, prepared: PreparedLaunch, addresses: Mapping
     patched (the TMA layout check failed), so the caller prepares afresh."""
     if addresses == prepared.addresses:
         return True
-    if prepared.words is None or not tma_address_patchable():
+    if not tma_address_patchable():
         return False
     for operand, word, need in prepared.address_sites:
         ptr = addresses[operand]

@@ -9,6 +9,8 @@ kernel-choice key, so a change takes effect on the next call.
 
 from __future__ import annotations
 
+from .errors import InputError
+
 _budget: int | None = None
 
 
@@ -19,8 +21,6 @@ def set_num_sms(num_sms: int | None) -> None:
         _budget = None
         return
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
-        from .errors import InputError
-
         raise InputError(f"set_num_sms: argument 'num_sms' must be a positive int or None, got {num_sms!r}")
     _budget = int(num_sms)
 
