@@ -664,8 +664,8 @@ def test_runtime_import_is_light_and_ops_never_imports_cutlass():
 
 # The torch-facing modules; the rest of the runtime works without torch.
 TORCH_FACING = {
-    "ops.py", "fp8_ops.py", "grouped_ops.py", "k_grouped_ops.py", "quant_ops.py", "quant_reference.py", "split_k.py",
-    "stream_scratch.py",
+    "ops.py", "bf16_ops.py", "fp8_ops.py", "grouped_ops.py", "k_grouped_ops.py", "quant_ops.py", "quant_reference.py",
+    "split_k.py", "stream_scratch.py", "checks.py", "torch_ops.py",
 }
 
 
@@ -734,12 +734,33 @@ def test_ops_refuses_cpu_and_non_tensors():
         ops.bf16_gemm_nt(a, [1, 2])
 
 
+# Every op module's torch.ops.cutegen ops, as `import cutegen.runtime` registers them.
+REGISTERED_OPS = {
+    "bf16_gemm_nt", "bf16_gemm_nt_out", "fp8_gemm_nt", "fp8_gemm_nt_out", "fp8_wgrad_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous_out", "m_grouped_fp8_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_masked_out", "k_grouped_fp8_gemm_nt_contiguous", "per_token_quant_fp8",
+    "per_token_quant_fp8_out", "per_block_quant_fp8", "per_block_quant_fp8_out", "grouped_transposed_quant_fp8",
+    "grouped_transposed_quant_fp8_out",
+}
+
+
+def test_import_runtime_registers_every_op_when_torch_is_loaded():
+    pytest.importorskip("torch")
+    _run_python(
+        "import torch, cutegen.runtime\n"
+        f"missing = [op for op in {sorted(REGISTERED_OPS)!r} if not hasattr(torch.ops.cutegen, op)]\n"
+        "assert not missing, missing\n"
+    )
+
+
 def test_op_schemas_avoid_inductor_reserved_names():
     # Inductor's FallbackKernel.create() has a parameter named `kernel`: an op argument with that
     # name fails torch.compile lowering ("got multiple values for argument 'kernel'").
     torch = pytest.importorskip("torch")
-    import cutegen.runtime.ops  # noqa: F401 - registers the ops
+    import cutegen.runtime
 
-    for op in (torch.ops.cutegen.bf16_gemm_nt.default, torch.ops.cutegen.bf16_gemm_nt_out.default):
+    cutegen.runtime.register_torch_ops()
+    for name in sorted(REGISTERED_OPS):
+        op = getattr(torch.ops.cutegen, name).default
         names = [arg.name for arg in op._schema.arguments]
-        assert "kernel" not in names and "kernel_name" in names
+        assert "kernel" not in names, name

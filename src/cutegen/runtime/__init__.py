@@ -1,9 +1,13 @@
 """Standalone runtime: manifests, cuda-python loader and launcher, heuristics, torch ops. Never imports the CuTe DSL.
 
-Importing this package is cheap: it loads no torch and no CUDA library. The heavier pieces are
-reached lazily by attribute:
+Importing this package loads no CUDA library. Where torch is already imported (as in every engine
+and training script), it also imports the op modules, so that every ``torch.ops.cutegen.<op>``
+exists from ``import cutegen.runtime`` on; otherwise it loads no torch either (C launchers and the
+generator use the torch-free modules: manifest, catalogue, driver, launch), and the op modules
+load on first access of an op by attribute, or by importing them. The pieces reached lazily by
+attribute:
 
-* ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.ops`; imports torch on first access);
+* ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.bf16_ops`);
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
 * ``fp8_wgrad_gemm_nt`` (dense weight gradient, `fp8_ops`) and
   ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient, `cutegen.runtime.k_grouped_ops`);
@@ -21,6 +25,7 @@ The error classes are importable directly (``from cutegen.runtime import InputEr
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from .errors import (
@@ -34,7 +39,7 @@ from .errors import (
 )
 
 _LAZY = {
-    "bf16_gemm_nt": "ops",
+    "bf16_gemm_nt": "bf16_ops",
     "fp8_gemm_nt": "fp8_ops",
     "fp8_wgrad_gemm_nt": "fp8_ops",
     "k_grouped_fp8_gemm_nt_contiguous": "k_grouped_ops",
@@ -55,6 +60,16 @@ _LAZY = {
 }
 
 
+# The modules that register torch.ops.cutegen ops (`torch_ops.TorchOp`).
+OP_MODULES = ("bf16_ops", "fp8_ops", "grouped_ops", "k_grouped_ops", "quant_ops")
+
+
+def register_torch_ops() -> None:
+    """Import every op module, defining all ``torch.ops.cutegen`` ops (imports torch)."""
+    for module in OP_MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -68,6 +83,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
+if "torch" in sys.modules:
+    register_torch_ops()
+
 __all__ = [
     "ArchMismatchError",
     "ArtifactError",
@@ -76,5 +94,7 @@ __all__ = [
     "InputError",
     "KernelLoadError",
     "NoGpuError",
+    "OP_MODULES",
+    "register_torch_ops",
     *_LAZY,
 ]

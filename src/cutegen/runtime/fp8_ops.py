@@ -33,13 +33,16 @@ from typing import Any
 
 import torch
 
-from . import heuristics, ops, split_k
-from .call_cache import CallCache
+from . import heuristics, split_k, stream_scratch
+from .call_cache import CallCache, Launched
+from .checks import check_aligned, check_matrix
 from .errors import InputError, KernelLoadError
+from .kernel_choice import kernel_for
 from .launch import launch
 from .params import SCALE_BLOCK, align, ceil_div
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
+from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out
 
 OP_FP8_GEMM_NT = "fp8_gemm_nt"
 FP8_ROW_ALIGN_ELEMS = 16  # 16 bytes of e4m3
@@ -66,11 +69,14 @@ def tma_aligned_rows(m: int) -> int:
 
 
 def _check_operand(arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int) -> None:
-    ops.check_matrix(OP_FP8_GEMM_NT, arg, t, device, dtype, row_align)
+    check_matrix(OP_FP8_GEMM_NT, arg, t, device, dtype, row_align)
 
 
 def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[int, int, int]:
     """Everything checkable without data (also under fake tensors); returns (M, N, K)."""
+    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
     _check_operand("a", a, None, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
     _check_operand("b", b, a.device, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
     m, k = a.shape
@@ -118,19 +124,19 @@ def _check_pointers(op: str = OP_FP8_GEMM_NT, sfb_align: int = 4, **tensors: tor
     """Base alignment: 16 bytes (TMA) for every operand but SFB, which fp8_gemm_nt reads with
     plain loads (4 bytes) and the weight-gradient GEMM loads by TMA (16)."""
     for arg, t in tensors.items():
-        ops.check_aligned(op, arg, t, sfb_align if arg == "sfb" else PTR_ALIGN_BYTES)
+        check_aligned(op, arg, t, sfb_align if arg == "sfb" else PTR_ALIGN_BYTES)
 
 
 _OPERANDS = ["a", "b", "d", "sfa", "sfb"]
 _SPLIT_K_OPERANDS = sorted(_OPERANDS + ["split_counters", "split_partials"])
 
 
-_calls = CallCache(OP_FP8_GEMM_NT)
+# Split-K launches are remembered with their stream's workspace.
+_calls = CallCache(OP_FP8_GEMM_NT, stream_scratch.capturing)
 
 
-def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> Any:
-    """Launch; returns the (kernel, prepared launch) a later call of this layout may relaunch,
-    None when there is none (nothing launched, or a split-K launch with its per-stream workspace)."""
+def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
+    """Launch; returns what `_calls` remembers of it, None when nothing was launched."""
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0:
@@ -138,9 +144,9 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> Any:
     if k == 0:
         out.zero_()
         return None
-    device = ops.device_ordinal(a)
+    device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, scale_format(sfa))
+        loaded = kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, scale_format(sfa))
         names = sorted(s.name for s in loaded.manifest.operands)
         split = heuristics.splits_k(loaded.manifest)
         if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
@@ -150,71 +156,59 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> Any:
             )
         if k_splits > 1 and not split:
             raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
-        stream = ops.current_stream(a.device)
+        stream = current_stream(a)
         operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}
-        extents = None
+        extents = workspace = None
         if split:
             workspace, extents = split_k.launch_arguments(loaded, a.device, stream, m, n, k, k_splits)
             operands.update(workspace)
         prepared = launch(loaded, operands, extents=extents, stream=stream)
-        return None if split else (loaded, prepared)
+    return Launched(loaded, prepared, _CALL_OPERANDS, fixed=workspace)
 
 
 _CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d")
 
 
-def _impl(a, sfa, b, sfb, kernel: str, k_splits: int = 0) -> torch.Tensor:
-    key = _calls.key((a, sfa, b, sfb), kernel, k_splits)
-    if key in _calls:
-        out = ops._new_out(a, a.shape[0], b.shape[0])
-        if _calls.launch(key, (a, sfa, b, sfb, out), ops.current_stream(a.device)):
+def _impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, kernel_name: str = "", k_splits: int = 0
+) -> torch.Tensor:
+    key = _calls.key((a, sfa, b, sfb), kernel_name, k_splits)
+    call = _calls.get(key)
+    if call is not None:
+        out = new_bf16_out(a, a.shape[0], b.shape[0])
+        if _calls.launch(call, (a, sfa, b, sfb, out), current_stream(a)):
             return out
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb)
-    out = ops._new_out(a, m, n)
-    _calls.remember(key, *(_run(a, sfa, b, sfb, out, kernel, k_splits) or (None, None)), _CALL_OPERANDS)
+    out = new_bf16_out(a, m, n)
+    _calls.remember(key, _run(a, sfa, b, sfb, out, kernel_name, k_splits))
     return out
 
 
-def _out_impl(a, sfa, b, sfb, out, kernel: str, k_splits: int = 0) -> None:
-    key = _calls.key((a, sfa, b, sfb, out), kernel, k_splits)
-    if _calls.launch(key, (a, sfa, b, sfb, out), ops.current_stream(a.device)):
+def _out_impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, kernel_name: str = "",
+    k_splits: int = 0,
+) -> None:
+    key = _calls.key((a, sfa, b, sfb, out), kernel_name, k_splits)
+    call = _calls.get(key)
+    if call is not None and _calls.launch(call, (a, sfa, b, sfb, out), current_stream(a)):
         return
     _check_meta(a, sfa, b, sfb, out)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=out)
-    _calls.remember(key, *(_run(a, sfa, b, sfb, out, kernel, k_splits) or (None, None)), _CALL_OPERANDS)
+    _calls.remember(key, _run(a, sfa, b, sfb, out, kernel_name, k_splits))
 
 
-@torch.library.custom_op("cutegen::fp8_gemm_nt", mutates_args=())
-def _fp8_gemm_nt_op(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, kernel_name: str = "",
-    k_splits: int = 0,
-) -> torch.Tensor:
-    return _impl(a, sfa, b, sfb, kernel_name, k_splits)
-
-
-@_fp8_gemm_nt_op.register_fake
-def _fp8_gemm_nt_fake(a, sfa, b, sfb, kernel_name: str = "", k_splits: int = 0):
+def _fake(a, sfa, b, sfb, kernel_name: str = "", k_splits: int = 0):
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
-    return ops._new_out(a, m, n)
+    return new_bf16_out(a, m, n)
 
 
-@torch.library.custom_op("cutegen::fp8_gemm_nt_out", mutates_args=("out",))
-def _fp8_gemm_nt_out_op(
-    a: torch.Tensor,
-    sfa: torch.Tensor,
-    b: torch.Tensor,
-    sfb: torch.Tensor,
-    out: torch.Tensor,
-    kernel_name: str = "",
-    k_splits: int = 0,
-) -> None:
-    _out_impl(a, sfa, b, sfb, out, kernel_name, k_splits)
-
-
-@_fp8_gemm_nt_out_op.register_fake
-def _fp8_gemm_nt_out_fake(a, sfa, b, sfb, out, kernel_name: str = "", k_splits: int = 0) -> None:
+def _out_fake(a, sfa, b, sfb, out, kernel_name: str = "", k_splits: int = 0) -> None:
     _check_meta(a, sfa, b, sfb, out)
+
+
+FP8_GEMM_NT = TorchOp(OP_FP8_GEMM_NT, _impl, _fake)
+FP8_GEMM_NT_OUT = TorchOp(f"{OP_FP8_GEMM_NT}_out", _out_impl, _out_fake, mutates=("out",))
 
 
 def fp8_gemm_nt(
@@ -234,26 +228,16 @@ def fp8_gemm_nt(
     (epilogue ``split_k_tma_store``; by default the heuristic's count; rounded so that no split is
     empty); any other kernel takes only 1. Plain eager calls skip the dispatcher; under
     ``torch.compile``, autograd or dispatch modes the call goes through
-    ``torch.ops.cutegen.fp8_gemm_nt``.
+    ``torch.ops.cutegen.fp8_gemm_nt`` (`torch_ops.TorchOp`).
     """
-    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb)):
-        if not isinstance(t, torch.Tensor):
-            raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    # The tensors are checked by the op itself (once per call layout), naming each argument.
     if kernel is not None and not isinstance(kernel, str):
         raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
-    if out is not None and not isinstance(out, torch.Tensor):
-        raise _fail("out", f"must be a torch.Tensor or None, got {type(out).__name__}")
     if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
         raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
-    splits = k_splits or 0
-    if ops._plain_eager(a, sfa, b, sfb, out):
-        if out is None:
-            return _impl(a, sfa, b, sfb, kernel or "", splits)
-        _out_impl(a, sfa, b, sfb, out, kernel or "", splits)
-        return out
     if out is None:
-        return torch.ops.cutegen.fp8_gemm_nt(a, sfa, b, sfb, kernel or "", splits)
-    torch.ops.cutegen.fp8_gemm_nt_out(a, sfa, b, sfb, out, kernel or "", splits)
+        return FP8_GEMM_NT(a, sfa, b, sfb, kernel or "", k_splits or 0)
+    FP8_GEMM_NT_OUT(a, sfa, b, sfb, out, kernel or "", k_splits or 0)
     return out
 
 
@@ -266,8 +250,8 @@ def _check_wgrad(a, sfa, b, sfb, d, c) -> tuple[int, int, int]:
     def fail(arg: str, what: str) -> InputError:
         return InputError(f"{OP_FP8_WGRAD}: argument '{arg}' {what}")
 
-    ops.check_matrix(OP_FP8_WGRAD, "a", a, None, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
-    ops.check_matrix(OP_FP8_WGRAD, "b", b, a.device, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    check_matrix(OP_FP8_WGRAD, "a", a, None, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    check_matrix(OP_FP8_WGRAD, "b", b, a.device, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
     m, k = a.shape
     n, kb = b.shape
     if kb != k:
@@ -285,7 +269,7 @@ def _check_wgrad(a, sfa, b, sfb, d, c) -> tuple[int, int, int]:
                 f"{tma_aligned_rows(rows)})); got shape {list(t.shape)} strides {list(t.stride())}; "
                 "convert with to_mn_major_tma_aligned",
             )
-    ops.check_matrix(OP_FP8_WGRAD, "d", d, a.device, torch.float32, F32_ROW_ALIGN_ELEMS)
+    check_matrix(OP_FP8_WGRAD, "d", d, a.device, torch.float32, F32_ROW_ALIGN_ELEMS)
     if tuple(d.shape) != (m, n):
         raise fail("d", f"must have shape [M, N] = [{m}, {n}], got {list(d.shape)}")
     if c is not None:
@@ -306,43 +290,39 @@ def tail_split() -> int:
 _wgrad_calls = CallCache(OP_FP8_WGRAD)
 
 
-def _wgrad_impl(a, sfa, b, sfb, d, c, kernel: str) -> None:
+def _wgrad_impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+    c: torch.Tensor | None = None, kernel_name: str = "",
+) -> None:
     split = tail_split()
-    key = _wgrad_calls.key((a, sfa, b, sfb, d, c), kernel, split)
-    known = key in _wgrad_calls
-    if not known:
+    key = _wgrad_calls.key((a, sfa, b, sfb, d) if c is None else (a, sfa, b, sfb, d, c), kernel_name, split)
+    call = _wgrad_calls.get(key)
+    if call is None:
         _check_wgrad(a, sfa, b, sfb, d, c)
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
-    if known and _wgrad_calls.launch(key, (a, sfa, b, sfb, d), ops.current_stream(a.device)):
+    if call is not None and _wgrad_calls.launch(call, (a, sfa, b, sfb, d), current_stream(a)):
         return
     m, k = a.shape
     n = b.shape[0]
     if m == 0 or n == 0 or k == 0:
         return
     _check_pointers(OP_FP8_WGRAD, PTR_ALIGN_BYTES, a=a, sfa=sfa, b=b, sfb=sfb, out=d)
-    device = ops.device_ordinal(a)
+    device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel)
-        stream = ops.current_stream(a.device)
+        loaded = kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel_name)
         prepared = launch(
-            loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=stream,
+            loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=current_stream(a),
             extents={"TAIL_SPLIT": split},
         )
-    _wgrad_calls.remember(key, loaded, prepared, _CALL_OPERANDS)
+    _wgrad_calls.remember(key, Launched(loaded, prepared, _CALL_OPERANDS))
 
 
-@torch.library.custom_op(f"cutegen::{OP_FP8_WGRAD}", mutates_args=("d",))
-def _fp8_wgrad_op(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
-    c: torch.Tensor | None = None, kernel_name: str = "",
-) -> None:
-    _wgrad_impl(a, sfa, b, sfb, d, c, kernel_name)
-
-
-@_fp8_wgrad_op.register_fake
-def _fp8_wgrad_fake(a, sfa, b, sfb, d, c=None, kernel_name: str = "") -> None:
+def _wgrad_fake(a, sfa, b, sfb, d, c=None, kernel_name: str = "") -> None:
     _check_wgrad(a, sfa, b, sfb, d, c)
+
+
+FP8_WGRAD_GEMM_NT = TorchOp(OP_FP8_WGRAD, _wgrad_impl, _wgrad_fake, mutates=("d",))
 
 
 def fp8_wgrad_gemm_nt(
@@ -365,10 +345,7 @@ def fp8_wgrad_gemm_nt(
     """
     if kernel is not None and not isinstance(kernel, str):
         raise InputError(f"{OP_FP8_WGRAD}: argument 'kernel' must be a kernel name (str) or None")
-    if ops._plain_eager(a, sfa, b, sfb, d, c):
-        _wgrad_impl(a, sfa, b, sfb, d, c, kernel or "")
-    else:
-        torch.ops.cutegen.fp8_wgrad_gemm_nt(a, sfa, b, sfb, d, c, kernel or "")
+    FP8_WGRAD_GEMM_NT(a, sfa, b, sfb, d, c, kernel or "")
     return d
 
 

@@ -34,11 +34,14 @@ from typing import Any
 
 import torch
 
-from . import fp8_ops, ops
-from .call_cache import CallCache
+from . import fp8_ops
+from .call_cache import CallCache, Launched
+from .checks import check_aligned, check_matrix
 from .errors import InputError, KernelLoadError
 from .heuristics import CONTIGUOUS_OP as OP
+from .kernel_choice import kernel_for
 from .launch import launch
+from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out
 
 # Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.
 M_ALIGNMENT = 128
@@ -77,7 +80,7 @@ def _fail(arg: str, what: str) -> InputError:
 
 def _check_meta(a, sfa, b, sfb, m_indices, out) -> tuple[int, int, int, int]:
     """Everything checkable without data; returns (ΣM, N, K, G)."""
-    ops.check_matrix(OP, "a", a, None, torch.float8_e4m3fn, fp8_ops.FP8_ROW_ALIGN_ELEMS)
+    check_matrix(OP, "a", a, None, torch.float8_e4m3fn, fp8_ops.FP8_ROW_ALIGN_ELEMS)
     m, k = a.shape
     if not isinstance(b, torch.Tensor):
         raise _fail("b", f"must be a torch.Tensor, got {type(b).__name__}")
@@ -109,14 +112,14 @@ def _check_meta(a, sfa, b, sfb, m_indices, out) -> tuple[int, int, int, int]:
     if m_indices.dtype != torch.int32 or tuple(m_indices.shape) != (m,) or (m > 1 and m_indices.stride(0) != 1):
         raise _fail("m_indices", f"must be a contiguous int32 [ΣM] = [{m}] tensor, got {m_indices.dtype} {list(m_indices.shape)}")
     if out is not None:
-        ops.check_matrix(OP, "out", out, a.device, torch.bfloat16, fp8_ops.OUT_ROW_ALIGN_ELEMS)
+        check_matrix(OP, "out", out, a.device, torch.bfloat16, fp8_ops.OUT_ROW_ALIGN_ELEMS)
         if tuple(out.shape) != (m, n):
             raise _fail("out", f"must have shape [ΣM, N] = [{m}, {n}], got {list(out.shape)}")
     return m, n, k, g
 
 
 def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Any:
-    """Launch; returns (kernel, prepared launch) for `_calls`, None when nothing was launched."""
+    """Launch; returns what `_calls` remembers of it, None when nothing was launched."""
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0 or b.shape[0] == 0:
@@ -124,21 +127,21 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Any
             out.zero_()
         return None
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
-        ops.check_aligned(OP, arg, t)
-    device = ops.device_ordinal(a)
+        check_aligned(OP, arg, t)
+    device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP, m, n, k, device, kernel)
+        loaded = kernel_for(OP, m, n, k, device, kernel)
         names = sorted(s.name for s in loaded.manifest.operands)
         if names != ["a", "b", "d", "m_indices", "sfa", "sfb"]:
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP}")
-        stream = ops.current_stream(a.device)
+        stream = current_stream(a)
         prepared = launch(
             loaded,
             {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "m_indices": m_indices},
             extents={"ZERO_PADDING": 1 if zero_padding else 0},
             stream=stream,
         )
-    return loaded, prepared
+    return Launched(loaded, prepared, _CALL_OPERANDS)
 
 
 _calls = CallCache(OP)
@@ -147,44 +150,44 @@ _CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d", "m_indices")
 
 def _contiguous(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
-    key = _calls.key((a, sfa, b, sfb, m_indices, out), bool(zero_padding), kernel)
-    if key in _calls:
-        d = out if out is not None else ops._new_out(a, a.shape[0], b.shape[1])
-        if _calls.launch(key, (a, sfa, b, sfb, d, m_indices), ops.current_stream(a.device)):
+    tensors = (a, sfa, b, sfb, m_indices) if out is None else (a, sfa, b, sfb, m_indices, out)
+    key = _calls.key(tensors, zero_padding, kernel)
+    call = _calls.get(key)
+    if call is not None:
+        d = out if out is not None else new_bf16_out(a, a.shape[0], b.shape[1])
+        if _calls.launch(call, (a, sfa, b, sfb, d, m_indices), current_stream(a)):
             return d
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, out)
-    d = out if out is not None else ops._new_out(a, m, n)
-    ran = _run(a, sfa, b, sfb, m_indices, d, zero_padding, kernel)
-    if ran is not None:
-        _calls.remember(key, *ran, _CALL_OPERANDS)
+    d = out if out is not None else new_bf16_out(a, m, n)
+    _calls.remember(key, _run(a, sfa, b, sfb, m_indices, d, zero_padding, kernel))
     return d
 
 
-@torch.library.custom_op(f"cutegen::{OP}", mutates_args=())
-def _op(
+def _impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
     zero_padding: bool = True, kernel_name: str = "",
 ) -> torch.Tensor:
     return _contiguous(a, sfa, b, sfb, m_indices, None, zero_padding, kernel_name)
 
 
-@_op.register_fake
-def _op_fake(a, sfa, b, sfb, m_indices, zero_padding: bool = True, kernel_name: str = ""):
+def _fake(a, sfa, b, sfb, m_indices, zero_padding: bool = True, kernel_name: str = ""):
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, None)
-    return ops._new_out(a, m, n)
+    return new_bf16_out(a, m, n)
 
 
-@torch.library.custom_op(f"cutegen::{OP}_out", mutates_args=("out",))
-def _op_out(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
-    out: torch.Tensor, zero_padding: bool = True, kernel_name: str = "",
+def _out_impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor, out: torch.Tensor,
+    zero_padding: bool = True, kernel_name: str = "",
 ) -> None:
     _contiguous(a, sfa, b, sfb, m_indices, out, zero_padding, kernel_name)
 
 
-@_op_out.register_fake
-def _op_out_fake(a, sfa, b, sfb, m_indices, out, zero_padding: bool = True, kernel_name: str = "") -> None:
+def _out_fake(a, sfa, b, sfb, m_indices, out, zero_padding: bool = True, kernel_name: str = "") -> None:
     _check_meta(a, sfa, b, sfb, m_indices, out)
+
+
+CONTIGUOUS = TorchOp(OP, _impl, _fake)
+CONTIGUOUS_OUT = TorchOp(f"{OP}_out", _out_impl, _out_fake, mutates=("out",))
 
 
 def m_grouped_fp8_gemm_nt_contiguous(
@@ -201,12 +204,9 @@ def m_grouped_fp8_gemm_nt_contiguous(
     """Grouped FP8 GEMM over contiguous expert segments; see the module docstring."""
     if kernel is not None and not isinstance(kernel, str):
         raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
-    tensors: tuple[Any, ...] = (a, sfa, b, sfb, m_indices, out)
-    if ops._plain_eager(*tensors):
-        return _contiguous(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
     if out is None:
-        return torch.ops.cutegen.m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, m_indices, bool(zero_padding), kernel or "")
-    torch.ops.cutegen.m_grouped_fp8_gemm_nt_contiguous_out(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
+        return CONTIGUOUS(a, sfa, b, sfb, m_indices, bool(zero_padding), kernel or "")
+    CONTIGUOUS_OUT(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
     return out
 
 
@@ -263,21 +263,21 @@ def _new_masked_out(a, g, max_m, n):
 
 
 def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> Any:
-    """Launch; returns (kernel, prepared launch) for `_masked_calls`, None when nothing was launched."""
+    """Launch; returns what `_masked_calls` remembers of it, None when nothing was launched."""
     g, max_m, k = a.shape
     n = b.shape[1]
     if g == 0 or max_m == 0 or n == 0:
         return None
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
-        ops.check_aligned(OP_MASKED, arg, t)
-    device = ops.device_ordinal(a)
+        check_aligned(OP_MASKED, arg, t)
+    device = device_ordinal(a)
     rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
         # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
-        loaded = ops._kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows)
-        stream = ops.current_stream(a.device)
+        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows)
+        stream = current_stream(a)
         prepared = launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}, stream=stream)
-    return loaded, prepared
+    return Launched(loaded, prepared, _MASKED_OPERANDS)
 
 
 _masked_calls = CallCache(OP_MASKED)
@@ -286,44 +286,44 @@ _MASKED_OPERANDS = ("a", "sfa", "b", "sfb", "d", "masked_m")
 
 def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
-    key = _masked_calls.key((a, sfa, b, sfb, masked_m, out), int(expected_m), kernel)
-    if key in _masked_calls:
+    tensors = (a, sfa, b, sfb, masked_m) if out is None else (a, sfa, b, sfb, masked_m, out)
+    key = _masked_calls.key(tensors, expected_m, kernel)
+    call = _masked_calls.get(key)
+    if call is not None:
         d = out if out is not None else _new_masked_out(a, a.shape[0], a.shape[1], b.shape[1])
-        if _masked_calls.launch(key, (a, sfa, b, sfb, d, masked_m), ops.current_stream(a.device)):
+        if _masked_calls.launch(call, (a, sfa, b, sfb, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
     d = out if out is not None else _new_masked_out(a, g, max_m, n)
-    ran = _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel)
-    if ran is not None:
-        _masked_calls.remember(key, *ran, _MASKED_OPERANDS)
+    _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel))
     return d
 
 
-@torch.library.custom_op(f"cutegen::{OP_MASKED}", mutates_args=())
-def _masked_op(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor,
-    expected_m: int, kernel_name: str = "",
+def _masked_impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+    kernel_name: str = "",
 ) -> torch.Tensor:
     return _masked(a, sfa, b, sfb, masked_m, expected_m, None, kernel_name)
 
 
-@_masked_op.register_fake
-def _masked_op_fake(a, sfa, b, sfb, masked_m, expected_m: int, kernel_name: str = ""):
+def _masked_fake(a, sfa, b, sfb, masked_m, expected_m: int, kernel_name: str = ""):
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, None)
     return _new_masked_out(a, g, max_m, n)
 
 
-@torch.library.custom_op(f"cutegen::{OP_MASKED}_out", mutates_args=("out",))
-def _masked_op_out(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor,
-    expected_m: int, out: torch.Tensor, kernel_name: str = "",
+def _masked_out_impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
+    out: torch.Tensor, kernel_name: str = "",
 ) -> None:
     _masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel_name)
 
 
-@_masked_op_out.register_fake
-def _masked_op_out_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel_name: str = "") -> None:
+def _masked_out_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel_name: str = "") -> None:
     _check_masked(a, sfa, b, sfb, masked_m, out)
+
+
+MASKED = TorchOp(OP_MASKED, _masked_impl, _masked_fake)
+MASKED_OUT = TorchOp(f"{OP_MASKED}_out", _masked_out_impl, _masked_out_fake, mutates=("out",))
 
 
 def m_grouped_fp8_gemm_nt_masked(
@@ -342,11 +342,9 @@ def m_grouped_fp8_gemm_nt_masked(
         raise _fail_masked("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
-    if ops._plain_eager(a, sfa, b, sfb, masked_m, out):
-        return _masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
     if out is None:
-        return torch.ops.cutegen.m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, expected_m, kernel or "")
-    torch.ops.cutegen.m_grouped_fp8_gemm_nt_masked_out(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
+        return MASKED(a, sfa, b, sfb, masked_m, expected_m, kernel or "")
+    MASKED_OUT(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
     return out
 
 

@@ -29,17 +29,21 @@ checked raise `InputError` naming the argument before anything is launched.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
-from . import ops
-from .call_cache import CallCache
+from . import stream_scratch
+from .call_cache import CallCache, Launched
+from .checks import check_aligned
 from .errors import InputError
 from .fp8_ops import F32_ROW_ALIGN_ELEMS
 from .fp8_ops import SFA_COLUMN_ALIGN as SCALE_ROW_ALIGN  # 16 bytes of fp32: TMA's stride rule
+from .kernel_choice import kernel_for
 from .launch import launch
 from .params import SCALE_BLOCK
+from .torch_ops import TorchOp, current_stream, device_ordinal
 
 OP = "k_grouped_fp8_gemm_nt_contiguous"
 # Two 128-byte TMA descriptors per CTA (A and B), as int64 words.
@@ -111,60 +115,76 @@ def workspace_words(sm_count: int) -> int:
     return WORKSPACE_WORDS_PER_CTA * sm_count
 
 
-_calls = CallCache(OP)
-_CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d", "group_sizes", "workspace")
+_lock = threading.Lock()
+# (device index, stream handle) -> the descriptor workspace of launches on that stream: they never
+# overlap (no kernel here is launched with PDL), so they can share one; a launch being captured in
+# a CUDA graph gets its own (`stream_scratch`).
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+# Calls are remembered with their stream's workspace.
+_calls = CallCache(OP, stream_scratch.capturing)
+_CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d", "group_sizes")
 
 
-def _kernel_operands(a, sfa, b, sfb, d, group_sizes, workspace) -> tuple:
+def descriptor_workspace(device: torch.device, stream: int, words: int) -> torch.Tensor:
+    """The int64 descriptor workspace of launches on ``stream`` of ``device`` (`_workspaces`)."""
+    return stream_scratch.per_stream(
+        _workspaces, _lock, device, stream, lambda _: torch.empty(words, dtype=torch.int64, device=device),
+        lambda have: have.numel() >= words,
+    )
+
+
+def _kernel_operands(a, sfa, b, sfb, d, group_sizes) -> tuple:
     """The operands as the kernel takes them, in `_CALL_OPERANDS` order: the flat operands as
     [rows, 128·S] (the host descriptors are templates the kernel rewrites per group) and the scales
-    as MN-major (rows, S) views."""
+    as MN-major (rows, S) views; each starts at its tensor's address, so a remembered call
+    relaunches on the tensors themselves."""
     s, m = sfa.shape
     n = sfb.shape[1]
-    return a.view(m, SCALE_BLOCK * s), sfa.t(), b.view(n, SCALE_BLOCK * s), sfb.t(), d, group_sizes, workspace
+    return a.view(m, SCALE_BLOCK * s), sfa.t(), b.view(n, SCALE_BLOCK * s), sfb.t(), d, group_sizes
 
 
 def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str) -> None:
-    key = _calls.key((a, sfa, b, sfb, d, group_sizes, c), expected_k, kernel)
+    tensors = (a, sfa, b, sfb, d, group_sizes)
+    key = _calls.key(tensors if c is None else (*tensors, c), c is None, expected_k, kernel)
     call = _calls.get(key)
     if call is None:
         g, m, n, s = _check(a, sfa, b, sfb, d, group_sizes, c)
     if c is not None and c.data_ptr() != d.data_ptr():
         d.copy_(c)
     if call is not None:
-        workspace = torch.empty(call.extra, dtype=torch.int64, device=a.device)
-        if _calls.launch(key, _kernel_operands(a, sfa, b, sfb, d, group_sizes, workspace), ops.current_stream(a.device)):
+        if _calls.launch(call, tensors, current_stream(a)):
             return
         g, m, n, s = _check(a, sfa, b, sfb, d, group_sizes, c)
     if g == 0 or m == 0 or n == 0 or s == 0:
         return
     for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
-        ops.check_aligned(OP, arg, t)
-    device = ops.device_ordinal(a)
+        check_aligned(OP, arg, t)
+    device = device_ordinal(a)
     # The kernel choice sees the groups' tiles stacked along M (the persistent scheduler walks
     # them as one sequence) over the tokens of one group.
     k_hint = int(expected_k) if expected_k else max(1, s * SCALE_BLOCK // max(g, 1))
     k_hint = max(SCALE_BLOCK, -(-k_hint // SCALE_BLOCK) * SCALE_BLOCK)
     with torch.cuda.device(device):
-        loaded = ops._kernel_for(OP, m * g, n, k_hint, device, kernel)
-        words = workspace_words(loaded.device.sm_count)
-        workspace = torch.empty(words, dtype=torch.int64, device=a.device)
-        tensors = _kernel_operands(a, sfa, b, sfb, d, group_sizes, workspace)
-        prepared = launch(loaded, dict(zip(_CALL_OPERANDS, tensors)), stream=ops.current_stream(a.device))
-    _calls.remember(key, loaded, prepared, _CALL_OPERANDS, extra=words)
+        loaded = kernel_for(OP, m * g, n, k_hint, device, kernel)
+        stream = current_stream(a)
+        workspace = descriptor_workspace(a.device, stream, workspace_words(loaded.device.sm_count))
+        operands = dict(zip(_CALL_OPERANDS, _kernel_operands(a, sfa, b, sfb, d, group_sizes)), workspace=workspace)
+        prepared = launch(loaded, operands, stream=stream)
+    _calls.remember(key, Launched(loaded, prepared, _CALL_OPERANDS, fixed={"workspace": workspace}))
 
 
-@torch.library.custom_op(f"cutegen::{OP}", mutates_args=("d",))
-def _op(
-    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
-    group_sizes: torch.Tensor, c: torch.Tensor | None = None, expected_k: int = 0, kernel_name: str = "",
+def _impl(
+    a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor, group_sizes: torch.Tensor,
+    c: torch.Tensor | None = None, expected_k: int = 0, kernel_name: str = "",
 ) -> None:
     _run(a, sfa, b, sfb, d, group_sizes, c, expected_k or None, kernel_name)
 
 
-@_op.register_fake
-def _op_fake(a, sfa, b, sfb, d, group_sizes, c=None, expected_k: int = 0, kernel_name: str = "") -> None:
+def _fake(a, sfa, b, sfb, d, group_sizes, c=None, expected_k: int = 0, kernel_name: str = "") -> None:
     _check(a, sfa, b, sfb, d, group_sizes, c)
+
+
+K_GROUPED = TorchOp(OP, _impl, _fake, mutates=("d",))
 
 
 def k_grouped_fp8_gemm_nt_contiguous(
@@ -185,12 +205,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
         raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
     if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
         raise _fail("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
-    if ops._plain_eager(a, sfa, b, sfb, d, group_sizes, c):
-        _run(a, sfa, b, sfb, d, group_sizes, c, expected_k, kernel or "")
-    else:
-        torch.ops.cutegen.k_grouped_fp8_gemm_nt_contiguous(
-            a, sfa, b, sfb, d, group_sizes, c, expected_k or 0, kernel or ""
-        )
+    K_GROUPED(a, sfa, b, sfb, d, group_sizes, c, expected_k or 0, kernel or "")
     return d
 
 

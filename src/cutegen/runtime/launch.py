@@ -8,7 +8,9 @@ extents, SM budget, calling thread) and cached on the kernel as a plan that does
 the operands' addresses: a call with other addresses only writes them into the plan's blob (the
 pointer params, the data field of tensor structs and the global address of each TMA descriptor,
 its first 8 bytes, a layout checked against the driver's encoder once per process). Each thread
-has plans of its own, so two threads never write one blob.
+has plans of its own, so two threads never write one blob. The launch itself calls the driver's
+``cuLaunchKernelEx`` through ctypes with the plan's prebuilt configuration (`raw_launch`), or
+through cuda-bindings where that is unavailable or ``CUTEGEN_LAUNCHER=cuda-bindings`` asks for it.
 
 Symbols available to manifest expressions: the operands' extents (``M``, ``N``, ``K`` ...), any
 ``extents`` passed in, and ``max_active_clusters``, ``sm_count``, ``cluster_tiles``, ``tiles_m``,
@@ -28,7 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import sm_budget
+from . import raw_launch, sm_budget
 from .driver import LoadedKernel, check, cu, launch_config
 from .errors import InputError, KernelLoadError
 from .manifest import GridRule, KernelManifest
@@ -147,12 +149,21 @@ class PreparedLaunch:
     pointers: Any = None
     params_address: int = 0
     env: dict[str, int] = dataclasses.field(default_factory=dict)
-    # Where each operand's address lives in the blob: (operand, 8-byte word index, alignment).
-    address_sites: tuple[tuple[str, int, int], ...] = ()
-    # The addresses the blob holds now, per operand.
-    addresses: dict[str, int] = dataclasses.field(default_factory=dict)
-    words: Any = None  # the blob's whole 8-byte words, as uint64
+    # The operands whose addresses the blob holds, in this order everywhere below.
+    operand_order: tuple[str, ...] = ()
+    # Where each address lives in the blob: (index into operand_order, 8-byte word index,
+    # alignment the address needs, operand name).
+    sites: tuple[tuple[int, int, int, str], ...] = ()
+    # The addresses the blob holds now, in operand_order.
+    current: list[int] = dataclasses.field(default_factory=list)
+    words: Any = None  # the blob's whole 8-byte words (a ctypes uint64 array over it)
     stream: int | None = None  # the stream config.hStream names
+    raw: raw_launch.RawLaunch | None = None  # the ctypes launch, when the driver library is loaded
+
+    @property
+    def addresses(self) -> dict[str, int]:
+        """The address of each operand the blob holds now."""
+        return dict(zip(self.operand_order, self.current))
 
 
 def address_sites(manifest: KernelManifest) -> tuple[tuple[str, int, int], ...]:
@@ -241,6 +252,10 @@ def prepare(
     blob = pack_params(manifest, env, normalized, tensor_maps)
     pointers = kernel_param_pointers(blob)
     config, attrs = launch_config(manifest, grid)
+    params_address = ctypes.addressof(pointers) if manifest.params else 0
+    order = tuple(normalized)
+    index = {name: i for i, name in enumerate(order)}
+    points = raw_launch.entry_points()
     return PreparedLaunch(
         grid=grid,
         skip=False,
@@ -248,12 +263,14 @@ def prepare(
         attrs=attrs,
         blob=blob,
         pointers=pointers,
-        params_address=ctypes.addressof(pointers) if manifest.params else 0,
+        params_address=params_address,
         env=env,
-        address_sites=address_sites(manifest),
-        addresses={name: info.ptr for name, info in normalized.items()},
+        operand_order=order,
+        sites=tuple((index[name], word, need, name) for name, word, need in address_sites(manifest)),
+        current=[normalized[name].ptr for name in order],
         # Every address site is 8-byte aligned and ends within the blob, so it lies in its whole words.
-        words=blob.data[: len(blob.data) // 8 * 8].view(np.uint64),
+        words=(ctypes.c_uint64 * (len(blob.data) // 8)).from_buffer(blob.data),
+        raw=None if points is None else raw_launch.RawLaunch(points, config, kernel.function, params_address),
     )
 
 
@@ -276,22 +293,24 @@ def _operands_key(operands: Mapping[str, Any]) -> tuple[tuple, dict[str, int]]:
     return tuple(parts), addresses
 
 
-def _retarget(kernel: LoadedKernel, prepared: PreparedLaunch, addresses: Mapping[str, int]) -> bool:
-    """Write the operands' new addresses into the plan's blob; False when the plan cannot be
-    patched (the TMA layout check failed), so the caller prepares afresh."""
-    if addresses == prepared.addresses:
+def retarget(kernel: LoadedKernel, prepared: PreparedLaunch, pointers: list[int]) -> bool:
+    """Write the operands' new addresses (``pointers``, in ``prepared.operand_order``) into the
+    plan's blob; False when the plan cannot be patched (the TMA layout check failed), so the
+    caller prepares afresh."""
+    if pointers == prepared.current:
         return True
-    if not tma_address_patchable():
+    if not (_PATCHABLE or tma_address_patchable()):
         return False
-    for operand, word, need in prepared.address_sites:
-        ptr = addresses[operand]
+    words = prepared.words
+    for i, word, need, operand in prepared.sites:
+        ptr = pointers[i]
         if ptr % need:
             raise InputError(
                 f"kernel {kernel.name}: operand {operand!r} base address must be {need}-byte aligned, got "
                 f"0x{ptr:x} (misaligned by {ptr % need} bytes)"
             )
-        prepared.words[word] = ptr
-    prepared.addresses = dict(addresses)
+        words[word] = ptr
+    prepared.current = pointers
     return True
 
 
@@ -319,7 +338,9 @@ def launch(
     )
     cache = _cache(kernel)
     prepared = cache.get(key)
-    if prepared is not None and not prepared.skip and not _retarget(kernel, prepared, addresses):
+    if prepared is not None and not prepared.skip and not retarget(
+        kernel, prepared, [addresses[name] for name in prepared.operand_order]
+    ):
         prepared = None
     if prepared is not None:
         try:
@@ -342,27 +363,37 @@ def launch(
     return prepared
 
 
-def relaunch(kernel: LoadedKernel, prepared: PreparedLaunch, addresses: Mapping[str, int], stream: int) -> bool:
-    """Launch an earlier call's plan again with the operands at ``addresses`` (every operand the
-    kernel declares); False, launching nothing, when the plan cannot be retargeted."""
-    if prepared.skip or not _retarget(kernel, prepared, addresses):
+def relaunch(kernel: LoadedKernel, prepared: PreparedLaunch, pointers: list[int], stream: int) -> bool:
+    """Launch an earlier call's plan again with its operands at ``pointers`` (every operand the
+    kernel declares, in ``prepared.operand_order``); False, launching nothing, when the plan
+    cannot be retargeted."""
+    if prepared.skip or (pointers != prepared.current and not retarget(kernel, prepared, pointers)):
         return False
     _issue(kernel, prepared, stream)
     return True
 
 
 def _issue(kernel: LoadedKernel, prepared: PreparedLaunch, stream: int) -> None:
-    config = prepared.config
     if prepared.stream != stream:
-        config.hStream = cu.CUstream(int(stream))
+        prepared.config.hStream = cu.CUstream(int(stream))
         prepared.stream = stream
+    raw = prepared.raw
+    # Launched in whatever context is current: when it is not the kernel's (or there is none),
+    # the driver refuses the launch, and the checked path below makes the kernel's current.
+    if raw is not None and not raw.launch_kernel_ex(raw.config, raw.function, raw.params, None):
+        return
+    issue_through_bindings(kernel, prepared)
+
+
+def issue_through_bindings(kernel: LoadedKernel, prepared: PreparedLaunch) -> None:
+    """Launch through cuda-bindings, making the kernel's context current for the call if it is not."""
     current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
     pushed = current is None or int(current) != int(kernel.context)
     if pushed:
         check(cu.cuCtxPushCurrent(kernel.context), "cuCtxPushCurrent")
     try:
         check(
-            cu.cuLaunchKernelEx(config, kernel.function, prepared.params_address, 0),
+            cu.cuLaunchKernelEx(prepared.config, kernel.function, prepared.params_address, 0),
             "cuLaunchKernelEx",
             detail=f"kernel {kernel.name}, grid {prepared.grid}",
         )
@@ -381,4 +412,5 @@ __all__ = [
     "persistent_grid",
     "prepare",
     "relaunch",
+    "retarget",
 ]

@@ -44,11 +44,14 @@ from typing import Any
 
 import torch
 
-from . import driver, ops, stream_scratch
-from .call_cache import CallCache
+from . import driver, stream_scratch
+from .call_cache import CallCache, Launched
+from .checks import check_aligned
 from .errors import ArtifactError, InputError
+from .kernel_choice import candidates, catalogue, forced_manifest
 from .launch import launch
 from .params import align, ceil_div
+from .torch_ops import TorchOp, current_stream, device_ordinal
 
 OP_PER_TOKEN = "per_token_quant_fp8"
 OP_PER_BLOCK = "per_block_quant_fp8"
@@ -95,7 +98,7 @@ def quant_kernels(op: str, in_dtype: str, scale: str, device: int = 0) -> list[s
     """Names of the catalogue's kernels for (op, input dtype, scale format) that run on GPU
     `device`, sorted (raises ArtifactError when none of the op runs there)."""
     return sorted(
-        m.name for m in ops._candidates(op, device, SCHEDULE_SCALE[scale]) if m.schedule.get("a_dtype") == in_dtype
+        m.name for m in candidates(op, device, SCHEDULE_SCALE[scale]) if m.schedule.get("a_dtype") == in_dtype
     )
 
 
@@ -108,7 +111,7 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0, sca
     name = _choices.get(key)
     if name is not None:
         return name
-    cat = ops.catalogue()
+    cat = catalogue()
     info = driver.device_info(device)
     names = quant_kernels(op, in_dtype, scale, device)
     if not names:
@@ -127,9 +130,9 @@ def choose_quant_kernel(op: str, in_dtype: str, scale: str, device: int = 0, sca
 
 
 def _kernel(op: str, in_dtype: str, scale: str, device: int, forced: str, scale_layout: str | None = None) -> Any:
-    cat = ops.catalogue()
+    cat = catalogue()
     if forced:
-        manifest = ops.forced_manifest(op, forced)
+        manifest = forced_manifest(op, forced)
         want_scale = SCHEDULE_SCALE[scale]
         if manifest.schedule.get("a_dtype") != in_dtype or manifest.schedule.get("scale") != want_scale:
             raise InputError(
@@ -189,7 +192,7 @@ def _check_rows(op: str, arg: str, t: torch.Tensor) -> None:
 
 
 def _check_ptr(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = PTR_ALIGN_BYTES) -> None:
-    ops.check_aligned(op, arg, t, align_bytes)
+    check_aligned(op, arg, t, align_bytes)
 
 
 def _check_out(op: str, out: Any, out_scales: Any, device: Any, q_shape: tuple) -> None:
@@ -254,6 +257,8 @@ def _per_token_meta(x: Any, group: Any, scale_format: Any, scale_layout: Any, ep
 def _new_scales(x: torch.Tensor, m: int, cols: int, dtype: torch.dtype, layout: str) -> torch.Tensor:
     if layout == "mn-major-tma-aligned":
         ma = align(m, TMA_ALIGN_ROWS)
+        if ma == m:  # no padding rows: the strided tensor's own storage holds every row
+            return torch.empty_strided((m, cols), (1, ma), dtype=dtype, device=x.device)
         return torch.empty(cols * ma, dtype=dtype, device=x.device).as_strided((m, cols), (1, ma))
     return torch.empty((m, cols), dtype=dtype, device=x.device)
 
@@ -269,11 +274,11 @@ def _launch(
     scale_layout: str | None = None,
 ) -> tuple[Any, Any]:
     """Launch; returns (kernel, prepared launch) for a `CallCache`."""
-    device = ops.device_ordinal(device_of)
+    device = device_ordinal(device_of)
 
     def go() -> tuple[Any, Any]:
         loaded = _kernel(op, in_dtype, scale, device, forced, scale_layout)
-        stream = ops.current_stream(device_of.device)
+        stream = current_stream(device_of)
         return loaded, launch(loaded, operands, extents={"eps": eps}, stream=stream)
 
     if torch.cuda.current_device() != device:
@@ -286,8 +291,8 @@ def _launch(
 # Per-token
 
 
-def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel) -> Any:
-    """Launch; returns (kernel, prepared launch) for `_per_token_calls`, None if nothing ran."""
+def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel) -> Launched | None:
+    """Launch; returns what `_per_token_calls` remembers of it, None if nothing ran."""
     m, k = x.shape
     if m == 0:
         return None
@@ -298,7 +303,11 @@ def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel) -> Any:
     _check_ptr(OP_PER_TOKEN, "out_scales", sf, 4)
     cols = sf.shape[1]
     sf_kernel = _scale_buffer_view(OP_PER_TOKEN, sf, m, cols, scale_layout)
-    return _launch(OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps, scale_layout)
+    loaded, prepared = _launch(
+        OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps, scale_layout
+    )
+    # The kernel's view of the scales starts at their address: a relaunch passes them as they are.
+    return Launched(loaded, prepared, ("x", "q", "sf"), extra=cols)
 
 
 _per_token_calls = CallCache(OP_PER_TOKEN)
@@ -310,34 +319,24 @@ def _per_token_outputs(x, m, k, cols, scale_format, scale_layout):
     return q, _new_scales(x, m, cols, dtype, scale_layout)
 
 
-def _per_token_impl(x, group, scale_format, scale_layout, eps, kernel):
-    key = _per_token_calls.key((x,), group, scale_format, scale_layout, eps, kernel)
+def _per_token_impl(
+    x: torch.Tensor, group: int = GROUP, scale_format: str = "fp32", scale_layout: str = "k-major", eps: float = DEFAULT_EPS,
+    kernel_name: str = "",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    key = _per_token_calls.key((x,), group, scale_format, scale_layout, eps, kernel_name)
     call = _per_token_calls.get(key)
     if call is not None:
         m, k = x.shape
         q, sf = _per_token_outputs(x, m, k, call.extra, scale_format, scale_layout)
-        # the kernel writes every row of an MN-major buffer: its view spans align(M, 4) rows
-        sf_kernel = sf if scale_layout != "mn-major-tma-aligned" else torch.as_strided(
-            sf, (align(m, TMA_ALIGN_ROWS), call.extra), (1, align(m, TMA_ALIGN_ROWS)))
-        if _per_token_calls.launch(key, (x, q, sf_kernel), ops.current_stream(x.device)):
+        if _per_token_calls.launch(call, (x, q, sf), current_stream(x)):
             return q, sf
     m, k, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
     q, sf = _per_token_outputs(x, m, k, cols, scale_format, scale_layout)
-    ran = _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel)
-    if ran is not None:
-        _per_token_calls.remember(key, *ran, ("x", "q", "sf"), extra=cols)
+    _per_token_calls.remember(key, _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel_name))
     return q, sf
 
 
-@torch.library.custom_op("cutegen::per_token_quant_fp8", mutates_args=())
-def _per_token_op(
-    x: torch.Tensor, group: int, scale_format: str, scale_layout: str, eps: float, kernel_name: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _per_token_impl(x, group, scale_format, scale_layout, eps, kernel_name)
-
-
-@_per_token_op.register_fake
-def _per_token_fake(x, group, scale_format, scale_layout, eps, kernel_name):
+def _per_token_fake(x, group=GROUP, scale_format="fp32", scale_layout="k-major", eps=DEFAULT_EPS, kernel_name=""):
     m, k, cols, _ = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
     q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
     dtype = torch.float32 if scale_format == "fp32" else torch.int32
@@ -348,24 +347,29 @@ def _per_token_fake(x, group, scale_format, scale_layout, eps, kernel_name):
     return q, sf
 
 
-@torch.library.custom_op("cutegen::per_token_quant_fp8_out", mutates_args=("out", "out_scales"))
-def _per_token_out_op(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    out_scales: torch.Tensor,
-    group: int,
-    scale_format: str,
-    scale_layout: str,
-    eps: float,
-    kernel_name: str,
+def _per_token_out_impl(
+    x: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, group: int = GROUP, scale_format: str = "fp32", scale_layout: str = "k-major", eps: float = DEFAULT_EPS,
+    kernel_name: str = "",
 ) -> None:
+    key = _per_token_calls.key((x, out, out_scales), group, scale_format, scale_layout, eps, kernel_name)
+    call = _per_token_calls.get(key)
+    if call is not None:
+        m = x.shape[0]
+        if m % TMA_ALIGN_ROWS and scale_layout == "mn-major-tma-aligned":
+            # the padding rows the kernel writes must fit the buffer: more than the layout says
+            _scale_buffer_view(OP_PER_TOKEN, out_scales, m, call.extra, scale_layout)
+        if _per_token_calls.launch(call, (x, out, out_scales), current_stream(x)):
+            return
     _, _, _, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
-    _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name)
+    _per_token_calls.remember(key, _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name))
 
 
-@_per_token_out_op.register_fake
-def _per_token_out_fake(x, out, out_scales, group, scale_format, scale_layout, eps, kernel_name):
+def _per_token_out_fake(x, out, out_scales, group=GROUP, scale_format="fp32", scale_layout="k-major", eps=DEFAULT_EPS, kernel_name="") -> None:
     _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
+
+
+PER_TOKEN = TorchOp(OP_PER_TOKEN, _per_token_impl, _per_token_fake)
+PER_TOKEN_OUT = TorchOp(f"{OP_PER_TOKEN}_out", _per_token_out_impl, _per_token_out_fake, mutates=("out", "out_scales"))
 
 
 def per_token_quant_fp8(
@@ -385,14 +389,8 @@ def per_token_quant_fp8(
     if not isinstance(x, torch.Tensor):
         raise _fail(OP_PER_TOKEN, "x", f"must be a torch.Tensor, got {type(x).__name__}")
     if out is None and out_scales is None:
-        if ops._plain_eager(x):
-            return _per_token_impl(x, group, scale_format, scale_layout, eps, kernel or "")
-        return torch.ops.cutegen.per_token_quant_fp8(x, group, scale_format, scale_layout, eps, kernel or "")
-    if ops._plain_eager(x, out, out_scales):
-        _, _, _, e = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
-        _per_token_run(x, scale_format, scale_layout, e, out, out_scales, kernel or "")
-    else:
-        torch.ops.cutegen.per_token_quant_fp8_out(x, out, out_scales, group, scale_format, scale_layout, eps, kernel or "")
+        return PER_TOKEN(x, group, scale_format, scale_layout, eps, kernel or "")
+    PER_TOKEN_OUT(x, out, out_scales, group, scale_format, scale_layout, eps, kernel or "")
     return out, out_scales
 
 
@@ -417,44 +415,58 @@ def _per_block_meta(w: Any, eps: Any, out: Any, out_scales: Any):
     return n, k, shape_s, eps
 
 
-def _per_block_run(w, eps, q, sf, kernel):
+def _per_block_run(w, eps, q, sf, kernel) -> Launched | None:
+    """Launch; returns what `_per_block_calls` remembers of it, None if nothing ran."""
     n, k = w.shape
     if n == 0 or k == 0:
-        return
+        return None
     _check_ptr(OP_PER_BLOCK, "w", w)
     _check_ptr(OP_PER_BLOCK, "out", q)
     _check_ptr(OP_PER_BLOCK, "out_scales", sf, 4)
-    _launch(OP_PER_BLOCK, IN_DTYPES[w.dtype], "fp32", kernel, w, {"w": w, "q": q, "sf": sf}, eps)
+    loaded, prepared = _launch(OP_PER_BLOCK, IN_DTYPES[w.dtype], "fp32", kernel, w, {"w": w, "q": q, "sf": sf}, eps)
+    return Launched(loaded, prepared, ("w", "q", "sf"), extra=tuple(sf.shape))
 
 
-def _per_block_impl(w, eps, kernel):
+_per_block_calls = CallCache(OP_PER_BLOCK)
+
+
+def _per_block_impl(w: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    key = _per_block_calls.key((w,), eps, kernel_name)
+    call = _per_block_calls.get(key)
+    if call is not None:
+        q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+        sf = torch.empty(call.extra, dtype=torch.float32, device=w.device)
+        if _per_block_calls.launch(call, (w, q, sf), current_stream(w)):
+            return q, sf
     n, k, shape_s, eps = _per_block_meta(w, eps, None, None)
     q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
     sf = torch.empty(shape_s, dtype=torch.float32, device=w.device)
-    _per_block_run(w, eps, q, sf, kernel)
+    _per_block_calls.remember(key, _per_block_run(w, eps, q, sf, kernel_name))
     return q, sf
 
 
-@torch.library.custom_op("cutegen::per_block_quant_fp8", mutates_args=())
-def _per_block_op(w: torch.Tensor, eps: float, kernel_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return _per_block_impl(w, eps, kernel_name)
-
-
-@_per_block_op.register_fake
-def _per_block_fake(w, eps, kernel_name):
+def _per_block_fake(w, eps=DEFAULT_EPS, kernel_name=""):
     n, k, shape_s, _ = _per_block_meta(w, eps, None, None)
     return w.new_empty((n, k), dtype=torch.float8_e4m3fn), w.new_empty(shape_s, dtype=torch.float32)
 
 
-@torch.library.custom_op("cutegen::per_block_quant_fp8_out", mutates_args=("out", "out_scales"))
-def _per_block_out_op(w: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float, kernel_name: str) -> None:
+def _per_block_out_impl(
+    w: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str = ""
+) -> None:
+    key = _per_block_calls.key((w, out, out_scales), eps, kernel_name)
+    call = _per_block_calls.get(key)
+    if call is not None and _per_block_calls.launch(call, (w, out, out_scales), current_stream(w)):
+        return
     _, _, _, eps = _per_block_meta(w, eps, out, out_scales)
-    _per_block_run(w, eps, out, out_scales, kernel_name)
+    _per_block_calls.remember(key, _per_block_run(w, eps, out, out_scales, kernel_name))
 
 
-@_per_block_out_op.register_fake
-def _per_block_out_fake(w, out, out_scales, eps, kernel_name):
+def _per_block_out_fake(w, out, out_scales, eps=DEFAULT_EPS, kernel_name="") -> None:
     _per_block_meta(w, eps, out, out_scales)
+
+
+PER_BLOCK = TorchOp(OP_PER_BLOCK, _per_block_impl, _per_block_fake)
+PER_BLOCK_OUT = TorchOp(f"{OP_PER_BLOCK}_out", _per_block_out_impl, _per_block_out_fake, mutates=("out", "out_scales"))
 
 
 def per_block_quant_fp8(
@@ -471,14 +483,8 @@ def per_block_quant_fp8(
     if not isinstance(w, torch.Tensor):
         raise _fail(OP_PER_BLOCK, "w", f"must be a torch.Tensor, got {type(w).__name__}")
     if out is None and out_scales is None:
-        if ops._plain_eager(w):
-            return _per_block_impl(w, eps, kernel or "")
-        return torch.ops.cutegen.per_block_quant_fp8(w, eps, kernel or "")
-    if ops._plain_eager(w, out, out_scales):
-        _, _, _, e = _per_block_meta(w, eps, out, out_scales)
-        _per_block_run(w, e, out, out_scales, kernel or "")
-    else:
-        torch.ops.cutegen.per_block_quant_fp8_out(w, out, out_scales, eps, kernel or "")
+        return PER_BLOCK(w, eps, kernel or "")
+    PER_BLOCK_OUT(w, out, out_scales, eps, kernel or "")
     return out, out_scales
 
 
@@ -532,55 +538,73 @@ def grouped_tile_counter(device: torch.device, stream: int) -> torch.Tensor:
     )
 
 
-def _grouped_run(x, group_sizes, eps, q, sf, kernel):
+def _grouped_run(x, group_sizes, eps, q, sf, kernel) -> Launched | None:
+    """Launch; returns what `_grouped_calls` remembers of it, None if nothing ran."""
     t, h = x.shape
     s = sf.shape[0]
     if s == 0 or h == 0:
-        return
+        return None
     _check_ptr(OP_GROUPED, "x", x)
     _check_ptr(OP_GROUPED, "out", q)
     _check_ptr(OP_GROUPED, "out_scales", sf, 8)
     _check_ptr(OP_GROUPED, "group_sizes", group_sizes, 4)
-    stream = ops.current_stream(x.device)
-    operands = {
-        "x": x, "group_sizes": group_sizes, "q": q, "sf": sf,
-        "tile_counter": grouped_tile_counter(x.device, stream),
-    }
-    _launch(OP_GROUPED, "bf16", "fp32", kernel, x, operands, eps)
+    counter = grouped_tile_counter(x.device, current_stream(x))
+    operands = {"x": x, "group_sizes": group_sizes, "q": q, "sf": sf, "tile_counter": counter}
+    loaded, prepared = _launch(OP_GROUPED, "bf16", "fp32", kernel, x, operands, eps)
+    return Launched(loaded, prepared, _GROUPED_OPERANDS, extra=(s, h), fixed={"tile_counter": counter})
+
+
+# Calls are remembered with their stream's tile counter.
+_grouped_calls = CallCache(OP_GROUPED, stream_scratch.capturing)
+_GROUPED_OPERANDS = ("x", "group_sizes", "q", "sf")
 
 
 def _grouped_impl(x, group_sizes, eps, num_blocks, kernel):
+    key = _grouped_calls.key((x, group_sizes), eps, num_blocks, kernel)
+    call = _grouped_calls.get(key)
+    if call is not None:
+        s, h = call.extra
+        q = torch.empty(GROUP * h * s, dtype=torch.float8_e4m3fn, device=x.device)
+        sf = torch.empty((s, h), dtype=torch.float32, device=x.device)
+        if _grouped_calls.launch(call, (x, group_sizes, q, sf), current_stream(x)):
+            return q, sf
     t, h, g, s, eps = _grouped_meta(x, group_sizes, eps, num_blocks, None, None)
     q = torch.empty(GROUP * h * s, dtype=torch.float8_e4m3fn, device=x.device)
     sf = torch.empty((s, h), dtype=torch.float32, device=x.device)
-    _grouped_run(x, group_sizes, eps, q, sf, kernel)
+    _grouped_calls.remember(key, _grouped_run(x, group_sizes, eps, q, sf, kernel))
     return q, sf
 
 
-@torch.library.custom_op("cutegen::grouped_transposed_quant_fp8", mutates_args=())
-def _grouped_op(
-    x: torch.Tensor, group_sizes: torch.Tensor, eps: float, num_blocks: int, kernel_name: str
+def _grouped_op_impl(
+    x: torch.Tensor, group_sizes: torch.Tensor, eps: float = DEFAULT_EPS, num_blocks: int = -1, kernel_name: str = ""
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _grouped_impl(x, group_sizes, eps, None if num_blocks < 0 else num_blocks, kernel_name)
 
 
-@_grouped_op.register_fake
-def _grouped_fake(x, group_sizes, eps, num_blocks, kernel_name):
+def _grouped_fake(x, group_sizes, eps=DEFAULT_EPS, num_blocks=-1, kernel_name=""):
     _, h, _, s, _ = _grouped_meta(x, group_sizes, eps, None if num_blocks < 0 else num_blocks, None, None)
     return x.new_empty((GROUP * h * s,), dtype=torch.float8_e4m3fn), x.new_empty((s, h), dtype=torch.float32)
 
 
-@torch.library.custom_op("cutegen::grouped_transposed_quant_fp8_out", mutates_args=("out", "out_scales"))
-def _grouped_out_op(
-    x: torch.Tensor, group_sizes: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float, kernel_name: str
+def _grouped_out_impl(
+    x: torch.Tensor, group_sizes: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float = DEFAULT_EPS,
+    kernel_name: str = "",
 ) -> None:
+    key = _grouped_calls.key((x, group_sizes, out, out_scales), eps, kernel_name)
+    call = _grouped_calls.get(key)
+    if call is not None and _grouped_calls.launch(call, (x, group_sizes, out, out_scales), current_stream(x)):
+        return
     _, _, _, _, eps = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
-    _grouped_run(x, group_sizes, eps, out, out_scales, kernel_name)
+    _grouped_calls.remember(key, _grouped_run(x, group_sizes, eps, out, out_scales, kernel_name))
 
 
-@_grouped_out_op.register_fake
-def _grouped_out_fake(x, group_sizes, out, out_scales, eps, kernel_name):
+def _grouped_out_fake(x, group_sizes, out, out_scales, eps=DEFAULT_EPS, kernel_name="") -> None:
     _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
+
+
+# num_blocks < 0 in the schema stands for None (the bound from T and G).
+GROUPED = TorchOp(OP_GROUPED, _grouped_op_impl, _grouped_fake)
+GROUPED_OUT = TorchOp(f"{OP_GROUPED}_out", _grouped_out_impl, _grouped_out_fake, mutates=("out", "out_scales"))
 
 
 def grouped_transposed_quant_fp8(
@@ -607,19 +631,12 @@ def grouped_transposed_quant_fp8(
     if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0):
         raise _fail(op, "num_blocks", f"must be a non-negative int (an upper bound on sum ceil(m_g/128)), got {num_blocks!r}")
     if out is None and out_scales is None:
-        if ops._plain_eager(x, group_sizes):
-            return _grouped_impl(x, group_sizes, eps, num_blocks, kernel or "")
-        nb = -1 if num_blocks is None else num_blocks
-        return torch.ops.cutegen.grouped_transposed_quant_fp8(x, group_sizes, eps, nb, kernel or "")
+        return GROUPED(x, group_sizes, eps, -1 if num_blocks is None else num_blocks, kernel or "")
     if out_scales is None or not isinstance(out_scales, torch.Tensor):
         raise _fail(op, "out_scales", "must be a torch.Tensor given together with 'out'")
     if num_blocks is not None and num_blocks != out_scales.shape[0]:
         raise _fail(op, "num_blocks", f"must equal out_scales.shape[0] = {out_scales.shape[0]}, got {num_blocks}")
-    if ops._plain_eager(x, group_sizes, out, out_scales):
-        _, _, _, _, e = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
-        _grouped_run(x, group_sizes, e, out, out_scales, kernel or "")
-    else:
-        torch.ops.cutegen.grouped_transposed_quant_fp8_out(x, group_sizes, out, out_scales, eps, kernel or "")
+    GROUPED_OUT(x, group_sizes, out, out_scales, eps, kernel or "")
     return out, out_scales
 
 

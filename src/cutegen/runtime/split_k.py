@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from . import heuristics, ops, sm_budget, stream_scratch
+from . import heuristics, sm_budget, stream_scratch
+from .kernel_choice import catalogue
 from .manifest import KernelManifest
 from .params import ceil_div
 
@@ -77,7 +78,7 @@ def launch_arguments(
     requested = k_splits
     if requested < 1:
         requested = heuristics.tuned_split_count(
-            loaded.manifest.op, loaded.name, m, n, k, ops.catalogue().build_dir
+            loaded.manifest.op, loaded.name, m, n, k, catalogue().build_dir
         ) or heuristics.split_k_count(
             loaded.manifest, m, n, k, sm_budget.usable_sms(loaded.device.sm_count)
         )

@@ -1,0 +1,119 @@
+"""Torch plumbing shared by the op modules: each ``torch.ops.cutegen`` op defined once, the eager fast path, streams, outputs.
+
+`TorchOp` defines an op from its implementation, whose annotated signature (names, types,
+defaults) is the op's schema (``torch.library.infer_schema``), and its fake, which takes the same
+parameters, in the ``cutegen`` library with ``torch.library.Library`` definitions: a call through
+``torch.ops`` then costs the dispatcher and one Python kernel, without
+``torch.library.custom_op``'s Python layers around it. The dispatcher leaves out trailing
+arguments equal to their defaults when it calls either, so both declare the schema's defaults. Calling a `TorchOp` runs the
+implementation directly when that is indistinguishable from the dispatcher (`plain_eager`) and
+goes through ``torch.ops`` otherwise (``torch.compile``, autograd, tensor subclasses, dispatch
+modes, functorch transforms).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import torch
+
+ROW_ALIGN_ELEMS = 8  # 16 bytes of bf16
+LIBRARY_NAME = "cutegen"
+
+_library = torch.library.Library(LIBRARY_NAME, "FRAGMENT")
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
+# Parameters are plain tensors to the kernels (their __torch_function__ is disabled).
+_Parameter = torch.nn.Parameter
+
+
+def plain_eager(args: tuple) -> bool:
+    """True when calling an op's implementation directly is indistinguishable from the
+    dispatcher: not tracing, no dispatch mode or functorch transform active, every tensor
+    argument a plain tensor (or parameter) with no autograd to record."""
+    if _is_compiling() or _dispatch_modes() or _functorch_active():
+        return False
+    grad = _grad_enabled()
+    for t in args:
+        cls = type(t)
+        if cls is _Tensor or cls is _Parameter:
+            if grad and t.requires_grad:
+                return False
+        elif isinstance(t, _Tensor):  # a tensor subclass: its own dispatch decides
+            return False
+    return True
+
+
+def _parameters(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+class TorchOp:
+    """``torch.ops.cutegen.<name>`` defined from ``impl`` (its signature is the schema; also run
+    directly in plain eager mode), ``fake`` (the same parameters; shapes and checks without data,
+    for fake tensors and the meta device) and the tensor arguments it writes, ``mutates``."""
+
+    def __init__(
+        self, name: str, impl: Callable[..., Any], fake: Callable[..., Any], mutates: Sequence[str] = ()
+    ) -> None:
+        if _parameters(fake) != _parameters(impl):
+            raise TypeError(f"{LIBRARY_NAME}::{name}: the fake's parameters must be the implementation's "
+                            f"(names, defaults), got {inspect.signature(fake)} for {inspect.signature(impl)}")
+        self.schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates))
+        _library.define(f"{name}{self.schema}")
+        _library.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{LIBRARY_NAME}::{name}", fake, lib=_library)
+        self.name = name
+        self.impl = impl
+        self.fake = fake
+        self.overload = getattr(getattr(torch.ops, LIBRARY_NAME), name).default
+
+    def __call__(self, *args: Any) -> Any:
+        if plain_eager(args):
+            return self.impl(*args)
+        return self.overload(*args)
+
+    def __repr__(self) -> str:
+        return f"TorchOp({LIBRARY_NAME}::{self.name})"
+
+
+# torch's current stream as a raw handle, without building a torch.cuda.Stream per call.
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(t: torch.Tensor) -> int:
+    """The ``CUstream`` handle of torch's current stream on the device of CUDA tensor ``t`` (a
+    capture's, while capturing)."""
+    if _raw_current_stream is not None:
+        return int(_raw_current_stream(t.get_device()))
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+def device_ordinal(t: torch.Tensor) -> int:
+    """The CUDA ordinal of a tensor's device."""
+    return t.get_device()
+
+
+def bf16_out_strides(n: Any) -> tuple[Any, int]:
+    """The strides of a new bf16 [M, N] output: rows padded to 16 bytes (contiguous when N % 8 == 0)."""
+    return ((n + ROW_ALIGN_ELEMS - 1) // ROW_ALIGN_ELEMS * ROW_ALIGN_ELEMS, 1)
+
+
+def new_bf16_out(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
+    """A new bf16 [M, N] output on the device of ``like`` (`bf16_out_strides`)."""
+    return torch.empty_strided((m, n), bf16_out_strides(n), dtype=torch.bfloat16, device=like.device)
+
+
+__all__ = [
+    "LIBRARY_NAME",
+    "TorchOp",
+    "bf16_out_strides",
+    "current_stream",
+    "device_ordinal",
+    "new_bf16_out",
+    "plain_eager",
+]

@@ -1,0 +1,70 @@
+"""CPU tier: ops defined by `torch_ops.TorchOp` (the schema from the implementation's signature, defaults, the eager fast path)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cutegen.runtime import torch_ops  # noqa: E402
+
+
+def _scaled_impl(x: torch.Tensor, scale: float = 2.0, tag: str = "") -> torch.Tensor:
+    return x * scale
+
+
+def _scaled_fake(x, scale=2.0, tag=""):
+    return torch.empty_like(x)
+
+
+def _fill_impl(x: torch.Tensor, out: torch.Tensor, value: int = 7) -> None:
+    out.fill_(value)
+
+
+def _fill_fake(x, out, value=7) -> None:
+    return None
+
+
+SCALED = torch_ops.TorchOp("test_only_scaled", _scaled_impl, _scaled_fake)
+FILL = torch_ops.TorchOp("test_only_fill", _fill_impl, _fill_fake, mutates=("out",))
+
+
+def test_schema_comes_from_the_implementation():
+    assert SCALED.schema == '(Tensor x, float scale=2.0, str tag="") -> Tensor'
+    assert FILL.schema.startswith("(Tensor x, Tensor(") and "!) out, SymInt value=7) -> ()" in FILL.schema
+
+
+def test_defaults_left_out_by_the_dispatcher_reach_the_implementation():
+    x = torch.arange(4.0)
+    # The dispatcher drops trailing arguments equal to their defaults before calling the kernel.
+    assert torch.equal(torch.ops.cutegen.test_only_scaled(x), x * 2)
+    assert torch.equal(torch.ops.cutegen.test_only_scaled(x, 3.0), x * 3)
+    out = torch.zeros(3)
+    torch.ops.cutegen.test_only_fill(x, out)
+    assert torch.equal(out, torch.full((3,), 7.0))
+    assert torch.equal(SCALED(x), x * 2) and torch.equal(SCALED(x, 0.5, "t"), x * 0.5)
+
+
+def test_fake_runs_with_defaults_left_out():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(5)
+        assert torch.ops.cutegen.test_only_scaled(x).shape == (5,)
+
+
+def test_fake_must_take_the_implementation_s_parameters():
+    with pytest.raises(TypeError, match="the fake's parameters must be the implementation's"):
+        torch_ops.TorchOp("test_only_bad_fake", _scaled_impl, lambda x, scale=1.0, tag="": x)
+
+
+def test_plain_eager_is_false_under_autograd_and_modes():
+    x = torch.ones(2)
+    assert torch_ops.plain_eager((x, "name", 0))
+    assert torch_ops.plain_eager((torch.nn.Parameter(x),)) is False  # requires grad, grad mode on
+    with torch.no_grad():
+        assert torch_ops.plain_eager((torch.nn.Parameter(x),))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not torch_ops.plain_eager((x,))

@@ -1,0 +1,230 @@
+"""GPU tests of the call path: a call with an earlier call's layout (remembered, relaunched at new
+addresses, scratch included) gives the bytes the checked path gives, for every op; a launch with
+another context current falls back to the kernel's; scratch is never shared across streams or
+with a CUDA graph being captured."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from cutegen import runtime
+    from cutegen.runtime import bf16_ops, call_cache, fp8_ops, grouped_ops, k_grouped_ops, quant_ops
+
+    runtime.register_torch_ops()
+    return {"fp8": fp8_ops, "bf16": bf16_ops, "grouped": grouped_ops, "k_grouped": k_grouped_ops,
+            "quant": quant_ops, "cache": call_cache}
+
+
+def fp8_set(m: int, n: int, k: int, seed: int, groups: int | None = None):
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kb = -(-k // 128)
+    lead = () if groups is None else (groups,)
+    qa = torch.randn(*lead, m, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    sa = to_mn_major_tma_aligned(torch.rand(*lead, m, kb, device="cuda", generator=g) + 0.5)
+    qb = torch.randn(*(lead or ()), n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    sb = torch.rand(*(lead or ()), -(-n // 128), kb, device="cuda", generator=g) + 0.5
+    return qa, sa, qb, sb
+
+
+def same_as_checked(rt, call, first, second, what: str):
+    """call(first) remembers the layout; call(second) relaunches at new addresses; the checked
+    path on `second` (every remembered call forgotten first) must give the same bytes."""
+    call(*first)
+    fast = call(*second)
+    torch.cuda.synchronize()
+    fast = [t.clone() for t in fast]
+    rt["cache"].forget_all()
+    checked = call(*second)
+    torch.cuda.synchronize()
+    for f, c in zip(fast, checked):
+        assert torch.equal(f.view(torch.uint8) if f.dtype == torch.float8_e4m3fn else f,
+                           c.view(torch.uint8) if c.dtype == torch.float8_e4m3fn else c), what
+
+
+def test_fp8_and_bf16_relaunch_at_new_addresses(rt):
+    fp8, bf16 = rt["fp8"], rt["bf16"]
+    for m, n, k in ((128, 3072, 4096), (333, 2112, 7168), (64, 576, 7168)):  # the last splits K
+        sets = [fp8_set(m, n, k, seed) for seed in (1, 2)]
+        same_as_checked(rt, lambda qa, sa, qb, sb: [fp8.fp8_gemm_nt(qa, sa, qb, sb)], *sets, f"fp8 {m}x{n}x{k}")
+
+        def with_out(qa, sa, qb, sb):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fp8.fp8_gemm_nt(qa, sa, qb, sb, out=out)
+            return [out]
+
+        same_as_checked(rt, with_out, *sets, f"fp8 out= {m}x{n}x{k}")
+    a = [torch.randn(200, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    b = [torch.randn(1000, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    same_as_checked(rt, lambda x, y: [bf16.bf16_gemm_nt(x, y)], (a[0], b[0]), (a[1], b[1]), "bf16")
+
+
+def test_weight_gradients_relaunch_at_new_addresses(rt):
+    fp8, kg = rt["fp8"], rt["k_grouped"]
+    m, n, k = 576, 1024, 1024
+    sets = []
+    for seed in (3, 4):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        qa = torch.randn(m, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+        qb = torch.randn(n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+        sa = fp8.to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda", generator=g) + 0.5)
+        sb = fp8.to_mn_major_tma_aligned(torch.rand(n, k // 128, device="cuda", generator=g) + 0.5)
+        c = torch.randn(m, n, device="cuda", generator=g)
+        sets.append((qa, sa, qb, sb, c))
+    torch.use_deterministic_algorithms(True)  # whole tiles: bitwise reproducible
+    try:
+        for with_c in (False, True):
+            def wgrad(qa, sa, qb, sb, c):
+                d = c.clone() if not with_c else torch.zeros_like(c)
+                fp8.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, c if with_c else None)
+                return [d]
+
+            same_as_checked(rt, wgrad, *sets, f"wgrad c={with_c}")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    groups, mm, nn = 3, 256, 128
+    sizes = torch.tensor([300, 0, 200], dtype=torch.int32, device="cuda")
+    blocks = 3 + 0 + 2
+    ksets = []
+    for seed in (5, 6):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        ksets.append((torch.randn(128 * mm * blocks, device="cuda", generator=g).to(torch.float8_e4m3fn),
+                      torch.rand(blocks, mm, device="cuda", generator=g) + 0.5,
+                      torch.randn(128 * nn * blocks, device="cuda", generator=g).to(torch.float8_e4m3fn),
+                      torch.rand(blocks, nn, device="cuda", generator=g) + 0.5))
+
+    def k_grouped(a, sa, b, sb):
+        d = torch.ones(groups, mm, nn, device="cuda")
+        kg.k_grouped_fp8_gemm_nt_contiguous(a, sa, b, sb, d, sizes)
+        return [d]
+
+    same_as_checked(rt, k_grouped, *ksets, "k-grouped")
+
+
+def test_grouped_layouts_relaunch_at_new_addresses(rt):
+    grouped = rt["grouped"]
+    groups, rows, n, k = 3, 256, 512, 1024
+    m_indices = torch.arange(groups, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+    m_indices[rows - 5 : rows] = -1
+    contiguous = [fp8_set(groups * rows, n, k, seed) for seed in (7, 8)]
+    contiguous = [(qa, sa, qb.expand(groups, n, k).contiguous(), sb.expand(groups, *sb.shape).contiguous())
+                  for qa, sa, qb, sb in contiguous]
+    same_as_checked(
+        rt, lambda qa, sa, qb, sb: [grouped.m_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, m_indices)],
+        *contiguous, "contiguous")
+    masked_m = torch.tensor([100, 0, 256], dtype=torch.int32, device="cuda")
+    masked = [fp8_set(rows, n, k, seed, groups=groups) for seed in (9, 10)]
+
+    def masked_call(qa, sa, qb, sb):
+        out = torch.zeros(groups, rows, n, device="cuda", dtype=torch.bfloat16)
+        grouped.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 128, out=out)
+        return [out]
+
+    same_as_checked(rt, masked_call, *masked, "masked")
+
+
+def test_quantize_ops_relaunch_at_new_addresses(rt):
+    quant = rt["quant"]
+    for m in (100, 257):  # M % 4 != 0: the MN-major scales' padding rows
+        xs = [(torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+        for layout in ("k-major", "mn-major-tma-aligned"):
+            same_as_checked(rt, lambda x: list(quant.per_token_quant_fp8(x, scale_layout=layout)), *xs,
+                            f"per-token {layout} M={m}")
+
+            def per_token_out(x):
+                q, sf = quant.per_token_quant_fp8(x, scale_layout=layout)  # outputs of the right layout
+                q.fill_(0), sf.fill_(float("nan"))
+                quant.per_token_quant_fp8(x, scale_layout=layout, out=q, out_scales=sf)
+                return [q, sf]
+
+            same_as_checked(rt, per_token_out, *xs, f"per-token out= {layout} M={m}")
+        same_as_checked(rt, lambda w: list(quant.per_block_quant_fp8(w)), *xs, f"per-block M={m}")
+    sizes = torch.tensor([130, 0, 70, 57], dtype=torch.int32, device="cuda")
+    xs = [(torch.randn(257, 512, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+    same_as_checked(rt, lambda x: list(quant.grouped_transposed_quant_fp8(x, sizes)), *xs, "grouped transposed")
+
+
+def test_remembered_per_token_out_still_checks_the_padding_rows_fit(rt):
+    from cutegen.runtime.errors import InputError
+
+    quant = rt["quant"]
+    m, k = 101, 512
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    q, sf = quant.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned")
+    quant.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned", out=q, out_scales=sf)  # remembered
+    tight = torch.empty(k // 128 * 104 - 3, device="cuda").as_strided((m, k // 128), (1, 104))
+    with pytest.raises(InputError, match="'out_scales'.*padding|all 104 rows"):
+        quant.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned", out=q, out_scales=tight)
+
+
+def test_launch_with_another_context_current_falls_back(rt):
+    from cutegen.runtime.driver import check, cu
+
+    fp8 = rt["fp8"]
+    qa, sa, qb, sb = fp8_set(128, 1024, 512, 11)
+    want = fp8.fp8_gemm_nt(qa, sa, qb, sb)
+    out = torch.empty_like(want)
+    fp8.fp8_gemm_nt(qa, sa, qb, sb, out=out)  # remembered
+    torch.cuda.synchronize()
+    out.fill_(float("nan"))
+    device = check(cu.cuDeviceGet(torch.cuda.current_device()), "cuDeviceGet")
+    try:  # cuda-bindings 13 takes creation parameters first; 12 does not
+        other = check(cu.cuCtxCreate(None, 0, device), "cuCtxCreate")
+    except TypeError:
+        other = check(cu.cuCtxCreate(0, device), "cuCtxCreate")
+    # `other` is current on this thread now: the kernel's context is not
+    try:
+        fp8.fp8_gemm_nt(qa, sa, qb, sb, out=out)
+    finally:
+        check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        check(cu.cuCtxDestroy(other), "cuCtxDestroy")
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+@pytest.mark.skipif(os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
+                    reason="CUDA-graph capture needs torch's caching allocator")
+def test_scratch_is_per_stream_and_per_capture(rt):
+    """The grouped quantize's tile counter and the split-K workspace: a call remembered on one
+    stream is not relaunched on another, nor while that stream captures a graph."""
+    quant, fp8 = rt["quant"], rt["fp8"]
+    sizes = torch.tensor([64, 200, 0, 1], dtype=torch.int32, device="cuda")
+    x = torch.randn(265, 256, device="cuda", dtype=torch.bfloat16)
+    want = quant.grouped_transposed_quant_fp8(x, sizes)
+    qa, sa, qb, sb = fp8_set(64, 576, 7168, 12)  # a split-K problem
+    want_d = fp8.fp8_gemm_nt(qa, sa, qb, sb)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    results = {}
+
+    def on(stream, name):
+        with torch.cuda.stream(stream):
+            results[name] = (quant.grouped_transposed_quant_fp8(x, sizes), fp8.fp8_gemm_nt(qa, sa, qb, sb))
+        stream.synchronize()
+
+    threads = [threading.Thread(target=on, args=(s, i)) for i, s in enumerate((side, torch.cuda.Stream()))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    on(side, "again")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = (quant.grouped_transposed_quant_fp8(x, sizes), fp8.fp8_gemm_nt(qa, sa, qb, sb))
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    for (q, s), d in [*results.values(), captured]:
+        assert torch.equal(q.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(s, want[1])
+        assert torch.equal(d, want_d)
