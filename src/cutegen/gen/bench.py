@@ -30,6 +30,7 @@ import json
 import platform
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 from cutegen.gen.conditions import CONDITIONS, Conditions
@@ -801,8 +802,9 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Every GEMM op the report has a section for, and the quantize ops together.
-OPS = (*GEMM_OPS, "quantize")
+# Every GEMM op the report has a section for, the quantize ops together, and the host cost per call
+# of every op (`cutegen.gen.bench_host`).
+OPS = (*GEMM_OPS, "quantize", "host")
 
 
 def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
@@ -837,7 +839,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         env["command"] = command
     results: dict = {"environment": env}
     available = set()
-    for op in OPS[:-1]:
+    for op in GEMM_OPS:
         if runtime_ops.runnable_kernels(op):
             available.add(op)
     if "bf16_gemm_nt" in ops and "bf16_gemm_nt" in available:
@@ -887,15 +889,20 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
             quant = bench_quant.bench_quant(every_kernel=every_kernel)
             print(bench_quant.render(quant, env))
             results["quantize"] = quant
-    if report_dir:
-        from pathlib import Path
+    if "host" in ops:
+        from cutegen.gen import bench_host
 
+        print("host cost per call (every op, direct, through torch.ops and deep_gemm, beside torch):", flush=True)
+        results["host"] = bench_host.bench_host()
+        print(bench_host.render(results["host"], env))
+    if report_dir:
         from cutegen.gen import report
 
         if not json_out:  # the report links the results it was made from
             Path(report_dir).mkdir(parents=True, exist_ok=True)
             json_out = str(Path(report_dir) / f"{report.report_stem(env)}.json")
     if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         with open(json_out, "w") as f:
             json.dump(results, f, indent=2, default=str)
     if report_dir:

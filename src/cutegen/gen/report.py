@@ -63,7 +63,7 @@ GEMM_OPS = (
     "fp8_wgrad_gemm_nt",
     "k_grouped_fp8_gemm_nt_contiguous",
 )
-KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize")
+KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize", "host")
 # Folder files that are not reports.
 NOT_REPORTS = {LATEST, "README.md", "NOTES.md"}
 
@@ -676,6 +676,7 @@ TITLES = {
     "k_grouped_fp8_gemm_nt_contiguous": "k-grouped FP8 weight-gradient GEMM (MoE), fp32 D[g] += A_g·B_gᵀ, G, M, N, mean k "
     "(`k_grouped_fp8_gemm_nt_contiguous`)",
     "quantize": "FP8 quantize (`quantize`)",
+    "host": "Host cost per call (`host`)",
 }
 
 
@@ -727,6 +728,7 @@ def _conditions_text(name: str) -> str:
 def _method(
     sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event",
     fresh_allocations: bool = False, deepgemm_in_run: str | None = None, conditions: str = "cutegen",
+    quantize: bool = True,
 ) -> list[str]:
     """The report's Method section; `timer` is the results' (runs before there was a choice used events),
     `fresh_allocations` whether each GEMM shape's operands were fresh allocations (runs since 2026-12-01),
@@ -738,6 +740,9 @@ def _method(
         if timer == "kernel"
         else "CUDA events around each call (`--timer event`: they also count the GPU's launch of the call, ~2-3 µs)"
     )
+    if not sections and not quantize:  # host cost only: its section states its own method
+        return ["## Method", "", "The host-cost section below states how its calls were timed; every row, "
+                "cutegen's and the anchors', ran in the same process and was timed the same way.", ""]
     lines = [
         "## Method",
         "",
@@ -749,11 +754,11 @@ def _method(
            if fresh_allocations else ""),
         "",
     ]
-    if not sections:  # quantize only: its section states its own measure (GB/s beside a copy)
+    if not sections:  # quantize or host only: each section states its own measure
         return lines + [
             "- Quantize rows: GB/s = bytes read + written over the time per call, beside a device-to-device "
             "copy of the same bytes timed in the same run."
-        ]
+        ] * quantize
     lines += [
         f"- Roofline: compute roof = dense peak of the input type (FP8 {s.fp8_peak:.0f} TFLOPS, "
         f"BF16 {s.bf16_peak:.0f} TFLOPS); bandwidth roof = AI x {bw:.0f} GB/s ({bw_source}).",
@@ -896,6 +901,12 @@ def render(
             body.append("No rows in the results for this op (n/a).")
             summary.append("- `quantize`: n/a (no rows)")
 
+    if isinstance(results.get("host"), dict):
+        from cutegen.gen import bench_host
+
+        body += ["", f"## {TITLES['host']}", "", *bench_host.table_lines(results["host"])]
+        summary.append(bench_host.summary_line(results["host"]))
+
     roof_points = [sec for sec in sections if any(p.ai and p.ours_tflops for p in sec.points)]
     roof_lines: list[str] = []
     if settings.plots and roof_points:
@@ -920,6 +931,7 @@ def render(
     lines += _method(
         sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"),
         bool(env.get("fresh_allocations")), env.get("deepgemm_in_run"), str(env.get("conditions") or "cutegen"),
+        quantize="quantize" in results,
     )
     lines += body + roof_lines + tail
     return "\n".join(lines) + "\n", plan
