@@ -28,8 +28,6 @@ import dataclasses
 import threading
 from typing import Any, Mapping
 
-import numpy as np
-
 from . import raw_launch, sm_budget
 from .driver import LoadedKernel, check, cu, launch_config
 from .errors import InputError, KernelLoadError
