@@ -207,3 +207,98 @@ def test_measured_bf16_kernel_is_unchanged(built):
     assert opcode_sequence(sass) == GOLDEN.read_text().split(), (
         "the SASS of the kernel measured on the H200 changed; re-measure it and update the golden file"
     )
+
+
+def test_unreadable_manifests_are_rebuilt_or_left_out_by_name(built, tmp_path, monkeypatch):
+    """A kernel folder of the build with a corrupt manifest is replaced from the cache; a folder the
+    build does not make, with a manifest of the wrong shape, is left out of the catalogue, named."""
+    import shutil
+
+    monkeypatch.setenv("CUTEGEN_CACHE_DIR", str(built["cache"]))
+    out = tmp_path / "build"
+    shutil.copytree(built["out"], out)
+    schedule = built["schedules"][0]
+    name = procedural_name(schedule)
+    (out / name / "manifest.json").write_text("{ not json")
+    (out / "stray").mkdir()
+    (out / "stray" / "manifest.json").write_text("[1, 2, 3]")
+    report = build_schedules([schedule], out, jobs=1, progress=False)
+    assert report.ok and report.count("cached") == 1
+    assert any(str(out / "stray" / "manifest.json") in line and "malformed manifest" in line
+               for line in report.notices), report.notices
+    cat = Catalogue.from_json((out / "catalogue.json").read_text())
+    assert sorted(k.name for k in cat.kernels) == sorted(REPRESENTATIVE)
+    assert all(k.manifest_sha256 == hashlib.sha256((out / k.manifest).read_bytes()).hexdigest() for k in cat.kernels)
+
+
+def test_cache_entry_with_a_missing_file_is_rebuilt(built, tmp_path, monkeypatch):
+    import shutil
+
+    from cutegen.gen.build import cache_key
+
+    cache = tmp_path / "cache"
+    shutil.copytree(built["cache"], cache)
+    monkeypatch.setenv("CUTEGEN_CACHE_DIR", str(cache))
+    schedule = built["schedules"][1]
+    (cache / cache_key(schedule) / "sass.txt").unlink()
+    report = build_schedules([schedule], tmp_path / "out", jobs=1, progress=False)
+    assert report.count("built") == 1, report.summary()
+    assert (cache / cache_key(schedule) / "sass.txt").is_file()
+
+
+def test_a_build_after_one_that_died_recovers_and_the_runtime_loads(built, tmp_path, monkeypatch):
+    """The leftovers a build killed at each stage leaves (a staging folder in the cache and in the
+    build folder, a kernel folder moved aside and not yet replaced, a catalogue being written):
+    the next build repairs them and the runtime reads every kernel."""
+    import shutil
+    import subprocess
+    import sys
+
+    from cutegen.runtime.catalogue import KernelCatalogue
+
+    pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True).stdout)  # a process that has exited
+    cache = tmp_path / "cache"
+    shutil.copytree(built["cache"], cache)
+    monkeypatch.setenv("CUTEGEN_CACHE_DIR", str(cache))
+    out = tmp_path / "build"
+    shutil.copytree(built["out"], out)
+    moved = REPRESENTATIVE[0]
+    (out / moved).rename(out / f".{moved}.old.{pid}")
+    shutil.copytree(out / REPRESENTATIVE[1], out / f".{REPRESENTATIVE[1]}.tmp.{pid}.x1")
+    (out / f".catalogue.json.{pid}").write_text("{")
+    some_entry = next(p for p in cache.iterdir() if p.is_dir())
+    shutil.copytree(some_entry, cache / f".{some_entry.name}.tmp.{pid}.y2")
+    assert KernelCatalogue.open(out).read_cubin(REPRESENTATIVE[1])  # the others still load meanwhile
+    report = build_schedules(built["schedules"][1:2], out, jobs=1, progress=False)
+    assert report.ok
+    assert len(report.notices) == 4, report.notices
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".cutegen.lock"]
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == [".cutegen.lock"]
+    cat = KernelCatalogue.open(out)
+    assert sorted(cat.names()) == sorted(REPRESENTATIVE)
+    for name in REPRESENTATIVE:
+        assert cat.read_cubin(name)
+
+
+def test_concurrent_builds_into_one_folder_and_one_cache(built, tmp_path):
+    """Three `cutegen build` processes at once, one empty cache, one build folder: each exits 0,
+    one valid catalogue, one cubin (the same bytes as the fixture's), no stray folders."""
+    import os
+    import subprocess
+    import sys
+
+    name = REPRESENTATIVE[1]
+    env = dict(os.environ, CUTEGEN_CACHE_DIR=str(tmp_path / "cache"))
+    out = tmp_path / "build"
+    procs = [subprocess.Popen([sys.executable, "-m", "cutegen.gen.cli", "build", name, "-o", str(out), "-j", "1"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(3)]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    cat = Catalogue.from_json((out / "catalogue.json").read_text())
+    assert [k.name for k in cat.kernels] == [name]
+    cubin = (out / name / "kernel.cubin").read_bytes()
+    assert cubin == (built["out"] / name / "kernel.cubin").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == [".cutegen.lock", "catalogue.json", name]
+    assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".") and p.name != ".cutegen.lock"]

@@ -40,7 +40,7 @@ def with_invalid(tmp_path, monkeypatch):
             base_extra=ONE_CTA_CLUSTER,
         )
     )
-    monkeypatch.setattr(cli, "_load", lambda arch, op: all_expanded(arch, op, paths=[p]))
+    monkeypatch.setattr(cli, "_load", lambda arch, op, *_: all_expanded(arch, op, paths=[p]))
     return p
 
 

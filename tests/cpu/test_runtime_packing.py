@@ -548,6 +548,39 @@ def test_catalogue_lists_and_verifies_cubins(tmp_path, monkeypatch):
         KernelCatalogue.open(build).manifest("k100")
 
 
+def test_catalogue_refuses_edited_manifests_paths_out_of_the_folder_and_wrong_shapes(tmp_path):
+    m = make_manifest("k90")
+    build = write_build(tmp_path, [m], {"k90": b"\x7fELF-90"})
+    index = Catalogue.from_json((build / "catalogue.json").read_text())
+    raw = (build / "k90" / "manifest.json").read_bytes()
+    recorded = dataclasses.replace(index.kernels[0], manifest_sha256=hashlib.sha256(raw).hexdigest())
+    (build / "catalogue.json").write_text(dataclasses.replace(index, kernels=[recorded]).to_json())
+    assert KernelCatalogue.open(build).manifest("k90").name == "k90"
+    edited = json.loads(raw)
+    edited["smem_bytes"] = 1
+    (build / "k90" / "manifest.json").write_text(json.dumps(edited))
+    with pytest.raises(ArtifactError, match="k90.*sha256 .* is not the .* the catalogue records"):
+        KernelCatalogue.open(build).manifest("k90")
+    (build / "k90" / "manifest.json").write_bytes(raw)
+    outside = dataclasses.replace(recorded, manifest="../elsewhere/manifest.json")
+    (build / "catalogue.json").write_text(dataclasses.replace(index, kernels=[outside]).to_json())
+    with pytest.raises(ArtifactError, match="manifest path '../elsewhere/manifest.json' leads out of the build folder"):
+        KernelCatalogue.open(build).manifest("k90")
+    absolute_cubin = json.loads(raw)
+    absolute_cubin["cubin"] = "/etc/passwd"
+    (build / "k90" / "manifest.json").write_text(json.dumps(absolute_cubin))
+    (build / "catalogue.json").write_text(index.to_json())  # no digest recorded
+    with pytest.raises(ArtifactError, match="cubin path '.*passwd' leads out of the build folder"):
+        KernelCatalogue.open(build).read_cubin("k90")
+    for wrong in ("[1, 2]", json.dumps(json.loads(raw) | {"smem_bytes": "lots"})):
+        (build / "k90" / "manifest.json").write_text(wrong)
+        with pytest.raises(ArtifactError, match="k90.*malformed manifest"):
+            KernelCatalogue.open(build).manifest("k90")
+    (build / "catalogue.json").write_text("[]")
+    with pytest.raises(ArtifactError, match="catalogue.json cannot be used: malformed catalogue"):
+        KernelCatalogue.open(build)
+
+
 def test_missing_catalogue_is_a_clear_error(tmp_path):
     with pytest.raises(ArtifactError, match="no kernel catalogue at .*cutegen build"):
         load_catalogue(tmp_path)
@@ -764,3 +797,17 @@ def test_op_schemas_avoid_inductor_reserved_names():
         op = getattr(torch.ops.cutegen, name).default
         names = [arg.name for arg in op._schema.arguments]
         assert "kernel" not in names, name
+
+
+def test_load_refuses_a_manifest_its_cubin_contradicts():
+    from cutegen.runtime.driver import FunctionFacts, compare_function_facts
+
+    m = dataclasses.replace(make_manifest(), block=(384, 1, 1), cluster=(2, 1, 1), smem_bytes=200_000)
+    compare_function_facts(m, FunctionFacts(384, 1024, (0, 0, 0)), 232_448)  # no cluster required
+    compare_function_facts(m, FunctionFacts(384, 0, (2, 1, 1)), 232_448)
+    with pytest.raises(KernelLoadError, match="launches 384 threads per block; its cubin's entry takes at most 256"):
+        compare_function_facts(m, FunctionFacts(256, 0, (0, 0, 0)), 232_448)
+    with pytest.raises(KernelLoadError, match="40000 bytes of static shared memory .* exceed this GPU's 232448"):
+        compare_function_facts(m, FunctionFacts(384, 40_000, (0, 0, 0)), 232_448)
+    with pytest.raises(KernelLoadError, match=r"requires clusters of \(1, 2, 1\); the manifest launches \(2, 1, 1\)"):
+        compare_function_facts(m, FunctionFacts(384, 0, (1, 2, 1)), 232_448)

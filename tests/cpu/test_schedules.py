@@ -553,6 +553,18 @@ def test_loader_file_level_errors(tmp_path):
         load_schedule_file(tmp_path / "missing.toml")
 
 
+def test_a_sweep_of_too_many_points_is_refused_before_it_is_expanded(tmp_path):
+    axis = lambda field, values: f"{field} = [" + ", ".join(f"{{{field} = {v}}}" for v in values) + "]\n"  # noqa: E731
+    sweep = GOOD_SWEEP + axis("group_size", range(1, 52)) + axis("stages", range(2, 52))  # 2 x 2 x 51 x 50
+    p = write(tmp_path, family(sweep=sweep))
+    with pytest.raises(ScheduleFileError) as info:
+        load_schedule_file(p)
+    message = str(info.value)
+    for words in (str(p), "fam", "10,200 points (2 x 2 x 51 x 50", "more than 10,000", "--max-points 10200"):
+        assert words in message, (words, message)
+    assert len(load_schedule_file(p, max_points=10_200)) == 10_200
+
+
 def test_expand_family_from_dict():
     import tomllib
 

@@ -93,6 +93,7 @@ def test_64_row_kernels_at_ragged_small_m(ops, gemm_kernels, m):
 
 def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kernels, tmp_path):
     """A catalogue entry built for another architecture is refused with a clear message."""
+    import hashlib
     import json
     import shutil
 
@@ -103,9 +104,13 @@ def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kerne
     shutil.copytree(src / name, tmp_path / name)
     manifest = json.loads((tmp_path / name / "manifest.json").read_text())
     manifest["arch"] = "sm_100a"  # as an sm_100a build of the same kernel would say
-    (tmp_path / name / "manifest.json").write_text(json.dumps(manifest))
+    text = json.dumps(manifest)
+    (tmp_path / name / "manifest.json").write_text(text)
     catalogue = json.loads((src / "catalogue.json").read_text())
-    catalogue["kernels"] = [dict(k, arch="sm_100a") for k in catalogue["kernels"] if k["name"] == name]
+    # the catalogue of that build records its manifest's digest
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    catalogue["kernels"] = [dict(k, arch="sm_100a", manifest_sha256=digest)
+                            for k in catalogue["kernels"] if k["name"] == name]
     (tmp_path / "catalogue.json").write_text(json.dumps(catalogue))
     cat = load_catalogue(tmp_path)
     assert cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability) == []

@@ -2,10 +2,14 @@
 
 For each schedule the template is traced and compiled with the CuTe DSL (`CUTE_DSL_ARCH` set, no GPU
 needed). A compiled kernel folder is first committed to a content-addressed cache, keyed by
-(procedural name, template source fingerprint, DSL version, cutegen version); the build folder
-receives a copy. Every write is atomic (temporary folder + rename), and the cache entry's
-`meta.json` is written last as its commit marker, so concurrent or interrupted builds never leave a
-half-written kernel behind.
+(procedural name, the sources of the template and of every project module it imports, the
+artifact writers, DSL version and its ``CUTE_DSL_*`` settings, cutegen version); the build folder
+receives a copy. Kernels compile outside any lock, into staging folders named for their process;
+a commit (`commit_folder`) takes the cache's or the build folder's file lock, moves the old folder
+aside, renames the staged one into place and only then deletes the old one, so concurrent builds
+never see a half-written or missing kernel and an interrupted one leaves either folder in place
+or the old one aside, which the next build puts back (`recover_folder`). A cache entry counts as a
+hit only when its commit marker, every file and its manifest agree.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import traceback
 import warnings
 from pathlib import Path
 
+from filelock import FileLock
+
 from cutegen import __version__ as CUTEGEN_VERSION
 from cutegen.runtime.manifest import (
     Catalogue,
@@ -43,8 +49,12 @@ CUBIN_FILE = "kernel.cubin"
 PTX_FILE = "kernel.ptx"
 HEADER_FILE = "kernel.h"
 SASS_FILE = "sass.txt"
+SASS_SUMMARY_FILE = "sass_summary.json"
 META_FILE = "meta.json"
 CATALOGUE_FILE = "catalogue.json"
+# Every file of a kernel folder (a cache entry also has META_FILE).
+KERNEL_FILES = (CUBIN_FILE, PTX_FILE, MANIFEST_FILE, HEADER_FILE, SASS_FILE, SASS_SUMMARY_FILE)
+LOCK_FILE = ".cutegen.lock"
 
 
 class BuildError(RuntimeError):
@@ -81,6 +91,20 @@ def artifact_writers_fingerprint() -> str:
     return h.hexdigest()
 
 
+# The CuTe DSL reads its code-generation settings (line info, optimisation level, assertions, …)
+# from variables with this prefix; the builder sets the architecture itself from the schedule.
+DSL_SETTINGS_PREFIX = "CUTE_DSL_"
+DSL_SETTINGS_SET_BY_BUILD = ("CUTE_DSL_ARCH",)
+
+
+def dsl_settings() -> dict[str, str]:
+    """The CuTe DSL settings in the environment that are part of every cache key: a build with,
+    say, ``CUTE_DSL_LINEINFO=1`` makes other cubins than a default one and must not share its
+    cache entries."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(DSL_SETTINGS_PREFIX) and k not in DSL_SETTINGS_SET_BY_BUILD}
+
+
 def cache_key(schedule: Schedule) -> str:
     from cutegen.templates.registry import template_fingerprint
 
@@ -90,6 +114,7 @@ def cache_key(schedule: Schedule) -> str:
             "template": template_fingerprint(schedule),
             "writers": artifact_writers_fingerprint(),
             "dsl": dsl_version(),
+            "dsl_settings": dsl_settings(),
             "cutegen": CUTEGEN_VERSION,
         },
         sort_keys=True,
@@ -244,20 +269,95 @@ def _write_kernel_dir(dest: Path, schedule: Schedule, art: dict) -> KernelManife
     (dest / MANIFEST_FILE).write_text(manifest.to_json())
     (dest / HEADER_FILE).write_text(render_header(manifest))
     (dest / SASS_FILE).write_text(summary.render())
-    (dest / "sass_summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    (dest / SASS_SUMMARY_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     return manifest
 
 
-def _cache_entry_valid(entry: Path) -> bool:
-    meta = entry / META_FILE
-    if not meta.is_file():
-        return False
+# ---- commits: staging folders, locks, recovery -------------------------------------------------
+def folder_lock(folder: Path) -> FileLock:
+    """The lock every commit into ``folder`` (a cache or a build folder) holds."""
+    return FileLock(str(folder / LOCK_FILE))
+
+
+def staging_folder(parent: Path, name: str) -> Path:
+    """A new, empty staging folder in ``parent`` for ``name``, named for this process so that a
+    later build can tell the leftovers of one that died (``.<name>.tmp.<pid>.<random>``)."""
+    return Path(tempfile.mkdtemp(prefix=f".{name}.tmp.{os.getpid()}.", dir=parent))
+
+
+def commit_folder(staged: Path, dest: Path) -> None:
+    """Put the staged folder at ``dest`` (call with the folder's lock held): any old folder is
+    moved aside first and deleted last, so ``dest`` is never missing while a crash is recoverable."""
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old.{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(dest, old)
+    os.replace(staged, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
     try:
-        data = json.loads(meta.read_text())
-        cubin = (entry / CUBIN_FILE).read_bytes()
-    except (OSError, json.JSONDecodeError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    return data.get("sha256") == hashlib.sha256(cubin).hexdigest()
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def recover_folder(folder: Path) -> list[str]:
+    """Clean up after builds that died in ``folder`` (call with its lock held): their staging
+    folders are deleted, and an old folder moved aside is put back where its new one never
+    arrived. Returns what was done, one line each."""
+    done = []
+    for path in sorted(folder.iterdir()):
+        if not path.name.startswith("."):
+            continue
+        stem = path.name[1:]
+        if path.is_dir() and ".old." in stem:
+            name, _, pid = stem.rpartition(".old.")
+        elif path.is_dir() and ".tmp." in stem:
+            name, _, rest = stem.partition(".tmp.")
+            pid = rest.partition(".")[0]
+        elif path.is_file() and stem.startswith(f"{CATALOGUE_FILE}."):  # `write_catalogue`'s temporary
+            name, pid = CATALOGUE_FILE, stem[len(CATALOGUE_FILE) + 1:]
+        else:
+            continue
+        if not pid.isdigit() or _process_alive(int(pid)):
+            continue
+        target = folder / name
+        if path.is_dir() and ".old." in stem and not target.exists():
+            os.replace(path, target)
+            done.append(f"restored {name}: process {pid} moved it aside and died before replacing it")
+        else:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            done.append(f"removed {path.name}, left by process {pid}")
+    return done
+
+
+def _cache_entry_valid(entry: Path) -> bool:
+    """A hit: the commit marker, every kernel file, and a manifest naming the marker's cubin digest,
+    which the cubin has."""
+    from cutegen.runtime.manifest import ManifestError
+
+    try:
+        data = json.loads((entry / META_FILE).read_text())
+        cubin = (entry / CUBIN_FILE).read_bytes()
+        manifest = KernelManifest.from_json((entry / MANIFEST_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ManifestError):
+        return False
+    digest = hashlib.sha256(cubin).hexdigest()
+    return (isinstance(data, dict) and data.get("sha256") == digest == manifest.sha256
+            and all((entry / f).is_file() for f in KERNEL_FILES))
 
 
 def compile_into_cache(schedule_dict: dict, cache_dir: str, force: bool) -> dict:
@@ -271,7 +371,7 @@ def compile_into_cache(schedule_dict: dict, cache_dir: str, force: bool) -> dict
     os.environ["CUTE_DSL_ARCH"] = schedule.arch.value
     t0 = time.perf_counter()
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=entry.parent))
+    tmp = staging_folder(entry.parent, key)
     try:
         with tempfile.TemporaryDirectory() as scratch:
             art = _compile(schedule, Path(scratch))
@@ -280,13 +380,11 @@ def compile_into_cache(schedule_dict: dict, cache_dir: str, force: bool) -> dict
         (tmp / META_FILE).write_text(
             json.dumps({"name": name, "key": key, "sha256": manifest.sha256}, indent=2) + "\n"
         )
-        if entry.exists():
-            shutil.rmtree(entry, ignore_errors=True)
-        try:
-            os.replace(tmp, entry)
-        except OSError:
-            # Another process committed the same entry first; theirs is identical.
-            shutil.rmtree(tmp, ignore_errors=True)
+        with folder_lock(entry.parent):
+            if not force and _cache_entry_valid(entry):
+                shutil.rmtree(tmp, ignore_errors=True)  # another process committed the same kernel
+            else:
+                commit_folder(tmp, entry)
     except Exception as exc:  # reported per kernel, the build goes on
         shutil.rmtree(tmp, ignore_errors=True)
         return {
@@ -314,6 +412,8 @@ class BuildReport:
     out_dir: Path
     results: list[KernelResult]
     seconds: float
+    # What the build repaired or left out: leftovers of builds that died, unreadable manifests.
+    notices: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -328,6 +428,7 @@ class BuildReport:
         for r in sorted(self.results, key=lambda r: r.name):
             extra = f"  {r.error}" if r.error else ""
             lines.append(f"{r.name:<{width}}  {r.status:<6}  {r.seconds:6.1f}s{extra}")
+        lines += self.notices
         lines.append(
             f"{len(self.results)} kernels: {self.count('built')} built, "
             f"{self.count('cached')} cache hits, {self.count('failed')} failed "
@@ -337,20 +438,15 @@ class BuildReport:
 
 
 def _copy_entry_to(entry: Path, dest: Path) -> None:
-    """Atomically replace `dest` with a copy of the cache entry."""
+    """Replace the kernel folder ``dest`` with a copy of the cache entry (the build folder's lock
+    held by the caller; the cache's is taken while copying, so no commit swaps the entry meanwhile)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = staging_folder(dest.parent, dest.name)
     try:
-        for f in entry.iterdir():
-            if f.name != META_FILE:
-                shutil.copy2(f, tmp / f.name)
-        old = None
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.old.{os.getpid()}"
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with folder_lock(entry.parent):
+            for name in KERNEL_FILES:
+                shutil.copy2(entry / name, tmp / name)
+        commit_folder(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -361,12 +457,22 @@ def _kernel_manifests(out_dir: Path) -> list[Path]:
     return [p for p in sorted(out_dir.glob(f"*/{MANIFEST_FILE}")) if not p.parent.name.startswith(".")]
 
 
-def write_catalogue(out_dir: Path) -> Catalogue:
-    """Index every kernel folder in `out_dir` into catalogue.json (atomically)."""
+def write_catalogue(out_dir: Path, notices: list[str] | None = None) -> Catalogue:
+    """Index every kernel folder in `out_dir` into catalogue.json (atomically), each with its
+    manifest's sha256; a folder whose manifest cannot be read is left out, and said in ``notices``."""
+    from cutegen.runtime.manifest import ManifestError
+
     entries = []
     toolchain: dict[str, str] = {}
     for manifest_path in _kernel_manifests(out_dir):
-        m = KernelManifest.from_json(manifest_path.read_text())
+        try:
+            raw = manifest_path.read_bytes()
+            m = KernelManifest.from_json(raw.decode())
+        except (OSError, UnicodeDecodeError, ManifestError) as exc:
+            if notices is not None:
+                notices.append(f"left out of the catalogue: {manifest_path} cannot be read ({exc}); "
+                               "rebuild that kernel or delete its folder")
+            continue
         toolchain = dict(m.toolchain)
         entries.append(
             CatalogueEntry(
@@ -375,6 +481,7 @@ def write_catalogue(out_dir: Path) -> Catalogue:
                 arch=m.arch,
                 manifest=f"{manifest_path.parent.name}/{MANIFEST_FILE}",
                 schedule=m.schedule,
+                manifest_sha256=hashlib.sha256(raw).hexdigest(),
             )
         )
     cat = Catalogue(kernels=entries, toolchain={k: toolchain.get(k, "") for k in ("cutegen", "nvidia-cutlass-dsl")})
@@ -390,15 +497,16 @@ def prune_build_dir(out_dir: Path, keep: set[str]) -> list[str]:
     (sorted). Folders without a readable manifest are left alone."""
     out_dir = Path(out_dir)
     removed = []
-    for manifest_path in _kernel_manifests(out_dir):
-        try:
-            name = KernelManifest.from_json(manifest_path.read_text()).name
-        except (OSError, ValueError):  # ManifestError and UnicodeDecodeError are ValueErrors
-            continue
-        if name not in keep:
-            shutil.rmtree(manifest_path.parent)
-            removed.append(name)
-    write_catalogue(out_dir)
+    with folder_lock(out_dir):
+        for manifest_path in _kernel_manifests(out_dir):
+            try:
+                name = KernelManifest.from_json(manifest_path.read_text()).name
+            except (OSError, ValueError):  # ManifestError and UnicodeDecodeError are ValueErrors
+                continue
+            if name not in keep:
+                shutil.rmtree(manifest_path.parent)
+                removed.append(name)
+        write_catalogue(out_dir)
     return sorted(removed)
 
 
@@ -415,6 +523,10 @@ def build_schedules(
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
+    notices: list[str] = []
+    for folder in (cache, out_dir):
+        with folder_lock(folder):
+            notices += [f"{folder}: {line}" for line in recover_folder(folder)]
     unique = {procedural_name(s): s for s in schedules}
     todo = [unique[n] for n in sorted(unique)]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
@@ -446,11 +558,12 @@ def build_schedules(
         bar.close()
 
     results = []
-    for rec in records:
-        if rec["status"] != "failed":
-            _copy_entry_to(cache / rec["key"], out_dir / rec["name"])
-        else:
-            sys.stderr.write(f"\n--- {rec['name']} failed ---\n{rec.get('traceback', '')}\n")
-        results.append(KernelResult(rec["name"], rec["status"], rec["seconds"], rec.get("error")))
-    write_catalogue(out_dir)
-    return BuildReport(out_dir=out_dir, results=results, seconds=time.perf_counter() - t0)
+    with folder_lock(out_dir):
+        for rec in records:
+            if rec["status"] != "failed":
+                _copy_entry_to(cache / rec["key"], out_dir / rec["name"])
+            else:
+                sys.stderr.write(f"\n--- {rec['name']} failed ---\n{rec.get('traceback', '')}\n")
+            results.append(KernelResult(rec["name"], rec["status"], rec["seconds"], rec.get("error")))
+        write_catalogue(out_dir, notices)
+    return BuildReport(out_dir=out_dir, results=results, seconds=time.perf_counter() - t0, notices=notices)

@@ -29,6 +29,7 @@ from cutegen.gen.deepgemm_anchor import DeepGemmKernel
 from cutegen.gen.tune import TUNABLE_OPS
 from cutegen.runtime.manifest import KernelManifest, ManifestError
 from cutegen.schedules import (
+    MAX_POINTS,
     Arch,
     Expanded,
     Op,
@@ -72,19 +73,20 @@ def matches(name: str, pattern: str) -> bool:
     return pattern in name
 
 
-def _load(arch: str | None, op: str | None, extra: Sequence[str] = ()) -> list[Expanded]:
+def _load(arch: str | None, op: str | None, extra: Sequence[str] = (), max_points: int = MAX_POINTS) -> list[Expanded]:
     """The shipped schedules plus those of the ``extra`` schedule files."""
     if not extra:
-        return all_expanded(arch=arch, op=op)
+        return all_expanded(arch=arch, op=op, max_points=max_points)
     for path in extra:
         if not Path(path).is_file():
             raise CliError(f"--schedules {path}: no such file", 2)
-    return all_expanded(arch=arch, op=op, paths=[*default_schedule_files(), *map(Path, extra)])
+    return all_expanded(arch=arch, op=op, paths=[*default_schedule_files(), *map(Path, extra)],
+                        max_points=max_points)
 
 
 def _entries(args: argparse.Namespace, arch: str | None, op: str | None) -> list[Expanded]:
     extra = list(getattr(args, "schedules", None) or [])
-    return _load(arch, op, extra) if extra else _load(arch, op)
+    return _load(arch, op, extra, getattr(args, "max_points", MAX_POINTS))
 
 
 def _filters(arch: str | None, op: str | None) -> str:
@@ -804,6 +806,14 @@ def build_parser() -> argparse.ArgumentParser:
     sched_help = (
         "also read this schedule file (TOML families, like src/cutegen/schedules/*.toml); repeatable"
     )
+    points_help = (f"refuse a schedule family whose sweep expands to more than N points (default: "
+                   f"{MAX_POINTS:,})")
+
+    def positive(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
 
     ls = sub.add_parser("list", help="list the schedules and whether they are valid")
     ls.add_argument("patterns", nargs="*", metavar="PATTERN", help=pat_help)
@@ -814,6 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--names", action="store_true", help="print only the names")
     ls.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
+    ls.add_argument("--max-points", type=positive, default=MAX_POINTS, metavar="N", help=points_help)
     ls.set_defaults(func=cmd_list)
 
     sh = sub.add_parser("show", help="show one schedule, its rules and its built kernel")
@@ -826,6 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sh.add_argument("--json", action="store_true", help="print JSON")
     sh.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
+    sh.add_argument("--max-points", type=positive, default=MAX_POINTS, metavar="N", help=points_help)
     sh.set_defaults(func=cmd_show)
 
     bd = sub.add_parser("build", help="compile schedules into cubins, manifests and headers")
@@ -842,6 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
         "produces any more, e.g. after an upgrade (patterns, --arch and --op do not narrow what stays)",
     )
     bd.add_argument("--schedules", action="append", metavar="FILE", help=sched_help)
+    bd.add_argument("--max-points", type=positive, default=MAX_POINTS, metavar="N", help=points_help)
     bd.set_defaults(func=cmd_build)
 
     built_help = f"build (or export) folder holding catalogue.json (default: {DEFAULT_BUILD_DIR})"

@@ -211,8 +211,21 @@ class KernelCatalogue:
                 f"no kernel named {name!r} in the catalogue at {self.build_dir} (known: {known})"
             ) from None
 
+    def _inside(self, name: str, what: str, relative: str) -> Path:
+        """``relative`` resolved in the build folder; ArtifactError when it is absolute or leads out
+        of it (a catalogue or manifest is data, never a reason to read elsewhere)."""
+        path = Path(relative)
+        root = self.build_dir.resolve()
+        resolved = (root / path).resolve()
+        if path.is_absolute() or (resolved != root and root not in resolved.parents):
+            raise ArtifactError(
+                f"kernel {name}: its {what} path {relative!r} leads out of the build folder {self.build_dir}; "
+                "rebuild the catalogue with `cutegen build`"
+            )
+        return resolved
+
     def manifest_path(self, name: str) -> Path:
-        return self.build_dir / self.entry(name).manifest
+        return self._inside(name, "manifest", self.entry(name).manifest)
 
     def manifest(self, name: str) -> KernelManifest:
         """The kernel's manifest, read and checked against its catalogue line (cached)."""
@@ -226,7 +239,13 @@ class KernelCatalogue:
                 f"kernel {name}: manifest {path} is missing; rebuild it with `cutegen build`"
             )
         try:
-            manifest = KernelManifest.from_json(path.read_text())
+            raw = path.read_bytes()
+            if entry.manifest_sha256 is not None and sha256_of(raw) != entry.manifest_sha256.lower():
+                raise ManifestError(
+                    f"its sha256 {sha256_of(raw)} is not the {entry.manifest_sha256} the catalogue records "
+                    "(edited or replaced after the build); rebuild it with `cutegen build`"
+                )
+            manifest = KernelManifest.from_json(raw.decode())
         except (ManifestError, OSError, UnicodeDecodeError) as exc:
             raise ArtifactError(f"kernel {name}: manifest {path} cannot be used: {exc}") from exc
         if (manifest.name, manifest.op, manifest.arch) != (entry.name, entry.op, entry.arch):
@@ -253,14 +272,14 @@ class KernelCatalogue:
         return out
 
     def cubin_path(self, name: str) -> Path:
+        """The cubin the manifest names: beside the manifest, else relative to the build folder;
+        never outside the build folder."""
         manifest = self.manifest(name)
-        cubin = Path(manifest.cubin)
-        if cubin.is_absolute():
-            return cubin
-        beside = self.manifest_path(name).parent / cubin
+        folder = Path(self.entry(name).manifest).parent
+        beside = self._inside(name, "cubin", str(folder / manifest.cubin))
         if beside.is_file():
             return beside
-        in_root = self.build_dir / cubin
+        in_root = self._inside(name, "cubin", manifest.cubin)
         return in_root if in_root.is_file() else beside
 
     def read_cubin(self, name: str) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 try:  # cuda-bindings >= 12.6
     from cuda.bindings import driver as cu
@@ -244,6 +244,52 @@ def query_param_layout(function: Any, limit: int = 4096) -> list[tuple[int, int]
     return layout
 
 
+class FunctionFacts(NamedTuple):
+    """What a loaded cubin states about its entry (``cuFuncGetAttribute``)."""
+
+    max_threads: int  # threads per block beyond which a launch fails
+    static_smem: int  # bytes of static shared memory
+    required_cluster: tuple[int, int, int]  # (0, 0, 0) when the cubin requires none
+
+
+def compare_function_facts(manifest: KernelManifest, facts: FunctionFacts, smem_optin: int) -> None:
+    """Refuse a manifest that the cubin contradicts: more threads per block than the entry
+    takes, static plus dynamic shared memory over the device's limit, or another cluster shape
+    than the one the cubin requires."""
+    threads = int(manifest.block[0]) * int(manifest.block[1]) * int(manifest.block[2])
+    if threads > facts.max_threads:
+        raise KernelLoadError(
+            f"kernel {manifest.name}: the manifest launches {threads} threads per block; its cubin's entry "
+            f"takes at most {facts.max_threads}; rebuild the kernel"
+        )
+    if facts.static_smem + int(manifest.smem_bytes) > smem_optin:
+        raise KernelLoadError(
+            f"kernel {manifest.name}: {facts.static_smem} bytes of static shared memory in its cubin plus the "
+            f"manifest's {manifest.smem_bytes} dynamic exceed this GPU's {smem_optin} per block"
+        )
+    if any(facts.required_cluster) and tuple(facts.required_cluster) != tuple(int(c) for c in manifest.cluster):
+        raise KernelLoadError(
+            f"kernel {manifest.name}: its cubin requires clusters of {facts.required_cluster}; the manifest "
+            f"launches {tuple(manifest.cluster)}; rebuild the kernel"
+        )
+
+
+def query_function_facts(function: Any) -> FunctionFacts:
+    """`FunctionFacts` of a loaded entry."""
+    fa = cu.CUfunction_attribute
+
+    def get(attribute: Any) -> int:
+        return int(check(cu.cuFuncGetAttribute(attribute, function), f"cuFuncGetAttribute({attribute.name})"))
+
+    return FunctionFacts(
+        max_threads=get(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+        static_smem=get(fa.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+        required_cluster=(get(fa.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH),
+                          get(fa.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT),
+                          get(fa.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH)),
+    )
+
+
 def compare_param_layout(manifest: KernelManifest, layout: list[tuple[int, int]]) -> None:
     """Refuse a driver-reported layout that differs from the manifest (relative to param 0)."""
     if len(layout) != len(manifest.params):
@@ -303,7 +349,8 @@ class LoadedKernel:
 
         Sets the dynamic shared-memory limit to ``manifest.smem_bytes`` (refused above the
         device's opt-in maximum) and allows non-portable cluster sizes, then compares the
-        driver's parameter layout with the manifest's.
+        driver's parameter layout and what the cubin states of its entry (`compare_function_facts`)
+        with the manifest.
         """
         check_manifest(manifest)
         context = ensure_context(ordinal)
@@ -331,6 +378,11 @@ class LoadedKernel:
             ) from exc
         kernel = cls(manifest, device, context, module, function)
         try:
+            try:
+                facts = query_function_facts(function)
+            except CudaError as exc:
+                raise KernelLoadError(f"kernel {manifest.name}: {exc}") from exc
+            compare_function_facts(manifest, facts, device.smem_optin)
             kernel._configure()
             kernel._check_params()
         except BaseException:
@@ -403,8 +455,10 @@ class LoadedKernel:
 
 __all__ = [
     "DeviceInfo",
+    "FunctionFacts",
     "LoadedKernel",
     "check",
+    "compare_function_facts",
     "compare_param_layout",
     "cu",
     "device_count",
@@ -415,5 +469,6 @@ __all__ = [
     "launch_attributes",
     "launch_config",
     "primary_context",
+    "query_function_facts",
     "query_param_layout",
 ]

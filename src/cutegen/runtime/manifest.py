@@ -166,6 +166,8 @@ class KernelManifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "KernelManifest":
+        if not isinstance(data, dict):
+            raise ManifestError(f"malformed manifest: a JSON object was expected, got {type(data).__name__}")
         schema = data.get("schema")
         if schema != SCHEMA_VERSION:
             raise ManifestError(
@@ -195,8 +197,8 @@ class KernelManifest:
                 column_scales_early=bool(data.get("column_scales_early", False)),
                 schema=schema,
             )
-        except (KeyError, TypeError) as exc:
-            raise ManifestError(f"malformed manifest: {exc}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"malformed manifest: {type(exc).__name__}: {exc}") from exc
 
     @classmethod
     def from_json(cls, text: str) -> "KernelManifest":
@@ -216,6 +218,7 @@ class CatalogueEntry:
     arch: str
     manifest: str
     schedule: dict[str, Any]
+    manifest_sha256: str | None = None  # the manifest file's sha256 (older catalogues have none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +238,8 @@ class Catalogue:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ManifestError(f"catalogue is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ManifestError(f"malformed catalogue: a JSON object was expected, got {type(data).__name__}")
         if data.get("schema") != SCHEMA_VERSION:
             raise ManifestError(
                 f"catalogue schema {data.get('schema')!r} is not the supported version "
@@ -246,5 +251,5 @@ class Catalogue:
                 toolchain=dict(data.get("toolchain", {})),
                 schema=data["schema"],
             )
-        except (KeyError, TypeError) as exc:
-            raise ManifestError(f"malformed catalogue: {exc}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"malformed catalogue: {type(exc).__name__}: {exc}") from exc

@@ -1,6 +1,7 @@
 """Schedule vocabulary and schedule files (no CuTe DSL, no other project imports)."""
 
 from .loader import (
+    MAX_POINTS,
     Expanded,
     ScheduleFileError,
     all_expanded,
@@ -25,6 +26,7 @@ from .predicates import (
 from .spec import Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
 
 __all__ = [
+    "MAX_POINTS",
     "Arch",
     "DType",
     "Epilogue",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,6 +38,9 @@ AUTO_MAX_STAGES = 8
 AUTO_MIN_STAGES = 2
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Schedule))
 _FAMILY_KEYS = ("name", "description", "base", "sweep")
+# A family whose sweep expands to more points than this is refused before it is expanded (a
+# mistyped axis can mean millions of points and minutes of listing); `--max-points` raises it.
+MAX_POINTS = 10_000
 
 
 class ScheduleFileError(ValueError):
@@ -172,8 +176,11 @@ def _sweep_axes(sweep: Any, source: str, fname: str) -> list[tuple[str, list[dic
     return axes
 
 
-def expand_family(family: dict[str, Any], *, source: str | Path = "<memory>", index: int = 0) -> list[Expanded]:
-    """Every schedule of one ``[[family]]`` table (a dict as tomllib reads it), in sweep order."""
+def expand_family(
+    family: dict[str, Any], *, source: str | Path = "<memory>", index: int = 0, max_points: int = MAX_POINTS
+) -> list[Expanded]:
+    """Every schedule of one ``[[family]]`` table (a dict as tomllib reads it), in sweep order;
+    ScheduleFileError when the sweep has more than ``max_points`` points."""
     source = str(source)
     fname = _family_name(family, index)
     where = _where(source, fname)
@@ -191,6 +198,13 @@ def expand_family(family: dict[str, Any], *, source: str | Path = "<memory>", in
         raise ScheduleFileError(f"{where}: 'description' must be a string")
     base = _convert_table(family.get("base", {}), f"{where}: base")
     axes = _sweep_axes(family.get("sweep", {}), source, fname)
+    sizes = [len(points) for _, points in axes]
+    if math.prod(sizes) > max_points:
+        raise ScheduleFileError(
+            f"{where}: its sweep expands to {math.prod(sizes):,} points ({' x '.join(map(str, sizes))} over "
+            f"axes {', '.join(axis for axis, _ in axes)}), more than {max_points:,}; narrow the sweep, or "
+            f"allow it with --max-points {math.prod(sizes)}"
+        )
 
     out: list[Expanded] = []
     for combo in itertools.product(*(points for _, points in axes)):
@@ -213,8 +227,8 @@ def expand_family(family: dict[str, Any], *, source: str | Path = "<memory>", in
     return out
 
 
-def load_schedule_file(path: str | Path) -> list[Expanded]:
-    """Every schedule of every family in the TOML file `path`."""
+def load_schedule_file(path: str | Path, max_points: int = MAX_POINTS) -> list[Expanded]:
+    """Every schedule of every family in the TOML file `path` (`expand_family`'s ``max_points``)."""
     path = Path(path)
     try:
         with path.open("rb") as fh:
@@ -239,7 +253,7 @@ def load_schedule_file(path: str | Path) -> list[Expanded]:
         if name in seen:
             raise ScheduleFileError(f"{path}: family {name!r} is defined twice")
         seen.add(name)
-        out.extend(expand_family(fam, source=path, index=i))
+        out.extend(expand_family(fam, source=path, index=i, max_points=max_points))
     return out
 
 
@@ -258,6 +272,7 @@ def all_expanded(
     arch: Arch | str | None = None,
     op: Op | str | None = None,
     paths: Iterable[str | Path] | None = None,
+    max_points: int = MAX_POINTS,
 ) -> list[Expanded]:
     """Every expanded schedule (valid or not) of `paths` (default: the shipped files).
 
@@ -271,7 +286,7 @@ def all_expanded(
     built: list[Expanded] = []
     broken: list[Expanded] = []
     for path in files:
-        for e in load_schedule_file(path):
+        for e in load_schedule_file(path, max_points):
             if not _matches(e.schedule, arch_, op_):
                 continue
             if e.schedule is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 from pathlib import Path
@@ -46,21 +47,46 @@ def load_template(schedule: Schedule):
     return getattr(module, class_name)(schedule)
 
 
-# Modules the GEMM templates share; a change to one rebuilds every kernel whose template imports it.
-_SHARED_SOURCES: dict[str, tuple[str, ...]] = {
-    "hopper_gemm": ("gemm_contract.py", "gemm_entries.py", "tile_order.py"),
-    "blackwell_gemm": ("gemm_contract.py", "gemm_entries.py", "tile_order.py"),
-}
+def project_sources(path: Path) -> list[Path]:
+    """``path`` and every module of this project it imports, directly or through another one
+    (``cutegen.*`` imports and relative ones), sorted: what a template's kernels depend on."""
+    package_root = Path(__file__).resolve().parent.parent  # the cutegen package
+    seen: set[Path] = set()
+    todo = [path.resolve()]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        package = ["cutegen", *current.parent.relative_to(package_root).parts]
+        for node in ast.walk(ast.parse(current.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "cutegen":
+                    continue
+                for candidate in (package_root.joinpath(*parts[1:]).with_suffix(".py"),
+                                  package_root.joinpath(*parts[1:], "__init__.py")):
+                    if candidate.is_file() and candidate.resolve() not in seen:
+                        todo.append(candidate.resolve())
+    return sorted(seen)
 
 
 def template_fingerprint(schedule: Schedule) -> str:
-    """sha256 over the sources a kernel depends on: its template module and the modules it shares
-    with other templates, the dtype table and the schedule vocabulary."""
+    """sha256 over the sources a kernel depends on: its template module and every module of the
+    project it imports (shared template code, the dtype table, the schedule vocabulary), found by
+    reading their imports, and this table."""
     module_name, _ = template_path(schedule).split(":")
-    module = module_name.rsplit(".", 1)[1]
-    here = Path(__file__).parent
-    sources = [here / (module + ".py"), *(here / f for f in _SHARED_SOURCES.get(module, ())),
-               here / "registry.py", here / "dtypes.py", here.parent / "schedules" / "spec.py"]
+    here = Path(__file__).resolve().parent
+    sources = project_sources(here / (module_name.rsplit(".", 1)[1] + ".py"))
+    sources.append(here / "registry.py")
     h = hashlib.sha256()
     for path in sources:
         h.update(path.name.encode())
