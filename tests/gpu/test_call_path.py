@@ -228,3 +228,71 @@ def test_scratch_is_per_stream_and_per_capture(rt):
     for (q, s), d in [*results.values(), captured]:
         assert torch.equal(q.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(s, want[1])
         assert torch.equal(d, want_d)
+
+
+def test_outputs_sharing_memory_are_refused_first_and_remembered_calls_alike(rt):
+    """`out` over an input, over itself (row stride under N), a quantizer's outputs over each other:
+    InputError naming both arguments, on a first call and on a call with a remembered layout."""
+    from cutegen.runtime.errors import InputError
+
+    fp8, quant = rt["fp8"], rt["quant"]
+    m, n, k = 128, 256, 512
+    raw = torch.empty(4 * m * k, device="cuda", dtype=torch.uint8)
+    qa = raw[: m * k].view(torch.float8_e4m3fn).view(m, k)
+    qa.copy_(torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn))
+    _, sa, qb, sb = fp8_set(m, n, k, 13)
+    apart = raw[2 * m * k : 2 * m * k + 2 * m * n].view(torch.bfloat16).view(m, n)
+    over_a = raw[m * k // 2 : m * k // 2 + 2 * m * n].view(torch.bfloat16).view(m, n)
+    with pytest.raises(InputError, match="fp8_gemm_nt: argument 'out' must not share memory with argument 'a'"):
+        fp8.fp8_gemm_nt(qa, sa, qb, sb, out=over_a)  # the checked path
+    fp8.fp8_gemm_nt(qa, sa, qb, sb, out=apart)  # remembered
+    with pytest.raises(InputError, match="fp8_gemm_nt: argument 'out' must not share memory with argument 'a'"):
+        fp8.fp8_gemm_nt(qa, sa, qb, sb, out=over_a)  # the same layout: the remembered path
+    torch.cuda.synchronize()
+    tight = torch.empty(m * n, device="cuda", dtype=torch.bfloat16).as_strided((m, n), (n - 8, 1))
+    with pytest.raises(InputError, match="argument 'out' must not overlap itself"):
+        fp8.fp8_gemm_nt(qa, sa, qb, sb, out=tight)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    q, sf = quant.per_token_quant_fp8(x)
+    quant.per_token_quant_fp8(x, out=q, out_scales=sf)  # remembered
+    shared = torch.empty(m * k // 4 + 64, device="cuda", dtype=torch.float32)
+    q_over = shared.view(torch.float8_e4m3fn)[: m * k].view(m, k)
+    sf_over = shared[: m * (k // 128)].view(m, k // 128)
+    with pytest.raises(InputError, match="per_token_quant_fp8: argument 'out(_scales)?' must not share memory with "
+                                         "argument 'out(_scales)?'"):
+        quant.per_token_quant_fp8(x, out=q_over, out_scales=sf_over)
+
+
+def test_weight_gradient_c_is_a_transposed_view_of_d(rt):
+    """C = D is accumulated in place; C = D.t() has D's address but not its elements, and must
+    not be taken for C = D (the copy into D then refuses, as torch does for such overlap)."""
+    fp8 = rt["fp8"]
+    n, k = 256, 512
+    g = torch.Generator(device="cuda").manual_seed(14)
+    qa = torch.randn(n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    qb = torch.randn(n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    sa = fp8.to_mn_major_tma_aligned(torch.rand(n, k // 128, device="cuda", generator=g) + 0.5)
+    sb = fp8.to_mn_major_tma_aligned(torch.rand(n, k // 128, device="cuda", generator=g) + 0.5)
+    d = torch.randn(n, n, device="cuda", generator=g)
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        fp8.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, d.t())
+    c = torch.randn(n, n, device="cuda", generator=g)
+    want = d.clone()
+    torch.use_deterministic_algorithms(True)
+    try:
+        fp8.fp8_wgrad_gemm_nt(qa, sa, qb, sb, want, c.t().contiguous())
+        fp8.fp8_wgrad_gemm_nt(qa, sa, qb, sb, d, c.t())  # a transposed view that is not D: copied
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(d, want)
+
+
+def test_extents_past_int32_are_refused_naming_the_argument(rt):
+    from cutegen.runtime.errors import InputError
+
+    fp8 = rt["fp8"]
+    store = torch.empty(16, device="cuda", dtype=torch.float8_e4m3fn)
+    huge = store.as_strided((1 << 31, 16), (0, 1))  # never read: refused first
+    sa = torch.empty_strided(((1 << 31), 1), (1, 1 << 31), device="meta")
+    with pytest.raises(InputError, match="argument 'a' has 2147483648 elements along mode 0"):
+        fp8.fp8_gemm_nt(huge, sa, store.view(1, 16), torch.ones(1, 1, device="cuda"))

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_matrix
+from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .kernel_choice import kernel_for
 from .launch import launch
@@ -60,6 +60,7 @@ def check_meta(a: Any, b: Any, out: Any | None) -> tuple[int, int, int]:
         _check_matrix("out", out, a.device)
         if tuple(out.shape) != (m, n):
             raise _fail("out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
+        check_not_overlapping_itself(OP_BF16_GEMM_NT, "out", out)
     return m, n, k
 
 
@@ -110,7 +111,9 @@ def _out_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: 
     if call is not None and _calls.launch(call, (a, b, out), current_stream(a)):
         return
     check_meta(a, b, out)
-    _calls.remember(key, _run(a, b, out, kernel_name))
+    check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})
+    ran = _run(a, b, out, kernel_name)
+    _calls.remember(key, ran and ran._replace(outputs={ran.names[2]: "out"}), (a, b, out))
 
 
 def _fake(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "") -> torch.Tensor:

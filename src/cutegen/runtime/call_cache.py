@@ -3,7 +3,8 @@
 An op checks its inputs, chooses its kernel and prepares the launch once per distinct call
 layout: the tensors' shapes, strides, dtypes and devices, the op's other arguments, the SM budget
 and the calling thread. A later call with that layout has passed the same checks, so it only
-reads the tensors' addresses, checks their alignment and relaunches (`launch.relaunch`); a
+reads the tensors' addresses, checks their alignment and that the outputs the caller gave share
+no memory with another tensor of the call (`overlap`), and relaunches (`launch.relaunch`); a
 launch being captured into a CUDA graph records those parameters like any other. Scratch that a
 launch needs beside the call's tensors (a per-stream tile counter or workspace) is remembered
 with the call (``fixed``), which then relaunches only on the stream it was remembered on and
@@ -17,7 +18,9 @@ import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 from . import sm_budget
+from .errors import InputError
 from .launch import PreparedLaunch, relaunch
+from .params import byte_span
 
 CALLS_PER_OP = 1024
 MAX_TENSORS = 10
@@ -50,31 +53,55 @@ class Launched(NamedTuple):
     names: Sequence[str]  # the kernel operand each of the call's tensors binds, in order
     extra: Any = None  # what the op derived from the layout during its checks, kept for the relaunch
     fixed: dict[str, Any] | None = None  # scratch the launch bound beside the call's tensors, by operand
+    # The caller's outputs among ``names``, each with the argument name its errors give ("d": "out").
+    outputs: dict[str, str] | None = None
 
 
 class RememberedCall:
     """A checked call's kernel and plan: the call's tensor ``positions[j]`` holds the address of
-    the plan's operand j (``operand_order``), counting the call's tensors and then ``fixed``."""
+    the plan's operand j (``operand_order``), counting the call's tensors and then ``fixed``;
+    ``disjoint`` lists the (output, other) pairs of call tensors that must share no memory, with
+    each tensor's extent in bytes in ``spans``."""
 
-    __slots__ = ("kernel", "prepared", "positions", "fixed", "stream", "extra")
+    __slots__ = ("op", "kernel", "prepared", "positions", "fixed", "stream", "extra", "disjoint", "spans", "labels")
 
     def __init__(
-        self, kernel: Any, prepared: PreparedLaunch, positions: tuple[int, ...], fixed: tuple, stream: int | None,
-        extra: Any,
+        self, op: str, kernel: Any, prepared: PreparedLaunch, positions: tuple[int, ...], fixed: tuple,
+        stream: int | None, extra: Any, disjoint: tuple[tuple[int, int], ...] = (), spans: tuple[int, ...] = (),
+        labels: tuple[str, ...] = (),
     ) -> None:
+        self.op = op
         self.kernel = kernel
         self.prepared = prepared
         self.positions = positions
         self.fixed = fixed  # scratch tensors the plan keeps using (kept alive here)
         self.stream = stream  # the stream the scratch belongs to
         self.extra = extra  # what the op derived from the layout during its checks
+        self.disjoint = disjoint
+        self.spans = spans
+        self.labels = labels  # the argument name of each call tensor, for errors
 
     def launch(self, tensors: Sequence[Any], stream: int) -> bool:
         """Relaunch on ``tensors`` (in the order the call was remembered with); False if the plan
-        cannot be retargeted."""
+        cannot be retargeted; InputError when an output shares memory with another tensor."""
         if self.fixed:
             tensors = (*tensors, *self.fixed)
-        return relaunch(self.kernel, self.prepared, [tensors[i].data_ptr() for i in self.positions], stream)
+        if not self.disjoint:
+            return relaunch(self.kernel, self.prepared, [tensors[i].data_ptr() for i in self.positions], stream)
+        addresses = [t.data_ptr() for t in tensors]
+        spans = self.spans
+        for out, other in self.disjoint:
+            if addresses[out] < addresses[other] + spans[other] and addresses[other] < addresses[out] + spans[out]:
+                raise self.overlap(out, other, addresses)
+        return relaunch(self.kernel, self.prepared, [addresses[i] for i in self.positions], stream)
+
+    def overlap(self, out: int, other: int, addresses: list[int]) -> InputError:
+        start, span = addresses[out], self.spans[out]
+        other_start, other_span = addresses[other], self.spans[other]
+        return InputError(
+            f"{self.op}: argument '{self.labels[out]}' must not share memory with argument '{self.labels[other]}' "
+            f"(bytes 0x{start:x}-0x{start + span:x} and 0x{other_start:x}-0x{other_start + other_span:x} overlap)"
+        )
 
 
 class CallCache:
@@ -109,10 +136,12 @@ class CallCache:
             return False
         return call.launch(tensors, stream)
 
-    def remember(self, key: tuple | None, launched: Launched | None) -> None:
+    def remember(self, key: tuple | None, launched: Launched | None, tensors: Sequence[Any] = ()) -> None:
         """Remember a checked call's launch (None: nothing to remember). Its tensors bind the
         kernel operands ``launched.names`` in order; a view at offset 0 of a call's tensor may
-        stand for it, since only addresses are read."""
+        stand for it, since only addresses are read. When the caller gave outputs
+        (``launched.outputs``), ``tensors`` are the call's tensors as the kernel reads and writes
+        them, in that order: their extents are what a relaunch checks for overlap."""
         if key is None or launched is None or launched.prepared is None or launched.prepared.skip:
             return
         if launched.fixed and self._capturing():  # scratch allocated for this capture alone
@@ -125,8 +154,19 @@ class CallCache:
         if len(self._calls) >= CALLS_PER_OP:
             self._calls.clear()
         positions = tuple(bound.index(operand) for operand in prepared.operand_order)
+        outputs = launched.outputs or {}
+        disjoint: tuple[tuple[int, int], ...] = ()
+        spans: tuple[int, ...] = ()
+        if outputs:
+            names = list(launched.names)
+            spans = tuple(byte_span(t.shape, t.stride(), t.element_size()) for t in tensors)
+            written = [names.index(name) for name in outputs]
+            disjoint = tuple((out, other) for out in written for other in range(len(names))
+                             if other != out and not (other in written and other < out) and spans[out] and spans[other])
+        labels = tuple(outputs.get(name, name) for name in launched.names)
         self._calls[key] = RememberedCall(
-            launched.kernel, prepared, positions, tuple(fixed.values()), prepared.stream, launched.extra
+            self.op, launched.kernel, prepared, positions, tuple(fixed.values()), prepared.stream, launched.extra,
+            disjoint, spans, labels,
         )
 
     def __contains__(self, key: tuple | None) -> bool:

@@ -1,4 +1,4 @@
-"""Input checks shared by the torch ops: matrices TMA can read, aligned base addresses; each failure an `InputError` naming the argument."""
+"""Input checks shared by the torch ops: matrices TMA can read, extents the kernels index, aligned base addresses, outputs that share no memory; each failure an `InputError` naming the argument."""
 
 from __future__ import annotations
 
@@ -7,8 +7,57 @@ from typing import Any
 import torch
 
 from .errors import InputError
+from .params import byte_span, overlaps_itself
 
 PTR_ALIGN_BYTES = 16  # TMA's rule for a global base address
+# The kernels index every mode with a signed 32-bit integer.
+MAX_EXTENT = (1 << 31) - 1
+
+
+def check_extents(op: str, arg: str, t: torch.Tensor) -> None:
+    """InputError when a mode of `t` is longer than a kernel can index (2^31 - 1)."""
+    for dim, size in enumerate(t.shape):
+        if size > MAX_EXTENT:
+            raise InputError(
+                f"{op}: argument '{arg}' has {size} elements along mode {dim} (shape {list(t.shape)}); the "
+                f"kernels index at most {MAX_EXTENT} (2^31 - 1): split the problem"
+            )
+
+
+def check_not_overlapping_itself(op: str, arg: str, t: torch.Tensor) -> None:
+    """InputError when two elements of the output `t` share memory (a row stride under its width,
+    a broadcast mode): the kernel's writes would race."""
+    if overlaps_itself(t.shape, t.stride()):
+        raise InputError(
+            f"{op}: argument '{arg}' must not overlap itself: its strides {list(t.stride())} for shape "
+            f"{list(t.shape)} put two elements at one address (an output needs a row stride of at least "
+            "its width and no mode of stride 0)"
+        )
+
+
+def span_of(t: torch.Tensor) -> int:
+    """Bytes from ``t``'s first element to just past its last."""
+    return byte_span(t.shape, t.stride(), t.element_size())
+
+
+def check_disjoint(op: str, outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """InputError when an output shares memory with an input or another output (the inputs and
+    outputs given as name -> tensor or (tensor, span in bytes) where the kernel writes past the
+    tensor's own span)."""
+    def extent(value: Any) -> tuple[int, int]:
+        t, span = value if isinstance(value, tuple) else (value, None)
+        return t.data_ptr(), span_of(t) if span is None else span
+
+    placed = {name: extent(v) for name, v in inputs.items() if v is not None}
+    for name, value in outputs.items():
+        start, span = extent(value)
+        for other, (other_start, other_span) in placed.items():
+            if span and other_span and start < other_start + other_span and other_start < start + span:
+                raise InputError(
+                    f"{op}: argument '{name}' must not share memory with argument '{other}' (bytes "
+                    f"0x{start:x}-0x{start + span:x} and 0x{other_start:x}-0x{other_start + other_span:x} overlap)"
+                )
+        placed[name] = (start, span)
 
 
 def check_matrix(
@@ -30,6 +79,7 @@ def check_matrix(
         raise fail(f"must be {dtype}, got {t.dtype}")
     if t.dim() != 2:
         raise fail(f"must be 2-D, got {t.dim()}-D with shape {list(t.shape)}")
+    check_extents(op, arg, t)
     rows, cols = t.shape
     if cols > 1 and t.stride(1) != 1:
         raise fail(
@@ -55,4 +105,13 @@ def check_aligned(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = 
         )
 
 
-__all__ = ["PTR_ALIGN_BYTES", "check_aligned", "check_matrix"]
+__all__ = [
+    "MAX_EXTENT",
+    "PTR_ALIGN_BYTES",
+    "check_aligned",
+    "check_disjoint",
+    "check_extents",
+    "check_matrix",
+    "check_not_overlapping_itself",
+    "span_of",
+]

@@ -35,7 +35,7 @@ import torch
 
 from . import heuristics, split_k, stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_matrix
+from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .kernel_choice import kernel_for
 from .launch import launch
@@ -117,6 +117,7 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
         _check_operand("out", out, a.device, torch.bfloat16, OUT_ROW_ALIGN_ELEMS)
         if tuple(out.shape) != (m, n):
             raise _fail("out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
+        check_not_overlapping_itself(OP_FP8_GEMM_NT, "out", out)
     return m, n, k
 
 
@@ -195,7 +196,9 @@ def _out_impl(
         return
     _check_meta(a, sfa, b, sfb, out)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=out)
-    _calls.remember(key, _run(a, sfa, b, sfb, out, kernel_name, k_splits))
+    check_disjoint(OP_FP8_GEMM_NT, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb})
+    ran = _run(a, sfa, b, sfb, out, kernel_name, k_splits)
+    _calls.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, sfa, b, sfb, out))
 
 
 def _fake(a, sfa, b, sfb, kernel_name: str = "", k_splits: int = 0):
@@ -272,6 +275,7 @@ def _check_wgrad(a, sfa, b, sfb, d, c) -> tuple[int, int, int]:
     check_matrix(OP_FP8_WGRAD, "d", d, a.device, torch.float32, F32_ROW_ALIGN_ELEMS)
     if tuple(d.shape) != (m, n):
         raise fail("d", f"must have shape [M, N] = [{m}, {n}], got {list(d.shape)}")
+    check_not_overlapping_itself(OP_FP8_WGRAD, "d", d)
     if c is not None:
         if not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32 or tuple(c.shape) != (m, n):
             raise fail("c", f"must be a torch.float32 [M, N] = [{m}, {n}] tensor on {a.device}")
@@ -290,6 +294,11 @@ def tail_split() -> int:
 _wgrad_calls = CallCache(OP_FP8_WGRAD)
 
 
+def _same_view(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two tensors are the same elements in the same order (not merely the same address)."""
+    return x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+
+
 def _wgrad_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
     c: torch.Tensor | None = None, kernel_name: str = "",
@@ -299,7 +308,8 @@ def _wgrad_impl(
     call = _wgrad_calls.get(key)
     if call is None:
         _check_wgrad(a, sfa, b, sfb, d, c)
-    if c is not None and c.data_ptr() != d.data_ptr():
+        check_disjoint(OP_FP8_WGRAD, {"d": d}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb})
+    if c is not None and not _same_view(c, d):  # C = D needs no copy; D = C.t() does
         d.copy_(c)
     if call is not None and _wgrad_calls.launch(call, (a, sfa, b, sfb, d), current_stream(a)):
         return
@@ -315,7 +325,7 @@ def _wgrad_impl(
             loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=current_stream(a),
             extents={"TAIL_SPLIT": split},
         )
-    _wgrad_calls.remember(key, Launched(loaded, prepared, _CALL_OPERANDS))
+    _wgrad_calls.remember(key, Launched(loaded, prepared, _CALL_OPERANDS, outputs={"d": "d"}), (a, sfa, b, sfb, d))
 
 
 def _wgrad_fake(a, sfa, b, sfb, d, c=None, kernel_name: str = "") -> None:

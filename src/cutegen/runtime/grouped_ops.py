@@ -36,7 +36,7 @@ import torch
 
 from . import fp8_ops
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_matrix
+from .checks import check_aligned, check_disjoint, check_extents, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .heuristics import CONTIGUOUS_OP as OP
 from .kernel_choice import kernel_for
@@ -115,6 +115,7 @@ def _check_meta(a, sfa, b, sfb, m_indices, out) -> tuple[int, int, int, int]:
         check_matrix(OP, "out", out, a.device, torch.bfloat16, fp8_ops.OUT_ROW_ALIGN_ELEMS)
         if tuple(out.shape) != (m, n):
             raise _fail("out", f"must have shape [ΣM, N] = [{m}, {n}], got {list(out.shape)}")
+        check_not_overlapping_itself(OP, "out", out)
     return m, n, k, g
 
 
@@ -158,9 +159,14 @@ def _contiguous(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str)
         if _calls.launch(call, (a, sfa, b, sfb, d, m_indices), current_stream(a)):
             return d
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, out)
-    d = out if out is not None else new_bf16_out(a, m, n)
-    _calls.remember(key, _run(a, sfa, b, sfb, m_indices, d, zero_padding, kernel))
-    return d
+    if out is None:
+        d = new_bf16_out(a, m, n)
+        _calls.remember(key, _run(a, sfa, b, sfb, m_indices, d, zero_padding, kernel))
+        return d
+    check_disjoint(OP, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices})
+    ran = _run(a, sfa, b, sfb, m_indices, out, zero_padding, kernel)
+    _calls.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, sfa, b, sfb, out, m_indices))
+    return out
 
 
 def _impl(
@@ -227,6 +233,7 @@ def _check_masked(a, sfa, b, sfb, masked_m, out) -> tuple[int, int, int, int]:
             raise _fail_masked(arg, f"must be a {dtype} CUDA tensor of rank {rank}, got {t.dtype} {list(t.shape)} on {t.device}")
         if t.stride(2) != 1 or any(t.shape[i] > 1 and t.stride(i) % 16 for i in (0, 1)):
             raise _fail_masked(arg, f"must be contiguous along K with 16-byte aligned strides, got {list(t.stride())}")
+        check_extents(OP_MASKED, arg, t)
     g, max_m, k = a.shape
     gb, n, kb = b.shape
     if b.device != a.device:
@@ -254,6 +261,7 @@ def _check_masked(a, sfa, b, sfb, masked_m, out) -> tuple[int, int, int, int]:
             raise _fail_masked("out", f"must be a bf16 tensor on {a.device}")
         if tuple(out.shape) != (g, max_m, n) or out.stride(2) != 1 or (max_m > 1 and out.stride(1) % 8) or (g > 1 and out.stride(0) % 8):
             raise _fail_masked("out", f"must be [G, max_m, N] = [{g}, {max_m}, {n}], contiguous along N with 16-byte aligned strides")
+        check_not_overlapping_itself(OP_MASKED, "out", out)
     return g, max_m, n, k
 
 
@@ -294,9 +302,14 @@ def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> torc
         if _masked_calls.launch(call, (a, sfa, b, sfb, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
-    d = out if out is not None else _new_masked_out(a, g, max_m, n)
-    _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel))
-    return d
+    if out is None:
+        d = _new_masked_out(a, g, max_m, n)
+        _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel))
+        return d
+    check_disjoint(OP_MASKED, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m})
+    ran = _run_masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel)
+    _masked_calls.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, sfa, b, sfb, out, masked_m))
+    return out
 
 
 def _masked_impl(

@@ -36,7 +36,7 @@ import torch
 
 from . import stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned
+from .checks import check_aligned, check_disjoint, check_not_overlapping_itself
 from .errors import InputError
 from .fp8_ops import F32_ROW_ALIGN_ELEMS
 from .fp8_ops import SFA_COLUMN_ALIGN as SCALE_ROW_ALIGN  # 16 bytes of fp32: TMA's stride rule
@@ -103,6 +103,7 @@ def _check(a, sfa, b, sfb, d, group_sizes, c) -> tuple[int, int, int, int]:
         or (g > 1 and d.stride(0) % F32_ROW_ALIGN_ELEMS)
     ):
         raise _fail("d", f"must be contiguous along N with strides that are multiples of 4 elements, got {list(d.stride())}")
+    check_not_overlapping_itself(OP, "d", d)
     if c is not None:
         if not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32 or tuple(c.shape) != (g, m, n):
             raise _fail("c", f"must be a torch.float32 [G, M, N] = [{g}, {m}, {n}] tensor on {a.device}")
@@ -149,7 +150,8 @@ def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str)
     call = _calls.get(key)
     if call is None:
         g, m, n, s = _check(a, sfa, b, sfb, d, group_sizes, c)
-    if c is not None and c.data_ptr() != d.data_ptr():
+        check_disjoint(OP, {"d": d}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "group_sizes": group_sizes})
+    if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):  # C = D: no copy
         d.copy_(c)
     if call is not None:
         if _calls.launch(call, tensors, current_stream(a)):
@@ -170,7 +172,9 @@ def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str)
         workspace = descriptor_workspace(a.device, stream, workspace_words(loaded.device.sm_count))
         operands = dict(zip(_CALL_OPERANDS, _kernel_operands(a, sfa, b, sfb, d, group_sizes)), workspace=workspace)
         prepared = launch(loaded, operands, stream=stream)
-    _calls.remember(key, Launched(loaded, prepared, _CALL_OPERANDS, fixed={"workspace": workspace}))
+    _calls.remember(
+        key, Launched(loaded, prepared, _CALL_OPERANDS, fixed={"workspace": workspace}, outputs={"d": "d"}), tensors
+    )
 
 
 def _impl(

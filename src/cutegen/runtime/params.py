@@ -26,7 +26,7 @@ import ast
 import ctypes
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -750,6 +750,25 @@ def kernel_param_pointers(blob: ParamBlob) -> ctypes.Array:
     base = blob.address
     array_type = ctypes.c_void_p * max(len(blob.offsets), 1)
     return array_type(*[base + off for off in blob.offsets])
+
+
+def byte_span(shape: Sequence[int], strides: Sequence[int], elem_bytes: int) -> int:
+    """Bytes from a tensor's first element to just past its last (0 when it has none)."""
+    if any(int(size) == 0 for size in shape):
+        return 0
+    return (1 + sum((int(size) - 1) * int(stride) for size, stride in zip(shape, strides))) * elem_bytes
+
+
+def overlaps_itself(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when two elements of a tensor of this layout may share memory: a mode of extent > 1
+    with stride 0 (broadcast), or modes whose strides interleave (a row stride under the width)."""
+    modes = sorted((abs(int(stride)), int(size)) for size, stride in zip(shape, strides) if int(size) > 1)
+    reach = 0  # elements spanned by the modes with smaller strides
+    for stride, size in modes:
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def ceil_div(a: int, b: int) -> int:

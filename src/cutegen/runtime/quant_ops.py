@@ -46,7 +46,7 @@ import torch
 
 from . import driver, stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned
+from .checks import check_aligned, check_disjoint, check_extents, check_not_overlapping_itself, span_of
 from .errors import ArtifactError, InputError
 from .kernel_choice import candidates, catalogue, forced_manifest
 from .launch import launch
@@ -175,6 +175,7 @@ def _check_tensor(op: str, arg: str, t: Any, device: Any | None, dtypes: tuple, 
         raise _fail(op, arg, f"must be {names}, got {t.dtype}")
     if t.dim() != rank:
         raise _fail(op, arg, f"must be {rank}-D, got {t.dim()}-D with shape {list(t.shape)}")
+    check_extents(op, arg, t)
 
 
 def _check_rows(op: str, arg: str, t: torch.Tensor) -> None:
@@ -207,6 +208,9 @@ def _check_out(op: str, out: Any, out_scales: Any, device: Any, q_shape: tuple) 
         _check_rows(op, "out", out)
     elif out.numel() > 1 and out.stride(0) != 1:
         raise _fail(op, "out", f"must be contiguous, got strides {list(out.stride())}")
+    check_not_overlapping_itself(op, "out", out)
+    if isinstance(out_scales, torch.Tensor):  # its dtype, shape and layout: the op's own checks
+        check_not_overlapping_itself(op, "out_scales", out_scales)
 
 
 def _scale_buffer_view(op: str, sf: torch.Tensor, rows: int, cols: int, layout: str) -> torch.Tensor:
@@ -360,8 +364,11 @@ def _per_token_out_impl(
             _scale_buffer_view(OP_PER_TOKEN, out_scales, m, call.extra, scale_layout)
         if _per_token_calls.launch(call, (x, out, out_scales), current_stream(x)):
             return
-    _, _, _, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
-    _per_token_calls.remember(key, _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name))
+    m, _, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
+    sf_kernel = _scale_buffer_view(OP_PER_TOKEN, out_scales, m, cols, scale_layout)  # padding rows included
+    check_disjoint(OP_PER_TOKEN, {"out": out, "out_scales": (out_scales, span_of(sf_kernel))}, {"x": x})
+    ran = _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name)
+    _per_token_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
 
 
 def _per_token_out_fake(x, out, out_scales, group=GROUP, scale_format="fp32", scale_layout="k-major", eps=DEFAULT_EPS, kernel_name="") -> None:
@@ -458,7 +465,9 @@ def _per_block_out_impl(
     if call is not None and _per_block_calls.launch(call, (w, out, out_scales), current_stream(w)):
         return
     _, _, _, eps = _per_block_meta(w, eps, out, out_scales)
-    _per_block_calls.remember(key, _per_block_run(w, eps, out, out_scales, kernel_name))
+    check_disjoint(OP_PER_BLOCK, {"out": out, "out_scales": out_scales}, {"w": w})
+    ran = _per_block_run(w, eps, out, out_scales, kernel_name)
+    _per_block_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (w, out, out_scales))
 
 
 def _per_block_out_fake(w, out, out_scales, eps=DEFAULT_EPS, kernel_name="") -> None:
@@ -595,7 +604,11 @@ def _grouped_out_impl(
     if call is not None and _grouped_calls.launch(call, (x, group_sizes, out, out_scales), current_stream(x)):
         return
     _, _, _, _, eps = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
-    _grouped_calls.remember(key, _grouped_run(x, group_sizes, eps, out, out_scales, kernel_name))
+    check_disjoint(OP_GROUPED, {"out": out, "out_scales": out_scales}, {"x": x, "group_sizes": group_sizes})
+    ran = _grouped_run(x, group_sizes, eps, out, out_scales, kernel_name)
+    _grouped_calls.remember(
+        key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, group_sizes, out, out_scales)
+    )
 
 
 def _grouped_out_fake(x, group_sizes, out, out_scales, eps=DEFAULT_EPS, kernel_name="") -> None:
