@@ -32,7 +32,7 @@ from .checks import check_aligned, check_disjoint, check_matrix, check_not_overl
 from .errors import InputError, KernelLoadError
 from .kernel_choice import kernel_for
 from .launch import launch
-from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_out
+from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
 
 OP_BF16_GEMM_NT = "bf16_gemm_nt"
 
@@ -70,10 +70,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str) -> La
         check_aligned(OP_BF16_GEMM_NT, arg, t)
     m, k = a.shape
     n = b.shape[0]
-    if m == 0 or n == 0:
-        return None
-    if k == 0:
-        out.zero_()
+    if nothing_to_launch(out, m, n, k):
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):

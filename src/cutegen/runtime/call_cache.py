@@ -18,7 +18,7 @@ import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 from . import sm_budget
-from .errors import InputError
+from .errors import shared_memory_error
 from .launch import PreparedLaunch, relaunch
 from .params import byte_span
 
@@ -92,16 +92,9 @@ class RememberedCall:
         spans = self.spans
         for out, other in self.disjoint:
             if addresses[out] < addresses[other] + spans[other] and addresses[other] < addresses[out] + spans[out]:
-                raise self.overlap(out, other, addresses)
+                raise shared_memory_error(self.op, self.labels[out], self.labels[other], addresses[out], spans[out],
+                                          addresses[other], spans[other])
         return relaunch(self.kernel, self.prepared, [addresses[i] for i in self.positions], stream)
-
-    def overlap(self, out: int, other: int, addresses: list[int]) -> InputError:
-        start, span = addresses[out], self.spans[out]
-        other_start, other_span = addresses[other], self.spans[other]
-        return InputError(
-            f"{self.op}: argument '{self.labels[out]}' must not share memory with argument '{self.labels[other]}' "
-            f"(bytes 0x{start:x}-0x{start + span:x} and 0x{other_start:x}-0x{other_start + other_span:x} overlap)"
-        )
 
 
 class CallCache:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, shared_memory_error
 from .params import byte_span, overlaps_itself
 
 PTR_ALIGN_BYTES = 16  # TMA's rule for a global base address
@@ -53,10 +53,7 @@ def check_disjoint(op: str, outputs: dict[str, Any], inputs: dict[str, Any]) -> 
         start, span = extent(value)
         for other, (other_start, other_span) in placed.items():
             if span and other_span and start < other_start + other_span and other_start < start + span:
-                raise InputError(
-                    f"{op}: argument '{name}' must not share memory with argument '{other}' (bytes "
-                    f"0x{start:x}-0x{start + span:x} and 0x{other_start:x}-0x{other_start + other_span:x} overlap)"
-                )
+                raise shared_memory_error(op, name, other, start, span, other_start, other_span)
         placed[name] = (start, span)
 
 

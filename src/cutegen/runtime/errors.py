@@ -44,6 +44,16 @@ class CudaError(CutegenError, RuntimeError):
         super().__init__(msg)
 
 
+def shared_memory_error(
+    op: str, arg: str, other: str, start: int, span: int, other_start: int, other_span: int
+) -> InputError:
+    """The error of an output ``arg`` whose bytes [start, start + span) meet another argument's."""
+    return InputError(
+        f"{op}: argument '{arg}' must not share memory with argument '{other}' (bytes "
+        f"0x{start:x}-0x{start + span:x} and 0x{other_start:x}-0x{other_start + other_span:x} overlap)"
+    )
+
+
 __all__ = [
     "ArchMismatchError",
     "ArtifactError",
@@ -52,4 +62,5 @@ __all__ = [
     "InputError",
     "KernelLoadError",
     "NoGpuError",
+    "shared_memory_error",
 ]

@@ -42,7 +42,7 @@ from .launch import launch
 from .params import SCALE_BLOCK, align, ceil_div
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
-from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out
+from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
 
 OP_FP8_GEMM_NT = "fp8_gemm_nt"
 FP8_ROW_ALIGN_ELEMS = 16  # 16 bytes of e4m3
@@ -140,10 +140,7 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
     """Launch; returns what `_calls` remembers of it, None when nothing was launched."""
     m, k = a.shape
     n = b.shape[0]
-    if m == 0 or n == 0:
-        return None
-    if k == 0:
-        out.zero_()
+    if nothing_to_launch(out, m, n, k):
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):

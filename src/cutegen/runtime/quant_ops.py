@@ -324,8 +324,8 @@ def _per_token_outputs(x, m, k, cols, scale_format, scale_layout):
 
 
 def _per_token_impl(
-    x: torch.Tensor, group: int = GROUP, scale_format: str = "fp32", scale_layout: str = "k-major", eps: float = DEFAULT_EPS,
-    kernel_name: str = "",
+    x: torch.Tensor, group: int = GROUP, scale_format: str = "fp32", scale_layout: str = "k-major",
+    eps: float = DEFAULT_EPS, kernel_name: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     key = _per_token_calls.key((x,), group, scale_format, scale_layout, eps, kernel_name)
     call = _per_token_calls.get(key)
@@ -352,8 +352,8 @@ def _per_token_fake(x, group=GROUP, scale_format="fp32", scale_layout="k-major",
 
 
 def _per_token_out_impl(
-    x: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, group: int = GROUP, scale_format: str = "fp32", scale_layout: str = "k-major", eps: float = DEFAULT_EPS,
-    kernel_name: str = "",
+    x: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, group: int = GROUP, scale_format: str = "fp32",
+    scale_layout: str = "k-major", eps: float = DEFAULT_EPS, kernel_name: str = "",
 ) -> None:
     key = _per_token_calls.key((x, out, out_scales), group, scale_format, scale_layout, eps, kernel_name)
     call = _per_token_calls.get(key)
@@ -371,7 +371,9 @@ def _per_token_out_impl(
     _per_token_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
 
 
-def _per_token_out_fake(x, out, out_scales, group=GROUP, scale_format="fp32", scale_layout="k-major", eps=DEFAULT_EPS, kernel_name="") -> None:
+def _per_token_out_fake(
+    x, out, out_scales, group=GROUP, scale_format="fp32", scale_layout="k-major", eps=DEFAULT_EPS, kernel_name=""
+) -> None:
     _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
 
 
@@ -441,15 +443,19 @@ def _per_block_impl(w: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str 
     key = _per_block_calls.key((w,), eps, kernel_name)
     call = _per_block_calls.get(key)
     if call is not None:
-        q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
-        sf = torch.empty(call.extra, dtype=torch.float32, device=w.device)
+        q, sf = _per_block_outputs(w, call.extra)
         if _per_block_calls.launch(call, (w, q, sf), current_stream(w)):
             return q, sf
-    n, k, shape_s, eps = _per_block_meta(w, eps, None, None)
-    q = torch.empty((n, k), dtype=torch.float8_e4m3fn, device=w.device)
-    sf = torch.empty(shape_s, dtype=torch.float32, device=w.device)
+    _, _, shape_s, eps = _per_block_meta(w, eps, None, None)
+    q, sf = _per_block_outputs(w, shape_s)
     _per_block_calls.remember(key, _per_block_run(w, eps, q, sf, kernel_name))
     return q, sf
+
+
+def _per_block_outputs(w: torch.Tensor, shape_s: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """New q [N, K] (e4m3) and scales ``shape_s`` (fp32) for a weight ``w``."""
+    return (torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device),
+            torch.empty(shape_s, dtype=torch.float32, device=w.device))
 
 
 def _per_block_fake(w, eps=DEFAULT_EPS, kernel_name=""):
@@ -572,16 +578,19 @@ def _grouped_impl(x, group_sizes, eps, num_blocks, kernel):
     key = _grouped_calls.key((x, group_sizes), eps, num_blocks, kernel)
     call = _grouped_calls.get(key)
     if call is not None:
-        s, h = call.extra
-        q = torch.empty(GROUP * h * s, dtype=torch.float8_e4m3fn, device=x.device)
-        sf = torch.empty((s, h), dtype=torch.float32, device=x.device)
+        q, sf = _grouped_outputs(x, *call.extra)
         if _grouped_calls.launch(call, (x, group_sizes, q, sf), current_stream(x)):
             return q, sf
-    t, h, g, s, eps = _grouped_meta(x, group_sizes, eps, num_blocks, None, None)
-    q = torch.empty(GROUP * h * s, dtype=torch.float8_e4m3fn, device=x.device)
-    sf = torch.empty((s, h), dtype=torch.float32, device=x.device)
+    _, h, _, s, eps = _grouped_meta(x, group_sizes, eps, num_blocks, None, None)
+    q, sf = _grouped_outputs(x, s, h)
     _grouped_calls.remember(key, _grouped_run(x, group_sizes, eps, q, sf, kernel))
     return q, sf
+
+
+def _grouped_outputs(x: torch.Tensor, s: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """New q (e4m3, 128·H·S, flat) and scales [S, H] (fp32) of the grouped transposed quantize."""
+    return (torch.empty(GROUP * h * s, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty((s, h), dtype=torch.float32, device=x.device))
 
 
 def _grouped_op_impl(

@@ -93,6 +93,17 @@ def current_stream(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+def nothing_to_launch(out: torch.Tensor, m: int, n: int, k: int) -> bool:
+    """True when a GEMM of M x N x K launches nothing: no output element (M or N is 0), or K = 0,
+    whose empty sum zero-fills ``out`` here."""
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        out.zero_()
+        return True
+    return False
+
+
 def device_ordinal(t: torch.Tensor) -> int:
     """The CUDA ordinal of a tensor's device."""
     return t.get_device()
@@ -115,5 +126,6 @@ __all__ = [
     "current_stream",
     "device_ordinal",
     "new_bf16_out",
+    "nothing_to_launch",
     "plain_eager",
 ]
