@@ -7,9 +7,9 @@ and the GPU µs per call is the time between CUDA events recorded before and aft
 its calls, which is the kernels' time when the GPU is the bottleneck and the host's when the host
 is (the row says which). Each case runs twice: with the same tensors every call, and with operands
 and outputs at another address on every call (`ROTATION` sets, each a view of one pool at its own
-16-byte offset, with the same shapes and strides: what an engine's layers do). A problem's cases
-take turns, `ROUNDS` rounds of `BATCHES` batches each, so that a slower spell of the shared host
-falls on all of them alike; the medians are over every batch of every round. The anchors (a bf16 ``torch.matmul``, cuBLAS blockwise FP8 through
+16-byte offset, with the same shapes and strides: what an engine's layers do). All cases of all
+problems take turns, `ROUNDS` rounds of `BATCHES` batches each, so that a slower spell of the
+shared host falls on all of them alike; the medians are over every batch of every round. The anchors (a bf16 ``torch.matmul``, cuBLAS blockwise FP8 through
 ``torch.nn.functional.scaled_mm``, a ``torch.empty`` of the output) are timed the same way in the
 same run. `first_calls` times, in a fresh process, each op's first call (catalogue, module load,
 kernel choice, TMA encoding and the launch), synchronised.
@@ -435,17 +435,19 @@ def bench_host(progress: Callable[[str], None] = print) -> dict:
     import torch
 
     rows = []
-    for size, build, args in PROBLEMS:
-        cases = build(size, *args)
-        for case, timing in zip(cases, measure_cases(cases)):
-            rows.append({"op": case.problem.op, "size": case.problem.size, "shape": case.problem.shape,
-                         "path": case.path, "call": case.label, **timing})
-            progress(f"  {case.problem.op} {size} {case.path}: {case.label}: host {timing['fixed_host_us']:.1f} / "
-                     f"{timing['rotating_host_us']:.1f} µs, GPU {timing['rotating_gpu_us']:.1f} µs")
-        del cases
-        torch.cuda.empty_cache()
+    # Every problem's cases take turns in each round, so that a slower spell of the host falls
+    # on all of them alike (a spell over one problem's turns alone skewed its rows by 1.5x).
+    cases = [case for size, build, args in PROBLEMS for case in build(size, *args)]
+    for case, timing in zip(cases, measure_cases(cases)):
+        rows.append({"op": case.problem.op, "size": case.problem.size, "shape": case.problem.shape,
+                     "path": case.path, "call": case.label, **timing})
+        progress(f"  {case.problem.op} {case.problem.size} {case.path}: {case.label}: host "
+                 f"{timing['fixed_host_us']:.1f} / {timing['rotating_host_us']:.1f} µs, GPU "
+                 f"{timing['rotating_gpu_us']:.1f} µs")
+    del cases
+    torch.cuda.empty_cache()
     return {"rows": rows, "first_calls_ms": first_calls(), "batch": BATCH, "batches": BATCHES * ROUNDS,
-            "rounds": ROUNDS, "rotation": ROTATION}
+            "rounds": ROUNDS, "rotation": ROTATION, "turns": "every problem"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -538,7 +540,7 @@ def table_lines(result: dict) -> list[str]:
     lines = [
         f"Calls issued in batches of {result.get('batch', BATCH)} without synchronising "
         f"({result.get('batches', BATCHES * ROUNDS)} batches in {result.get('rounds', 1)} rounds, the cases of "
-        "a problem taking turns; medians); fixed: the same tensors every call; rotating: "
+        f"{result.get('turns', 'a problem')} taking turns; medians); fixed: the same tensors every call; rotating: "
         f"operands and outputs at another address every call ({result.get('rotation', ROTATION)} sets). "
         "GPU µs per call: CUDA events around each batch (the kernels' time, or the host's when the host is "
         f"slower: bound). Targets: fp8_gemm_nt ≤ {TARGET_FP8_DIRECT_US:.0f} µs direct and "

@@ -60,8 +60,8 @@ class Launched(NamedTuple):
 class RememberedCall:
     """A checked call's kernel and plan: the call's tensor ``positions[j]`` holds the address of
     the plan's operand j (``operand_order``), counting the call's tensors and then ``fixed``;
-    ``disjoint`` lists the (output, other) pairs of call tensors that must share no memory, with
-    each tensor's extent in bytes in ``spans``."""
+    ``disjoint`` lists the (output, other) pairs of plan operands that must share no memory, with
+    each operand's extent in bytes in ``spans`` and its argument name in ``labels``."""
 
     __slots__ = ("op", "kernel", "prepared", "positions", "fixed", "stream", "extra", "disjoint", "spans", "labels")
 
@@ -79,22 +79,21 @@ class RememberedCall:
         self.extra = extra  # what the op derived from the layout during its checks
         self.disjoint = disjoint
         self.spans = spans
-        self.labels = labels  # the argument name of each call tensor, for errors
+        self.labels = labels  # the argument name of each plan operand, for errors
 
     def launch(self, tensors: Sequence[Any], stream: int) -> bool:
         """Relaunch on ``tensors`` (in the order the call was remembered with); False if the plan
         cannot be retargeted; InputError when an output shares memory with another tensor."""
         if self.fixed:
             tensors = (*tensors, *self.fixed)
-        if not self.disjoint:
-            return relaunch(self.kernel, self.prepared, [tensors[i].data_ptr() for i in self.positions], stream)
-        addresses = [t.data_ptr() for t in tensors]
-        spans = self.spans
-        for out, other in self.disjoint:
-            if addresses[out] < addresses[other] + spans[other] and addresses[other] < addresses[out] + spans[out]:
-                raise shared_memory_error(self.op, self.labels[out], self.labels[other], addresses[out], spans[out],
-                                          addresses[other], spans[other])
-        return relaunch(self.kernel, self.prepared, [addresses[i] for i in self.positions], stream)
+        pointers = [tensors[i].data_ptr() for i in self.positions]  # in the plan's operand order
+        if self.disjoint:
+            spans = self.spans
+            for out, other in self.disjoint:  # pairs of plan positions
+                if pointers[out] < pointers[other] + spans[other] and pointers[other] < pointers[out] + spans[out]:
+                    raise shared_memory_error(self.op, self.labels[out], self.labels[other], pointers[out],
+                                              spans[out], pointers[other], spans[other])
+        return relaunch(self.kernel, self.prepared, pointers, stream)
 
 
 class CallCache:
@@ -150,13 +149,18 @@ class CallCache:
         outputs = launched.outputs or {}
         disjoint: tuple[tuple[int, int], ...] = ()
         spans: tuple[int, ...] = ()
+        labels: tuple[str, ...] = ()
         if outputs:
+            # Kept by plan position (`positions`): the call's tensor i is at plan position slot[i].
             names = list(launched.names)
-            spans = tuple(byte_span(t.shape, t.stride(), t.element_size()) for t in tensors)
+            slot = {position: j for j, position in enumerate(positions)}
+            call_spans = [byte_span(t.shape, t.stride(), t.element_size()) for t in tensors]
+            spans = tuple(call_spans[i] if i < len(names) else 0 for i in positions)
+            labels = tuple(outputs.get(bound[i], bound[i]) for i in positions)
             written = [names.index(name) for name in outputs]
-            disjoint = tuple((out, other) for out in written for other in range(len(names))
-                             if other != out and not (other in written and other < out) and spans[out] and spans[other])
-        labels = tuple(outputs.get(name, name) for name in launched.names)
+            disjoint = tuple((slot[out], slot[other]) for out in written for other in range(len(names))
+                             if other != out and not (other in written and other < out)
+                             and call_spans[out] and call_spans[other])
         self._calls[key] = RememberedCall(
             self.op, launched.kernel, prepared, positions, tuple(fixed.values()), prepared.stream, launched.extra,
             disjoint, spans, labels,
