@@ -40,6 +40,7 @@ from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Para
 from cutegen.runtime.params import (
     OperandInfo,
     bind_operands,
+    check_requirements,
     evaluate,
     pack_params,
     tma_args_from_binding,
@@ -201,7 +202,13 @@ def python_reference(manifest: KernelManifest, problem: dict[str, Any], sm_count
         grid, derived = compute_grid(manifest, env, mac)
         if min(grid) <= 0:
             return {"kind": "skip"}
+        check_requirements(manifest, env)
         env.update(derived)
+        for p in manifest.params:  # a float scalar's range (pack_params)
+            if p.binding["kind"] == "scalar" and "range" in p.binding:
+                value = evaluate(p.binding["expr"], env)
+                if not p.binding["range"][0] <= value <= p.binding["range"][1]:
+                    raise InputError(f"param {p.name}: {value} out of range")
         tma = {}
         for p in manifest.params:
             if p.binding["kind"] == "tma":
@@ -726,11 +733,12 @@ def per_op_export(tmp_path_factory) -> dict[str, Any]:
 SIZES = [1000, 1536, 2048, 56, 12, 7, 3, 5, 9]
 
 
-def packed_strides(shape: list[int], contiguous_mode: int, elem: int) -> list[int]:
+def packed_strides(shape: list[int], contiguous_mode: int, elem: int, pad: bool = True) -> list[int]:
+    """Strides of a dense layout, the contiguous mode first; with ``pad``, its rows padded to 16 bytes."""
     rank = len(shape)
     order = [contiguous_mode if contiguous_mode >= 0 else rank - 1]
     order += [m for m in reversed(range(rank)) if m not in order]
-    gran = max(1, 16 // elem)
+    gran = max(1, 16 // elem) if pad else 1
     strides, acc = [0] * rank, 1
     for i, m in enumerate(order):
         strides[m] = acc
@@ -742,8 +750,6 @@ def packed_strides(shape: list[int], contiguous_mode: int, elem: int) -> list[in
 
 def generic_problems(manifest: KernelManifest) -> list[dict[str, Any]]:
     """A plain problem for any manifest, and variants: an extent of 1, of 0, a misaligned operand."""
-    from cutegen.runtime.params import DTYPE_BYTES
-
     view = kernel_view(manifest)
     out = []
     for variant in ("plain", "one", "zero", "misaligned", "small"):
@@ -754,19 +760,35 @@ def generic_problems(manifest: KernelManifest) -> list[dict[str, Any]]:
             ext[view.extents[0]] = 0
         elif variant == "small":
             ext = {e: 8 * (i + 1) for i, e in enumerate(view.extents)}
-        problem: dict[str, Any] = dict(ext)
-        for i, spec in enumerate(manifest.operands):
-            problem[spec.name] = 0x10000000 * (i + 1) + (8 if variant == "misaligned" and i == 0 else 0)
-            shape = [int(s) if str(s).isdigit() else ext[s] for s in spec.shape]
-            strides = packed_strides(shape, spec.contiguous_mode, DTYPE_BYTES[spec.dtype])
-            for mode in range(len(shape)):
-                if mode != spec.contiguous_mode:
-                    problem[_stride_arg_name(spec.name, len(shape), mode, spec.contiguous_mode)] = strides[mode]
-        for a in view.args:
-            if a.kind == "scalar":
-                problem[a.name] = 0.0001 if a.ctype == "float" else 3
-        out.append(problem)
+        scalars = {a.name: 0.0001 if a.ctype == "float" else 3 for a in view.args if a.kind == "scalar"}
+        satisfy_requirements(manifest, ext, scalars)
+        out.append(problem_of(manifest, ext, scalars, misaligned=variant == "misaligned"))
     return out
+
+
+def problem_of(manifest: KernelManifest, ext: dict[str, int], scalars: dict[str, Any], misaligned: bool = False) -> dict:
+    """Extents, scalars, addresses and strides of operands laid out packed (rows padded to 16
+    bytes unless the kernel reads the operand as a packed array)."""
+    from cutegen.runtime.params import DTYPE_BYTES
+
+    problem: dict[str, Any] = dict(ext)
+    for i, spec in enumerate(manifest.operands):
+        problem[spec.name] = 0x10000000 * (i + 1) + (8 if misaligned and i == 0 else 0)
+        shape = [int(s) if str(s).isdigit() else ext[s] for s in spec.shape]
+        strides = packed_strides(shape, spec.contiguous_mode, DTYPE_BYTES[spec.dtype], pad=not spec.packed)
+        for mode in range(len(shape)):
+            if mode != spec.contiguous_mode:
+                problem[_stride_arg_name(spec.name, len(shape), mode, spec.contiguous_mode)] = strides[mode]
+    problem.update(scalars)
+    return problem
+
+
+def satisfy_requirements(manifest: KernelManifest, ext: dict[str, int], scalars: dict[str, Any]) -> None:
+    """Set the extents the manifest's ``requires`` constrain to the least values that satisfy them."""
+    for r in manifest.requires:
+        bound = evaluate(r.expr, {**ext, **scalars, "sm_count": 132, "max_active_clusters": 66})
+        if r.relation == "==" or ext[r.symbol] < bound:
+            ext[r.symbol] = bound
 
 
 @pytest.mark.parametrize("arch_op", ARCH_OPS, ids="/".join)
@@ -793,6 +815,73 @@ def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, ar
         kinds.append(python_reference(manifest, problem, 132, 66)["kind"])
         assert_matches_python(manifest, seg, problem, 132, 66)
     assert kinds[0] == "launch" and kinds[3] == "error", kinds
+
+
+def faulty_problems(manifest: KernelManifest) -> list[tuple[str, str, dict[str, Any]]]:
+    """(what, a phrase of the expected error, problem): the plain problem with one fault each: every
+    requirement broken, every operand NULL, a negative stride, a packed operand's stride padded, a
+    written operand whose rows overlap, a float scalar out of range (NaN)."""
+    from cutegen.runtime.params import DTYPE_BYTES
+
+    view = kernel_view(manifest)
+    plain = generic_problems(manifest)[0]
+    extents = {e: plain[e] for e in view.extents}
+    scalars = {a.name: plain[a.name] for a in view.args if a.kind == "scalar"}
+    out = []
+    for r in manifest.requires:
+        bound = evaluate(r.expr, {**plain, "sm_count": 132, "max_active_clusters": 66})
+        broken = {**extents, r.symbol: bound + 1 if r.relation == "==" else bound - 1}
+        out.append((f"requires {r}", f"extent {r.symbol} must be", problem_of(manifest, broken, scalars)))
+    for spec in manifest.operands:
+        out.append((f"{spec.name} NULL", "NULL", {**plain, spec.name: 0}))
+        rank = len(spec.shape)
+        extent = [int(x) if str(x).isdigit() else plain[x] for x in spec.shape]
+        for mode in range(rank):
+            if mode == spec.contiguous_mode or extent[mode] <= 1:
+                continue
+            arg = _stride_arg_name(spec.name, rank, mode, spec.contiguous_mode)
+            out.append((f"{arg} negative", "negative", {**plain, arg: -plain[arg]}))
+            if spec.packed:
+                step = max(1, spec.align_bytes // DTYPE_BYTES[spec.dtype])
+                out.append((f"{arg} not packed", "packed", {**plain, arg: plain[arg] + step}))
+            if spec.written and spec.contiguous_mode >= 0 and extent[spec.contiguous_mode] > 1:
+                # A row stride under the row's width, still a multiple of the alignment.
+                step = max(1, spec.align_bytes // DTYPE_BYTES[spec.dtype])
+                width = extent[spec.contiguous_mode]
+                if width > step:
+                    out.append((f"{arg} under the width", "share memory", {**plain, arg: (width - 1) // step * step}))
+    for p in manifest.params:
+        if p.binding["kind"] == "scalar" and "range" in p.binding:
+            out.append((f"{p.binding['expr']} NaN", "must be in", {**plain, p.binding["expr"]: "nan"}))
+    return out
+
+
+@pytest.mark.parametrize("arch_op", ARCH_OPS, ids="/".join)
+def test_c_launcher_refuses_what_the_python_runtime_refuses(toolchain, per_op_export, arch_op, tmp_path):
+    """Each fault of `faulty_problems`, on one real kernel of every op: the C launcher returns
+    CUDA_ERROR_INVALID_VALUE with a message naming it and launches nothing; the Python runtime
+    refuses the same problem."""
+    if arch_op not in per_op_export["names"]:
+        pytest.skip(f"no built kernel of {arch_op}")
+    name = per_op_export["names"][arch_op]
+    out = per_op_export["export"]
+    manifest = KernelManifest.from_json((out / name / "manifest.json").read_text())
+    exe = build_driver(toolchain, out, name, tmp_path)
+    view = kernel_view(manifest)
+    faults = faulty_problems(manifest)
+    assert faults
+    args = [str(out)] + [x for _, _, pr in faults for x in problem_args(view, pr)]
+    rc, records = run_records(
+        exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC[arch_op[0]]}
+    )
+    assert rc == 0, records
+    results = [r for r in records if r["call"] == "launch" and "result" in r]
+    assert not any(r["call"] == "cuLaunchKernelEx" for r in records), "a faulty problem was launched"
+    assert len(results) == len(faults)
+    for (what, phrase, problem), result in zip(faults, results):
+        assert result["result"] == CUDA_INVALID_VALUE and phrase in result["error"], (what, result)
+        if "NaN" not in what:  # the Python reference takes scalars as numbers
+            assert python_reference(manifest, problem, 132, 66)["kind"] == "error", what
 
 
 def test_c_launcher_abi_selfcheck_every_binding_kind(toolchain, synthetic_build, tmp_path):
@@ -933,6 +1022,43 @@ def test_load_errors_are_clear(toolchain, synthetic_build, tmp_path):
     cubin.write_bytes(FAKE_CUBIN + b"!")
     r = load(good)
     assert r["result"] == CUDA_INVALID_IMAGE and "bytes" in r["error"]
+
+
+def test_loading_an_image_of_unstated_size_still_checks_its_sha256(toolchain, synthetic_build, tmp_path):
+    """cutegen_kernel_load_data(size = 0) takes the manifest's size and checks the sha256 as ever."""
+    out = tmp_path / "exp"
+    export_kernels(synthetic_build, ["cutegen_test_gemm_like"], out)
+    m = gemm_like_manifest()
+    src = tmp_path / "load_data.c"
+    src.write_text(textwrap.dedent(f"""\
+        #include <stdio.h>
+        #include <string.h>
+        #include "cutegen_kernels.h"
+        int main(int argc, char** argv) {{
+          static const unsigned char image[] = {{{", ".join(str(c) for c in FAKE_CUBIN)}}};
+          unsigned char copy[sizeof image];
+          cutegen_kernel k;
+          CUresult r;
+          (void)argv;
+          memcpy(copy, image, sizeof image);
+          if (argc > 1) copy[3] ^= 1;  /* one bit flipped */
+          r = cutegen_kernel_load_data(&k, &{m.name}_info, copy, 0);
+          printf("%d %s\\n", (int)r, cutegen_last_error());
+          if (r == CUDA_SUCCESS) cutegen_kernel_unload(&k);
+          return 0;
+        }}
+        """))
+    exe = compile_c(toolchain, tmp_path / "load_data", [src, *export_sources(out), STUB], [out])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTEGEN_STUB_")}
+    env["CUTEGEN_STUB_PARAMS"] = stub_params(m)
+    def last_line(*args: str) -> str:  # the stub prints its records before it
+        run = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, check=True)
+        return next(line for line in run.stdout.splitlines() if not line.startswith("{"))
+
+    good = last_line()
+    assert good.startswith("0 "), good
+    bad = last_line("flip")
+    assert bad.startswith(f"{CUDA_INVALID_IMAGE} ") and "sha256" in bad, bad
 
 
 # ---- build systems and the example -------------------------------------------------------------

@@ -38,8 +38,10 @@ from cutegen.runtime.manifest import (
     CatalogueEntry,
     GridRule,
     KernelManifest,
+    ManifestError,
     OperandSpec,
     Param,
+    Requirement,
 )
 from cutegen.runtime.params import (
     Expr,
@@ -48,6 +50,7 @@ from cutegen.runtime.params import (
     aligned_zeros,
     bind_operands,
     check_manifest,
+    check_requirements,
     evaluate,
     kernel_param_pointers,
     normalize_operand,
@@ -323,6 +326,51 @@ def test_normalize_operand_pads_modes_and_canonicalises_unit_strides():
         normalize_operand("k", spec, OperandInfo(0x1002, (4, 8), (8, 1), "bf16"))
     with pytest.raises(InputError, match="rank 3"):
         normalize_operand("k", spec, OperandInfo(0x1000, (1, 1, 8, 8), (64, 64, 8, 1), "bf16"))
+
+
+def test_normalize_operand_refuses_null_negative_strides_and_written_overlap():
+    spec = OperandSpec("d", "bf16", ["M", "N"], 1, 16, written=True)
+    with pytest.raises(InputError, match="NULL"):
+        normalize_operand("k", spec, OperandInfo(0, (4, 8), (8, 1), "bf16"))
+    assert normalize_operand("k", spec, OperandInfo(0, (0, 8), (8, 1), "bf16")).shape == (0, 8)  # empty
+    with pytest.raises(InputError, match="negative stride"):
+        normalize_operand("k", spec, OperandInfo(0x1000, (4, 8), (-8, 1), "bf16"))
+    with pytest.raises(InputError, match="share memory"):  # a row stride under the width: ldd < N
+        normalize_operand("k", spec, OperandInfo(0x1000, (4, 16), (8, 1), "bf16"))
+    with pytest.raises(InputError, match="share memory"):  # a broadcast row
+        normalize_operand("k", spec, OperandInfo(0x1000, (4, 16), (0, 1), "bf16"))
+    packed = OperandSpec("sfb", "f32", ["G", "NB", "KB"], 2, 4, packed=True)
+    assert normalize_operand("k", packed, OperandInfo(0x1000, (2, 3, 5), (15, 5, 1), "f32")).strides == (15, 5, 1)
+    assert normalize_operand("k", packed, OperandInfo(0x1000, (1, 3, 5), (99, 5, 1), "f32")).shape == (1, 3, 5)
+    with pytest.raises(InputError, match="packed row-major"):
+        normalize_operand("k", packed, OperandInfo(0x1000, (2, 3, 5), (16, 5, 1), "f32"))
+    # An input may overlap itself (the kernel only reads it).
+    read = OperandSpec("a", "bf16", ["M", "K"], 1, 16)
+    assert normalize_operand("k", read, OperandInfo(0x1000, (4, 16), (8, 1), "bf16")).strides == (8, 1)
+
+
+def test_requirements_and_scalar_ranges_are_checked():
+    m = dataclasses.replace(
+        make_manifest(),
+        requires=[Requirement("KB", "==", "ceil_div(K, 128)"), Requirement("SN", ">=", "ceil_div(N, 128)")],
+    )
+    check_manifest(m)
+    check_requirements(m, {"K": 300, "KB": 3, "N": 129, "SN": 2})
+    check_requirements(m, {"K": 300, "KB": 3, "N": 129, "SN": 5})
+    with pytest.raises(InputError, match=r"extent KB must be == ceil_div\(K, 128\) = 3, got 2"):
+        check_requirements(m, {"K": 300, "KB": 2, "N": 129, "SN": 2})
+    with pytest.raises(InputError, match=r"extent SN must be >= ceil_div\(N, 128\) = 2, got 1"):
+        check_requirements(m, {"K": 300, "KB": 3, "N": 129, "SN": 1})
+    with pytest.raises(ManifestError, match="relation"):
+        Requirement("KB", "<", "K")
+    assert KernelManifest.from_json(m.to_json()).requires == m.requires
+    eps = Param(0, "eps", 0, 4, 4, {"kind": "scalar", "dtype": "f32", "expr": "eps", "range": [1e-30, 3.4e38]})
+    scaled = dataclasses.replace(make_manifest(), params=[eps])
+    check_manifest(scaled)
+    assert bytes(pack_params(scaled, {"eps": 1e-4}, {}, {}).data[:4]) == struct.pack("<f", 1e-4)
+    for bad in (float("nan"), 0.0, -1.0, float("inf")):
+        with pytest.raises(InputError, match="must be in"):
+            pack_params(scaled, {"eps": bad}, {}, {})
 
 
 def test_operand_info_from_records():

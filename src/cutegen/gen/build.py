@@ -40,6 +40,7 @@ from cutegen.runtime.manifest import (
     KernelManifest,
     OperandSpec,
     Param,
+    Requirement,
 )
 from cutegen.schedules.naming import procedural_name
 from cutegen.schedules.spec import Schedule
@@ -211,6 +212,7 @@ def _compile(schedule: Schedule, workdir: Path) -> dict:
         "params": params,
         "operands": template.operands(),
         "grid": template.grid_rule(),
+        "requires": template.requires(),
     }
 
 
@@ -243,6 +245,7 @@ def _make_manifest(schedule: Schedule, art: dict, sass_summary) -> KernelManifes
         registers=sass_summary.registers if sass_summary else None,
         wgmma_accumulators=schedule.wgmma_accumulators,
         column_scales_early=schedule.column_scales_early,
+        requires=[Requirement(**r) for r in art["requires"]],
     )
 
 

@@ -229,6 +229,8 @@ class OperandView:
     align_bytes: int
     shape: list[str]  # C expressions, one per mode
     strides: list[str]  # C expressions (argument names or 1), one per mode
+    written: bool = False  # the kernel writes it: no two elements may share memory
+    packed: bool = False  # the kernel reads it as a packed row-major array
 
 
 @dataclasses.dataclass
@@ -259,6 +261,8 @@ class KernelView:
     signature_key: tuple[tuple[str, str], ...]
     grid_exprs: list[str] = dataclasses.field(default_factory=list)  # blocks: C expressions x, y, z
     int_scalars: list[str] = dataclasses.field(default_factory=list)  # caller scalars used in expressions
+    # The manifest's ``requires``: (symbol, relation, bound expression, each as written and as C).
+    requirements: list[tuple[str, str, str, str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def grid(self) -> Any:
@@ -368,7 +372,7 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
                 )
                 stride_c.append(arg)
         operands.append(
-            OperandView(spec.name, rank, spec.contiguous_mode, elem, spec.align_bytes, shape_c, stride_c)
+            OperandView(spec.name, rank, spec.contiguous_mode, elem, spec.align_bytes, shape_c, stride_c, spec.written, spec.packed)
         )
     for ext in extents:
         _check_ident(ext, f"{where}: extent symbol")
@@ -384,6 +388,11 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
 
     floats = {n for n, t in scalars.items() if t == "float"}
     params = [_param_view(manifest, p, symbols, floats) for p in manifest.params]
+    requirements = [
+        (r.symbol, r.relation, r.expr, c_expr(r.symbol, symbols, f"{where}: requirement {r}"),
+         c_expr(r.expr, symbols, f"{where}: requirement {r}"))
+        for r in manifest.requires
+    ]
     return KernelView(
         manifest=manifest,
         name=manifest.name,
@@ -399,6 +408,7 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
         signature_key=tuple((a.ctype, a.name) for a in args),
         grid_exprs=grid_exprs,
         int_scalars=[n for n, t in scalars.items() if t == "int64_t"],
+        requirements=requirements,
     )
 
 
@@ -520,6 +530,13 @@ def _param_view(manifest: KernelManifest, param: Any, symbols: set[str], floats:
         text = b["expr"]
         plain = _plain_number(text)
         if dtype == "f32":
+            if "range" in b:  # NaN fails both comparisons
+                low, high = (float(x) for x in b["range"])
+                code.append(
+                    f"r = cutegen__check_range(CUTEGEN_THIS, {q(param.name)}, {q(str(text))}, (double)({c_float(text, symbols, floats, where)}), "
+                    f"{low!r}, {high!r});"
+                )
+                code.append("if (r != CUDA_SUCCESS) goto fail;")
             if str(text).strip() in floats:
                 code.append(f"p->{param.name} = {str(text).strip()};")
             elif plain is not None:
@@ -568,6 +585,17 @@ def _param_view(manifest: KernelManifest, param: Any, symbols: set[str], floats:
     elif kind == "zeros":
         comment = f"{param.size} zero bytes"
     return ParamView(param.index, param.name, kind, param.offset, param.size, comment, code, recipe)
+
+
+def c_float(text: Any, symbols: set[str], floats: set[str], where: str) -> str:
+    """A float scalar's value as C: the caller's float argument, a plain number or an int64
+    expression."""
+    if str(text).strip() in floats:
+        return str(text).strip()
+    plain = _plain_number(text)
+    if plain is not None:
+        return repr(float(plain))
+    return c_expr(text, symbols, f"{where} expression")
 
 
 def _plain_number(text: Any) -> float | None:

@@ -15,7 +15,9 @@ D[r] = (A[r] · sfa[r]) @ (B[g] · sfb[g])ᵀ in bf16 with fp32 promotion per 12
 
 What cannot be checked without a host synchronisation (and is not): that every value of
 ``m_indices`` is -1 or a valid group, and that each aligned 128-row block holds one group's rows
-(plus trailing padding). The kernel takes a block's group from its first row.
+(plus trailing padding). The kernel takes a block's group from its first row. A value outside
+[0, G) (G + 5, -7, 2³¹ - 1) marks its row as padding, like -1: B and SFB are never read for it
+and its row of D is written as zeros (a block whose first row names no group is a padding block).
 
 ``m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, expected_m, out=None)`` is DeepGEMM's
 decode layout: ``a`` [G, max_m, K] e4m3, ``sfa`` fp32 [G, max_m, K/128] (each group MN-major and
@@ -25,7 +27,8 @@ scheduled (on the GPU); groups with 0 rows cost nothing; rows of D at or past ma
 unspecified within the group's last tile and untouched beyond it. ``expected_m`` only guides the
 kernel choice. Nothing reads ``masked_m`` on the host, so the call is CUDA-graph capturable and a
 captured graph replays correctly with new ``masked_m`` values. Not checked (device data): that
-0 <= masked_m[g] <= max_m.
+0 <= masked_m[g] <= max_m; the kernel takes a count into that range (past max_m: the max_m rows
+there are; negative: none, group g of D untouched).
 """
 
 from __future__ import annotations

@@ -23,8 +23,11 @@ returns for dy (giving A, M = dy's width) and for x (giving B, N = x's width):
 
 M and N must be multiples of 4 (the scale rows are read by TMA, whose strides are multiples of 16
 bytes). What cannot be checked without reading device memory: that Σ ⌈group_sizes/128⌉ ≤ S, that
-the sizes are the ones the quantize used, and that the scales are finite. Bad inputs that can be
-checked raise `InputError` naming the argument before anything is launched.
+the sizes are the ones the quantize used, and that the scales are finite. The kernel never reads
+past the S blocks: a group whose blocks reach past them contracts over its blocks inside, a group
+wholly past them and a negative size count as empty (D[g] as it is, or C[g]); sizes up to 2³¹ - 1
+do not overflow. Bad inputs that can be checked raise `InputError` naming the argument before
+anything is launched.
 """
 
 from __future__ import annotations

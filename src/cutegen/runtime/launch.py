@@ -37,6 +37,7 @@ from .params import (
     OperandInfo,
     bind_operands,
     ceil_div,
+    check_requirements,
     evaluate,
     kernel_param_pointers,
     pack_params,
@@ -235,6 +236,7 @@ def prepare(
     grid, derived = compute_grid(manifest, env, int(env["max_active_clusters"]))
     if min(grid) <= 0:
         return PreparedLaunch(grid=grid, skip=True, env=env)
+    check_requirements(manifest, env)
     for key, value in derived.items():
         env.setdefault(key, value)
     tensor_maps: dict[str, bytes] = {}

@@ -23,6 +23,8 @@ Bindings (``Param.binding["kind"]``):
 ``scalar``
     One scalar of ``dtype`` (``i32``, ``i64``, ``f32``) whose value is the expression ``expr`` over
     the extent symbols.
+    A float scalar may state ``range``: ``[low, high]``, the values the kernel takes (a launch
+    with another value, NaN included, is refused).
 ``pointer``
     The 64-bit device address of operand ``operand``.
 ``tensor``
@@ -34,6 +36,11 @@ Bindings (``Param.binding["kind"]``):
     it is, packed as ``stride_widths``-bit integers. Fields follow one another in that order,
     each at its natural alignment; the struct is padded to its largest alignment (8). A fully
     static tensor has empty lists (the pointer alone). See `params.tensor_struct_layout`.
+
+``requires`` lists relations between the extent symbols that the operands' shapes cannot state
+and that the kernel relies on to stay within its operands (``KB == ceil_div(K, 128)``: one scale
+column per 128-wide K block; ``SN >= ceil_div(N, 128)``: room for every block's scale). Every
+launcher refuses a launch that breaks one.
 """
 
 from __future__ import annotations
@@ -82,6 +89,31 @@ class OperandSpec:
     contiguous_mode: int
     # Required alignment of the base address and of the non-unit strides, in bytes.
     align_bytes: int
+    # Whether the kernel writes it: then no two of its elements may share memory (False in
+    # manifests written before the field existed).
+    written: bool = False
+    # Whether the kernel takes only its address and reads it as a packed row-major array: then
+    # its strides must be exactly those (False in manifests written before the field existed).
+    packed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+    """``symbol relation expr``: an extent symbol against an expression over the launch symbols."""
+
+    symbol: str
+    relation: str  # one of RELATIONS
+    expr: str
+
+    def __post_init__(self) -> None:
+        if self.relation not in RELATIONS:
+            raise ManifestError(f"requirement on {self.symbol!r}: unknown relation {self.relation!r}")
+
+    def __str__(self) -> str:
+        return f"{self.symbol} {self.relation} {self.expr}"
+
+
+RELATIONS = ("==", ">=")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +178,9 @@ class KernelManifest:
     # (`Schedule.column_scales_early`); the heuristic charges the others. False in manifests
     # written before the field existed, whose kernels all read them after the wait.
     column_scales_early: bool = False
+    # Relations between extent symbols the launch must satisfy (empty in manifests written
+    # before the field existed).
+    requires: list[Requirement] = dataclasses.field(default_factory=list)
     schema: int = SCHEMA_VERSION
 
     @property
@@ -195,6 +230,7 @@ class KernelManifest:
                 registers=data.get("registers"),
                 wgmma_accumulators=int(data.get("wgmma_accumulators", 1)),
                 column_scales_early=bool(data.get("column_scales_early", False)),
+                requires=[Requirement(**r) for r in data.get("requires", [])],
                 schema=schema,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

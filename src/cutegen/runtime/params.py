@@ -119,7 +119,9 @@ def normalize_operand(kernel: str, spec: OperandSpec, info: OperandInfo) -> Oper
     """Check ``info`` against ``spec`` and return it in the kernel's mode order.
 
     Checks dtype, rank, the unit stride of the contiguous mode and the alignment of the base
-    address and of the other strides (``spec.align_bytes``). A tensor with fewer modes than the
+    address and of the other strides (``spec.align_bytes``); refuses a NULL address, negative
+    strides, other strides than the packed ones for an operand the kernel reads as a packed
+    array, and, for an operand the kernel writes, elements that share memory. A tensor with fewer modes than the
     spec gets trailing unit modes (e.g. a 2-D tensor for a kernel written for [M, K, L]). The
     stride of any mode of extent 1 does not address memory, so it is replaced by a canonical one
     (the operand's span, rounded up to 16 bytes) that satisfies TMA's stride rules.
@@ -136,6 +138,20 @@ def normalize_operand(kernel: str, spec: OperandSpec, info: OperandInfo) -> Oper
     strides = list(info.strides)
     if any(e < 0 for e in shape):
         raise InputError(f"{where} has a negative extent: shape {list(info.shape)}")
+    if any(s < 0 for e, s in zip(shape, strides) if e > 1):
+        raise InputError(f"{where} has a negative stride: strides {list(info.strides)}")
+    if info.ptr == 0 and 0 not in shape:
+        raise InputError(f"{where} is at address 0 (NULL)")
+    if spec.packed and any(e > 1 and s != p for e, s, p in zip(shape, strides, packed_strides(shape))):
+        raise InputError(
+            f"{where} is read as a packed row-major array (strides {list(packed_strides(shape))} for shape "
+            f"{list(info.shape)}), got strides {list(info.strides)}"
+        )
+    if spec.written and overlaps_itself(shape, strides):
+        raise InputError(
+            f"{where} is written by the kernel, so no two of its elements may share memory: shape "
+            f"{list(info.shape)} strides {list(info.strides)} (a row stride under the row's width?)"
+        )
     elem = info.elem_bytes
     span = max([1] + [e * abs(s) for e, s in zip(shape, strides) if e > 0])
     gran = max(1, TMA_GLOBAL_ALIGN // elem)
@@ -401,6 +417,11 @@ def check_manifest(manifest: KernelManifest) -> None:
             if "expr" not in binding:
                 raise _param_error(manifest, param, "scalar binding has no 'expr'")
             compile_expr(binding["expr"])
+            if "range" in binding and not (
+                dtype.startswith("f") and len(binding["range"]) == 2
+                and all(isinstance(v, (int, float)) for v in binding["range"])
+            ):
+                raise _param_error(manifest, param, f"'range' must be [low, high] of a float scalar, got {binding['range']!r}")
         elif kind == "shape":
             width = int(binding.get("width", 32))
             values = binding.get("values")
@@ -450,6 +471,22 @@ def check_manifest(manifest: KernelManifest) -> None:
     if manifest.grid.kind == "blocks":
         for expr in manifest.grid.blocks or []:
             compile_expr(expr)
+    for requirement in manifest.requires:
+        compile_expr(requirement.symbol)
+        compile_expr(requirement.expr)
+
+
+def check_requirements(manifest: KernelManifest, env: Mapping[str, Any]) -> None:
+    """InputError naming the first of the manifest's ``requires`` that the launch symbols in
+    ``env`` break (the kernel would read or write past an operand)."""
+    for requirement in manifest.requires:
+        value = evaluate(requirement.symbol, env)
+        bound = evaluate(requirement.expr, env)
+        if not (value == bound if requirement.relation == "==" else value >= bound):
+            raise InputError(
+                f"kernel {manifest.name}: extent {requirement.symbol} must be {requirement.relation} "
+                f"{requirement.expr} = {bound}, got {value}"
+            )
 
 
 def check_tma_recipe(binding: Mapping[str, Any], operand_rank: int, operand_elem_bytes: int) -> None:
@@ -664,6 +701,10 @@ def pack_params(
             payload = _pack_int(operands[operand].ptr, 64, f"{what} (address of {operand!r})")
         elif kind == "scalar":
             value = evaluate(binding["expr"], extents)
+            if "range" in binding:
+                low, high = binding["range"]
+                if not low <= value <= high:  # NaN too
+                    raise InputError(f"{what}: {binding['expr']} must be in [{low}, {high}], got {value!r}")
             payload = _pack_scalar(value, binding["dtype"], f"{what} ({binding['expr']})")
         elif kind == "shape":
             width = int(binding.get("width", 32))
@@ -771,6 +812,15 @@ def overlaps_itself(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return False
 
 
+def packed_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a packed row-major array of ``shape``."""
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(int(extent), 1)
+    return tuple(reversed(strides))
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -789,15 +839,19 @@ __all__ = [
     "align",
     "aligned_zeros",
     "bind_operands",
+    "byte_span",
     "ceil_div",
     "check_manifest",
+    "check_requirements",
     "check_tma_recipe",
     "compile_expr",
     "evaluate",
     "kernel_param_pointers",
     "normalize_operand",
+    "overlaps_itself",
     "pack_params",
     "pack_tensor_struct",
+    "packed_strides",
     "tensor_struct_layout",
     "tma_args_from_binding",
 ]

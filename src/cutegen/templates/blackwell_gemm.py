@@ -260,25 +260,27 @@ class BlackwellFp8GemmKernel(TileOrder):
 
     # ---- device side ------------------------------------------------------------------------
     @cute.jit
-    def _locate(self, t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt):
+    def _locate(self, t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt, group_bounds):
         """Scheduled tile t → (group, MMA tile m, tile n, K blocks to compute); every role walks
         the same sequence. Contiguous tiles of padding rows only get no K block."""
+        max_m, num_groups = group_bounds
         group = cutlass.Int32(0)
         k_tiles = k_tile_cnt
         if cutlass.const_expr(self.masked):
-            group, tile_m, tile_n = self._masked_locate(t, mMasked, ct_n)
+            group, tile_m, tile_n = self._masked_locate(t, mMasked, max_m, ct_n)
         else:
             tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
         if cutlass.const_expr(self.contiguous):
-            group = self._tile_group(mIdx, tile_m)
+            group = self._tile_group(mIdx, tile_m, num_groups)
             k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
         return group, tile_m, tile_n, k_tiles
 
     @cute.jit
     def _group_views(self, mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr):
         """SFB as (n block, k block[, group]) over the row-major [[G,] ⌈N/128⌉, ⌈K/128⌉], and the
-        masked layout's masked_m [G] or the contiguous layout's m_indices [M] (None otherwise).
-        Built inside each role, like `_tile_walk`."""
+        masked layout's masked_m [G] or the contiguous layout's m_indices [M] (None otherwise),
+        and the bounds that metadata read on the GPU is taken into: (the rows of A and D, the
+        groups of B). Built inside each role, like `_tile_walk`."""
         k_blocks = mSFA.shape[1]
         n_blocks = (mC.shape[1] + SCALE_BLOCK - 1) // SCALE_BLOCK
         if cutlass.const_expr(self.m_grouped):
@@ -294,7 +296,7 @@ class BlackwellFp8GemmKernel(TileOrder):
             mMasked = cute.make_tensor(masked_m_ptr, cute.make_layout(mB.shape[2]))
         elif cutlass.const_expr(self.contiguous):
             mIdx = cute.make_tensor(m_indices_ptr, cute.make_layout(mC.shape[0]))
-        return mSFB, mIdx, mMasked
+        return mSFB, mIdx, mMasked, (mC.shape[0], mB.shape[2] if self.m_grouped else 1)
 
     @cute.jit
     def _block_scale(self, mSFA, mSFB, row, n_block, k, group, sfb_group):
@@ -310,7 +312,7 @@ class BlackwellFp8GemmKernel(TileOrder):
         return mSFA[(row, k)] * mSFB[(n_block, k)]
 
     @cute.jit
-    def _tile_walk(self, gA, gC, mMasked):
+    def _tile_walk(self, gA, gC, mMasked, group_bounds):
         """(K blocks per tile, tiles along M, tiles along N, tiles in all, this CTA's first tile,
         the stride between its tiles). Each role computes it after its setmaxnreg, so nothing
         stays live across the register reconfiguration."""
@@ -319,7 +321,7 @@ class BlackwellFp8GemmKernel(TileOrder):
         ct_n = cute.size(gC, mode=[3])
         num_tiles = ct_m * ct_n
         if cutlass.const_expr(self.masked):
-            num_tiles = self._masked_total(mMasked, ct_n)
+            num_tiles = self._masked_total(mMasked, group_bounds[0], ct_n)
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
         return k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride
@@ -429,8 +431,8 @@ class BlackwellFp8GemmKernel(TileOrder):
 
         # ---- TMA producer -------------------------------------------------------------------
         if warp_idx == TMA_WARP:
-            mSFB, mIdx, mMasked = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
-            k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked)
+            mSFB, mIdx, mMasked, group_bounds = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
+            k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             a_mask = None
             b_mask = None
             if cutlass.const_expr(two_cta):
@@ -439,7 +441,7 @@ class BlackwellFp8GemmKernel(TileOrder):
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
             t = first_tile
             while t < num_tiles:
-                group, tile_m, tile_n, k_tiles = self._locate(t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt)
+                group, tile_m, tile_n, k_tiles = self._locate(t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt, group_bounds)
                 if cutlass.const_expr(self.masked):
                     tAgA_t = tAgA[(None, tile_m, None, group)]
                 else:
@@ -467,8 +469,8 @@ class BlackwellFp8GemmKernel(TileOrder):
 
         # ---- MMA issuer ---------------------------------------------------------------------
         if warp_idx == MMA_WARP:
-            mSFB, mIdx, mMasked = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
-            k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked)
+            mSFB, mIdx, mMasked, group_bounds = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
+            k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             tmem.wait_for_alloc()
             tCtAcc = cute.make_tensor(tmem.retrieve_ptr(self.acc_dtype), tCtAcc_layout)
             operand_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stage)
@@ -476,7 +478,7 @@ class BlackwellFp8GemmKernel(TileOrder):
             mma_k_blocks = cute.size(tCrA, mode=[2])
             t = first_tile
             while t < num_tiles:
-                _, _, _, k_tiles = self._locate(t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt)
+                _, _, _, k_tiles = self._locate(t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt, group_bounds)
                 for _k in range(k_tiles):
                     if is_leader_cta:
                         accumulator_pipeline.producer_acquire(acc_state)
@@ -503,8 +505,8 @@ class BlackwellFp8GemmKernel(TileOrder):
         # ---- accumulator update and epilogue ------------------------------------------------
         if warp_idx < UPDATE_WARPS:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            mSFB, mIdx, mMasked = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
-            k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked)
+            mSFB, mIdx, mMasked, group_bounds = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
+            k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             tmem.allocate(self.tmem_alloc_columns)
             tmem.wait_for_alloc()
             tidx, _, _ = cute.arch.thread_idx()
@@ -555,7 +557,7 @@ class BlackwellFp8GemmKernel(TileOrder):
             sub_tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_tiles:
-                group, tile_m, tile_n, k_tiles = self._locate(t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt)
+                group, tile_m, tile_n, k_tiles = self._locate(t, ct_m, ct_n, mMasked, mIdx, k_tile_cnt, group_bounds)
                 if cutlass.const_expr(self.masked):
                     tile_coord = (tile_m, tile_n, group)
                 else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from cutegen.schedules.spec import DType, ScaleFormat, Schedule
+from cutegen.schedules.spec import SCALE_BLOCK, DType, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
 
 # A TMA descriptor (CUtensorMap) is 128 bytes; the k-grouped kernels keep two per CTA (A and B)
@@ -74,6 +74,11 @@ def with_group_mode(recipe: dict, grouped: bool) -> dict:
 def shape_binding(operand: str, values: list[str], grouped: bool = False) -> dict:
     """The dynamic extents of a TMA coordinate tensor, as 32-bit integers (plus G when grouped)."""
     return {"kind": "shape", "operand": operand, "values": values + ["G"] * grouped, "width": 32}
+
+
+def requirement(symbol: str, relation: str, expr: str) -> dict:
+    """One entry of a manifest's ``requires`` (`cutegen.runtime.manifest.Requirement`)."""
+    return {"symbol": symbol, "relation": relation, "expr": expr}
 
 
 class GemmContract:
@@ -190,10 +195,10 @@ class GemmContract:
                 {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "KT"], "contiguous_mode": 1, "align_bytes": 16},
                 {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
                 {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16},
-                {"name": "d", "dtype": s.c_dtype.value, "shape": ["G", "M", "N"], "contiguous_mode": 2, "align_bytes": 16},
+                {"name": "d", "dtype": s.c_dtype.value, "shape": ["G", "M", "N"], "contiguous_mode": 2, "align_bytes": 16, "written": True},
                 {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
                 # Two 128-byte TMA descriptors per CTA of the grid (see workspace_words()).
-                {"name": "workspace", "dtype": "i64", "shape": ["W"], "contiguous_mode": 0, "align_bytes": TENSORMAP_BYTES},
+                {"name": "workspace", "dtype": "i64", "shape": ["W"], "contiguous_mode": 0, "align_bytes": TENSORMAP_BYTES, "written": True},
             ]
         kc = self.scale_columns
         b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", kc]) if self.m_grouped else (["N", "K"], ["NB", kc])
@@ -211,10 +216,11 @@ class GemmContract:
                 # weight-gradient recipe's SFB [N, KB] is MN-major and TMA-aligned like SFA.
                 {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16}
                 if self.sfb_per_row
-                else {"name": "sfb", "dtype": self.scale_dtype, "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4},
+                else {"name": "sfb", "dtype": self.scale_dtype, "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4,
+                      "packed": True},
             ]
         ops.append(
-            {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16}
+            {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16, "written": True}
         )
         if self.masked:
             ops.append({"name": "masked_m", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4})
@@ -225,10 +231,35 @@ class GemmContract:
             # zero after it) and K_SPLITS fp32 partial tiles per CTA tile: see
             # cutegen.runtime.split_k.workspace_extents().
             ops += [
-                {"name": "split_counters", "dtype": "i32", "shape": ["TILES"], "contiguous_mode": 0, "align_bytes": 4},
-                {"name": "split_partials", "dtype": "f32", "shape": ["PARTIALS"], "contiguous_mode": 0, "align_bytes": 16},
+                {"name": "split_counters", "dtype": "i32", "shape": ["TILES"], "contiguous_mode": 0, "align_bytes": 4, "written": True},
+                {"name": "split_partials", "dtype": "f32", "shape": ["PARTIALS"], "contiguous_mode": 0, "align_bytes": 16, "written": True},
             ]
         return ops
+
+    def requires(self) -> list[dict]:
+        """Relations between the operands' extent symbols that the kernel relies on (the
+        manifest's ``requires``): the scale tensors' block counts, the workspaces' sizes."""
+        s = self.schedule
+        if self.k_grouped:
+            # A and B are [rows, 128·S], their scales [rows, S]; two descriptors per CTA.
+            words = f"{2 * TENSORMAP_WORDS * s.cluster_m * s.cluster_n} * max_active_clusters"
+            return [requirement("KT", "==", f"KB * {SCALE_BLOCK}"), requirement("W", ">=", words)]
+        out = []
+        if self.block_scaled:
+            out.append(requirement(self.scale_columns, "==", f"ceil_div(K, {SCALE_BLOCK * (4 if self.ue8m0 else 1)})"))
+            if not self.sfb_per_row:
+                out.append(requirement("NB", "==", f"ceil_div(N, {SCALE_BLOCK})"))
+        if self.split_k:
+            # cutegen.runtime.split_k.workspace_extents
+            tiles = (
+                f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * {s.cluster_m} * "
+                f"ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n}) * {s.cluster_n}"
+            )
+            out += [
+                requirement("TILES", ">=", tiles),
+                requirement("PARTIALS", ">=", f"{tiles} * K_SPLITS * {s.tile_m * s.tile_n}"),
+            ]
+        return out
 
     def grid_rule(self) -> dict:
         s = self.schedule

@@ -1338,7 +1338,7 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _locate_tile(
-        self, t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None
+        self, t, ct_m, ct_n, mMasked, max_m, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None
     ):
         """Work unit t → (group, this CTA's tile m, tile n, the unit's first K block in the
         scales, its K block count); both roles walk the same sequence.
@@ -1355,9 +1355,9 @@ class HopperGemmKernel(TileOrder):
         first_block = cutlass.Int32(0)
         k_blocks = k_tile_cnt
         if cutlass.const_expr(self.masked):
-            group, ctm, ctn = self._masked_locate(t, mMasked, ct_n)
+            group, ctm, ctn = self._masked_locate(t, mMasked, max_m, ct_n)
         elif cutlass.const_expr(self.k_grouped):
-            group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n)
+            group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n, k_tile_cnt)
             ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
         elif cutlass.const_expr(self.split_k):
             tile_t = t // k_splits
@@ -1604,19 +1604,34 @@ class HopperGemmKernel(TileOrder):
         return vec16_at(cutlass.Float32, partials, offset)
 
     @cute.jit
-    def _k_grouped_total(self, mSizes, per_group):
-        """Cluster tiles of the k-grouped layout: every group with at least one token has
-        `per_group` of them; empty groups have none (their D is left as it is)."""
+    def _k_grouped_blocks(self, mSizes, g, blocks_before, s_blocks):
+        """Group g's 128-token blocks in the k-grouped layout, ⌈group_sizes[g]/128⌉ read on the
+        GPU and cut to the blocks the operands hold past the groups before it (`s_blocks` = S
+        in all): sizes past them are never read beyond A, B or their scales, and a group wholly
+        past them has none."""
+        size = mSizes[g]
+        # ⌈size/128⌉ without overflow; a negative size comes out at most 0, then 0.
+        blocks = size // SCALE_BLOCK + cutlass.min(size % SCALE_BLOCK, 1)
+        return cutlass.max(cutlass.min(blocks, s_blocks - blocks_before), 0)
+
+    @cute.jit
+    def _k_grouped_total(self, mSizes, per_group, s_blocks):
+        """Cluster tiles of the k-grouped layout: every group with at least one block
+        (`_k_grouped_blocks`) has `per_group` of them; the others have none (their D is left as
+        it is)."""
         total = cutlass.Int32(0)
+        blocks_before = cutlass.Int32(0)
         for g in range(cute.size(mSizes)):
-            if mSizes[g] > 0:
+            blocks = self._k_grouped_blocks(mSizes, g, blocks_before, s_blocks)
+            if blocks > 0:
                 total += per_group
+            blocks_before += blocks
         return total
 
     @cute.jit
-    def _k_grouped_locate(self, t, mSizes, per_group):
+    def _k_grouped_locate(self, t, mSizes, per_group, s_blocks):
         """Cluster tile t of the k-grouped layout → (group, cluster tile within the group, the
-        group's first 128-token block, its block count ⌈k_g/128⌉)."""
+        group's first 128-token block, its block count `_k_grouped_blocks`)."""
         group = cutlass.Int32(0)
         local = t
         before = cutlass.Int32(0)
@@ -1625,7 +1640,7 @@ class HopperGemmKernel(TileOrder):
         k_blocks = cutlass.Int32(0)
         found = cutlass.Int32(0)
         for g in range(cute.size(mSizes)):
-            blocks = (cutlass.max(mSizes[g], 0) + SCALE_BLOCK - 1) // SCALE_BLOCK
+            blocks = self._k_grouped_blocks(mSizes, g, blocks_before, s_blocks)
             if found == 0:
                 if blocks > 0:
                     if t < before + per_group:
@@ -1688,13 +1703,16 @@ class HopperGemmKernel(TileOrder):
         return ctm * self.cluster_shape_mn[0] + cta_m
 
     @cute.jit
-    def _group_of_cluster_tile(self, mIdx, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False):
+    def _group_of_cluster_tile(
+        self, mIdx, num_groups, t, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, peer: bool = False
+    ):
         """Contiguous layout: the group of this CTA's tile in cluster tile t (-1 for padding); with
         `peer`, that of the other CTA's tile of a 2x1 cluster. Both roles read it at the tile's
         start, from L1: `_prefetch_group_of_cluster_tile` asked for it a tile before."""
         group = cutlass.Int32(-1)
         if t < num_cluster_tiles:
-            group = self._tile_group(mIdx, self._m_tile_of_cluster_tile(t, ct_m, ct_n, cluster_coord_mnk, peer))
+            tile_m = self._m_tile_of_cluster_tile(t, ct_m, ct_n, cluster_coord_mnk, peer)
+            group = self._tile_group(mIdx, tile_m, num_groups)
         return group
 
     @cute.jit
@@ -1710,14 +1728,14 @@ class HopperGemmKernel(TileOrder):
                 self._prefetch_tile_group(mIdx, tile_m, warpgroup_row)
 
     @cute.jit
-    def _warpgroup_rows_real(self, mIdx, tile_m, warpgroup_row, group):
+    def _warpgroup_rows_real(self, mIdx, num_groups, tile_m, warpgroup_row, group):
         """Contiguous layout: whether the math warpgroup whose rows of M tile `tile_m` start
         `warpgroup_row` rows into it has any real row. Padding rows are the tail of a tile (a
         group's segment is tile-aligned), so it has one exactly when its first row is real;
         the first warpgroup's first row is the tile's (`group`)."""
         real = group >= 0
         if warpgroup_row > 0:
-            real = self._tile_group(mIdx, tile_m, warpgroup_row) >= 0
+            real = self._tile_group(mIdx, tile_m, num_groups, warpgroup_row) >= 0
         return real
 
     @cute.jit
@@ -1733,7 +1751,7 @@ class HopperGemmKernel(TileOrder):
 
     @cute.jit
     def _groups_of_contiguous_tile(
-        self, mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, warpgroup_row=None
+        self, mIdx, num_groups, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk, warpgroup_row=None
     ):
         """Contiguous layout: (the group of this CTA's tile in cluster tile t, that of its 2x1
         cluster peer's tile, or -1 without a peer), and the lines holding the groups of the tiles
@@ -1743,10 +1761,10 @@ class HopperGemmKernel(TileOrder):
         self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args, warpgroup_row=warpgroup_row)
         if cutlass.const_expr(self.b_shared_per_tile):
             self._prefetch_group_of_cluster_tile(mIdx, t + tile_stride, *tile_args, peer=True)
-        group = self._group_of_cluster_tile(mIdx, t, *tile_args)
+        group = self._group_of_cluster_tile(mIdx, num_groups, t, *tile_args)
         peer_group = cutlass.Int32(-1)
         if cutlass.const_expr(self.b_shared_per_tile):
-            peer_group = self._group_of_cluster_tile(mIdx, t, *tile_args, peer=True)
+            peer_group = self._group_of_cluster_tile(mIdx, num_groups, t, *tile_args, peer=True)
         return group, peer_group
 
     @cute.jit
@@ -1760,7 +1778,7 @@ class HopperGemmKernel(TileOrder):
         return share_b, k_tiles
 
     @cute.jit
-    def _row_groups(self, promoted, tCcC, mIdx, tile_m):
+    def _row_groups(self, promoted, tCcC, mIdx, num_groups, tile_m):
         """m_indices of the row of each of this thread's accumulator elements (a few distinct
         loads: the elements share rows), read at the tile's start so that the loads' latency is
         hidden behind its main loop; `_zero_padding_rows` uses them after it."""
@@ -1768,12 +1786,12 @@ class HopperGemmKernel(TileOrder):
         last = cute.size(mIdx) - 1
         groups = cute.make_rmem_tensor(cute.size(promoted), cutlass.Int32)
         for i in cutlass.range_constexpr(cute.size(promoted)):
-            groups[i] = mIdx[cutlass.min(row0 + tCcC[i][0], last)]
+            groups[i] = self._group_or_padding(mIdx[cutlass.min(row0 + tCcC[i][0], last)], num_groups)
         return groups
 
     @cute.jit
     def _zero_padding_rows(self, promoted, row_groups):
-        """Zero this thread's accumulator rows whose m_indices is -1 (padding rows of D). Padding
+        """Zero this thread's accumulator rows that are padding (`_group_or_padding`). Padding
         rows are the tail of a group's last tile, so most tiles have none: one test over the
         thread's rows (a few distinct values) skips the per-element selects there."""
         any_padding = row_groups[0] < 0
@@ -2009,9 +2027,9 @@ class HopperGemmKernel(TileOrder):
             # Every role locates its tiles with these divisors (`_cluster_tile_coord`).
             self.raster_divisors = self._make_raster_divisors(ct_m, ct_n)
         if cutlass.const_expr(self.masked):
-            num_cluster_tiles = self._masked_total(mMasked, ct_n)
+            num_cluster_tiles = self._masked_total(mMasked, mA_mk.shape[0], ct_n)
         if cutlass.const_expr(self.k_grouped):
-            num_cluster_tiles = self._k_grouped_total(mSizes, num_cluster_tiles)
+            num_cluster_tiles = self._k_grouped_total(mSizes, num_cluster_tiles, k_tile_cnt)
         if cutlass.const_expr(self.split_k):
             # Work units: (cluster tile, split), the splits of a tile adjacent.
             num_cluster_tiles = num_cluster_tiles * k_splits
@@ -2056,7 +2074,7 @@ class HopperGemmKernel(TileOrder):
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
-                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
+                    t, ct_m, ct_n, mMasked, mA_mk.shape[0], mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.k_grouped):
                     if group != current_group:
@@ -2071,7 +2089,7 @@ class HopperGemmKernel(TileOrder):
                 elif cutlass.const_expr(self.m_grouped):
                     tAgA_k = tAgA[(None, tile_m, None)]
                     group, peer_group = self._groups_of_contiguous_tile(
-                        mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
+                        mIdx, mB_nk.shape[2], t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk
                     )
                     # A tile of padding rows only is not loaded (nor computed).
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
@@ -2192,7 +2210,7 @@ class HopperGemmKernel(TileOrder):
             t = first_tile
             while t < num_cluster_tiles:
                 group, tile_m, tile_n, first_block, tile_k_tiles = self._locate_tile(
-                    t, ct_m, ct_n, mMasked, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
+                    t, ct_m, ct_n, mMasked, mA_mk.shape[0], mSizes, k_tile_cnt, cluster_coord_mnk, k_splits, tail
                 )
                 if cutlass.const_expr(self.d_grouped):
                     gC_tile = gC_mn[(None, None, tile_m, tile_n, group)]
@@ -2211,10 +2229,10 @@ class HopperGemmKernel(TileOrder):
                     # The rows' groups for the padding rows of D are read now too and used after
                     # the main loop.
                     group, peer_group = self._groups_of_contiguous_tile(
-                        mIdx, t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk,
+                        mIdx, mB_nk.shape[2], t, tile_stride, num_cluster_tiles, ct_m, ct_n, cluster_coord_mnk,
                         warpgroup_row,
                     )
-                    row_groups = self._row_groups(promoted, tCcC, mIdx, tile_m)
+                    row_groups = self._row_groups(promoted, tCcC, mIdx, mB_nk.shape[2], tile_m)
                     tile_k_tiles = k_tile_cnt if group >= 0 else cutlass.Int32(0)
                     sfb_group = cutlass.max(group, 0)
                     if cutlass.const_expr(self.b_shared_per_tile):
@@ -2234,7 +2252,7 @@ class HopperGemmKernel(TileOrder):
                         # one; its rows of D are zeros (or, with the opt-out, unspecified). The
                         # branch builds its own tiled MMA (a field set inside a dynamic branch
                         # must not be read after it).
-                        if self._warpgroup_rows_real(mIdx, tile_m, warpgroup_row, group):
+                        if self._warpgroup_rows_real(mIdx, mB_nk.shape[2], tile_m, warpgroup_row, group):
                             read_state = self._block_scaled_tile(
                                 self._make_tiled_mma(), *tile_args, read_state, *loop_args
                             )

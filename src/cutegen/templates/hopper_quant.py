@@ -32,6 +32,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from cutegen.templates.dtypes import cute_dtype
+from cutegen.templates.gemm_contract import requirement
 from cutegen.templates.gmem_vec import VEC_BYTES, vec16_at
 from cutegen.schedules.spec import (
     PER_TOKEN_WARP_COLS,
@@ -43,6 +44,9 @@ from cutegen.schedules.spec import (
 )
 
 E4M3_MAX = 448.0
+# The grouped quantizer's prefix sums of group sizes stop here: past every token count T (T · H <
+# 2³¹ with H ≥ 8 keeps T < 2²⁸) and every block count S, and a sum of two stays below 2³¹.
+PREFIX_CAP = 1 << 29
 ABS_MASK = 0x7FFFFFFF
 ABS_MASK_16X2 = 0x7FFF7FFF  # |x| of both 16-bit floats (bf16 or f16) of a word
 INF_BITS = 0x7F800000  # |x| bits at or above this: +Inf or NaN
@@ -668,7 +672,8 @@ class GroupedTransposedQuantKernel:
     own counters. A CTA's tiles, hence its rows, only grow.
 
     Set-up (each CTA): warp 0 reads group_sizes and writes the exclusive prefix sums of
-    ``max(m_g, 0)`` (token starts) and of ``ceil(m_g/128)`` (block starts) to shared memory,
+    ``min(max(m_g, 0), T)`` (token starts) and of their ``ceil(m_g/128)`` (block starts; both
+    saturating at ``PREFIX_CAP``, so sizes from the GPU cannot overflow them) to shared memory,
     32 groups per step with ``shfl.up`` scans; one ``bar.sync``. A tile's group is found by
     scanning the block starts forward from the previous tile's group (the largest g with
     ``B_g <= row``, which skips empty groups; over a CTA's whole walk at most G steps), with no
@@ -886,22 +891,23 @@ class GroupedTransposedQuantKernel:
                 g = c * WARP + lane
                 m = Int32(0)
                 if g < n_groups:
-                    m = cutlass.max(mG[g], 0)
+                    m = cutlass.min(cutlass.max(mG[g], 0), mX.shape[0])
                 nb = m // self.tile_t + cutlass.min(m % self.tile_t, 1)  # ceil(m/128), no overflow
                 inc_t = m
                 inc_b = nb
+                # Sums saturate at PREFIX_CAP (past every T and S), so that no sizes overflow.
                 for k in cutlass.range_constexpr(5):
                     off = 1 << k
                     up_t = cute.arch.shuffle_sync_up(inc_t, offset=off)
                     up_b = cute.arch.shuffle_sync_up(inc_b, offset=off)
                     if lane >= off:
-                        inc_t = inc_t + up_t
-                        inc_b = inc_b + up_b
+                        inc_t = cutlass.min(inc_t + up_t, PREFIX_CAP)
+                        inc_b = cutlass.min(inc_b + up_b, PREFIX_CAP)
                 if g < n_groups:
-                    sT[g] = carry_t + inc_t - m
-                    sB[g] = carry_b + inc_b - nb
-                carry_t = carry_t + cute.arch.shuffle_sync(inc_t, offset=WARP - 1)
-                carry_b = carry_b + cute.arch.shuffle_sync(inc_b, offset=WARP - 1)
+                    sT[g] = cutlass.min(carry_t + inc_t - m, PREFIX_CAP)
+                    sB[g] = cutlass.min(carry_b + inc_b - nb, PREFIX_CAP)
+                carry_t = cutlass.min(carry_t + cute.arch.shuffle_sync(inc_t, offset=WARP - 1), PREFIX_CAP)
+                carry_b = cutlass.min(carry_b + cute.arch.shuffle_sync(inc_b, offset=WARP - 1), PREFIX_CAP)
             if lane == 0:
                 sT[n_groups] = carry_t
                 sB[n_groups] = carry_b
@@ -1051,7 +1057,12 @@ class _QuantTemplateBase:
 
     @staticmethod
     def _eps() -> dict:
-        return {"name": "eps", "kind": "scalar", "dtype": "f32", "expr": "eps"}
+        return {"name": "eps", "kind": "scalar", "dtype": "f32", "expr": "eps", "range": list(EPS_RANGE)}
+
+
+# The eps the kernels take: from the smallest that keeps eps/448 a normal fp32 (so that 1/scale
+# is finite) to fp32's largest.
+EPS_RANGE = (1e-30, 3.4028234663852886e38)
 
 
 def _sym64(divisibility: int = 1):
@@ -1066,6 +1077,7 @@ class _MatrixQuantTemplate(_QuantTemplateBase):
     rows: str  # its row extent's symbol
     scale_shape: tuple[str, str]  # the scale matrix's extent symbols
     grid_rows: str  # rows the grid covers (an expression over the symbols)
+    scale_rows: str  # scale rows the kernel writes at least (an expression over the symbols)
 
     def _scale_dtype(self) -> str:
         return "f32"
@@ -1090,9 +1102,9 @@ class _MatrixQuantTemplate(_QuantTemplateBase):
         matrix = [self.rows, "K"]
         return [
             {"name": self.input_name, "dtype": s.a_dtype.value, "shape": matrix, "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "q", "dtype": "e4m3", "shape": matrix, "contiguous_mode": 1, "align_bytes": 16},
+            {"name": "q", "dtype": "e4m3", "shape": matrix, "contiguous_mode": 1, "align_bytes": 16, "written": True},
             {"name": "sf", "dtype": self._scale_dtype(), "shape": list(self.scale_shape), "contiguous_mode": -1,
-             "align_bytes": 4},
+             "align_bytes": 4, "written": True},
         ]
 
     def grid_rule(self) -> dict:
@@ -1105,6 +1117,16 @@ class _MatrixQuantTemplate(_QuantTemplateBase):
                 "1",
             ],
         }
+
+    def requires(self) -> list[dict]:
+        """Room in the scale matrix for every row's (or block row's) scales: the kernel writes
+        ⌈K/128⌉ (packed UE8M0: ⌈K/512⌉) columns of `scale_rows` rows."""
+        rows, cols = self.scale_shape
+        per_column = QUANT_GROUP * (4 if self._scale_dtype() == "i32" else 1)
+        return [
+            requirement(rows, ">=", self.scale_rows),
+            requirement(cols, ">=", f"ceil_div(K, {per_column})"),
+        ]
 
     def param_bindings(self) -> list[dict]:
         return [
@@ -1120,6 +1142,7 @@ class PerTokenQuantTemplate(_MatrixQuantTemplate):
     input_name = "x"
     rows = "M"
     scale_shape = ("SM", "SG")
+    scale_rows = "M"
     # The TMA-aligned MN-major scale layout may have more rows than x (padding rows get written).
     grid_rows = "max(M, SM)"
 
@@ -1132,6 +1155,7 @@ class PerBlockQuantTemplate(_MatrixQuantTemplate):
     input_name = "w"
     rows = "N"
     scale_shape = ("SN", "SK")
+    scale_rows = f"ceil_div(N, {QUANT_GROUP})"
     grid_rows = "N"
 
 
@@ -1158,10 +1182,10 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
         return [
             {"name": "x", "dtype": "bf16", "shape": ["T", "H"], "contiguous_mode": 1, "align_bytes": 16},
             {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
-            {"name": "q", "dtype": "e4m3", "shape": ["Q"], "contiguous_mode": 0, "align_bytes": 16},
-            {"name": "sf", "dtype": "f32", "shape": ["S", "H"], "contiguous_mode": 1, "align_bytes": 8},
+            {"name": "q", "dtype": "e4m3", "shape": ["Q"], "contiguous_mode": 0, "align_bytes": 16, "written": True},
+            {"name": "sf", "dtype": "f32", "shape": ["S", "H"], "contiguous_mode": 1, "align_bytes": 8, "written": True},
             # Zero before a launch, zero after it (see the kernel's docstring).
-            {"name": "tile_counter", "dtype": "i32", "shape": ["1"], "contiguous_mode": 0, "align_bytes": 4},
+            {"name": "tile_counter", "dtype": "i32", "shape": ["1"], "contiguous_mode": 0, "align_bytes": 4, "written": True},
         ]
 
     def grid_rule(self) -> dict:
@@ -1170,6 +1194,10 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
             "kind": "blocks",
             "blocks": [f"min(S * ceil_div(H, {s.tile_n}), max_active_clusters)", "1", "1"],
         }
+
+    def requires(self) -> list[dict]:
+        """q holds the S blocks of 128 tokens by H columns."""
+        return [requirement("Q", ">=", f"{QUANT_GROUP} * H * S")]
 
     def param_bindings(self) -> list[dict]:
         return [

@@ -101,25 +101,30 @@ class TileOrder:
             return local // cols, first + local % cols
 
     @cute.jit
-    def _masked_total(self, mMasked, ct_n):
-        """Cluster tiles of the masked layout: Σ_g ⌈masked_m[g] / rows⌉ · ct_n (read on the GPU),
-        rows = `masked_tile_rows`."""
+    def _masked_tiles(self, mMasked, g, max_m, ct_n):
+        """Cluster tiles of group g in the masked layout: ⌈masked_m[g] / rows⌉ · ct_n, rows =
+        `masked_tile_rows`, with masked_m[g] read on the GPU and taken into [0, max_m] (a value
+        past the rows A and D hold computes those rows only)."""
         tm = self.masked_tile_rows
+        return (cutlass.min(cutlass.max(mMasked[g], 0), max_m) + tm - 1) // tm * ct_n
+
+    @cute.jit
+    def _masked_total(self, mMasked, max_m, ct_n):
+        """Cluster tiles of the masked layout: Σ_g `_masked_tiles`."""
         total = cutlass.Int32(0)
         for g in range(cute.size(mMasked)):
-            total += (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
+            total += self._masked_tiles(mMasked, g, max_m, ct_n)
         return total
 
     @cute.jit
-    def _masked_locate(self, t, mMasked, ct_n):
+    def _masked_locate(self, t, mMasked, max_m, ct_n):
         """Cluster tile t of the masked layout → (group, cluster-tile m, cluster-tile n)."""
-        tm = self.masked_tile_rows
         group = cutlass.Int32(0)
         local = t
         before = cutlass.Int32(0)
         found = cutlass.Int32(0)
         for g in range(cute.size(mMasked)):
-            count = (cutlass.max(mMasked[g], 0) + tm - 1) // tm * ct_n
+            count = self._masked_tiles(mMasked, g, max_m, ct_n)
             if found == 0:
                 if t < before + count:
                     group = cutlass.Int32(g)
@@ -129,13 +134,22 @@ class TileOrder:
         return group, local // ct_n, local % ct_n
 
     @cute.jit
-    def _tile_group(self, mIdx, tile_m, row_offset=0):
+    def _tile_group(self, mIdx, tile_m, num_groups, row_offset=0):
         """The group of an M tile: m_indices of its first row, or of the row `row_offset` rows
-        into it (-1: padding, or past the rows)."""
+        into it (`_group_or_padding`; -1 past the rows)."""
         row = tile_m * self.tile_shape_mnk[0] + row_offset
         g = cutlass.Int32(-1)
         if row < cute.size(mIdx):
-            g = mIdx[row]
+            g = self._group_or_padding(mIdx[row], num_groups)
+        return g
+
+    @cute.jit
+    def _group_or_padding(self, index, num_groups):
+        """An m_indices value as a group, or -1 (padding) when it names none of the `num_groups`
+        groups: B and its scales are indexed with real groups only."""
+        g = cutlass.Int32(-1)
+        if (index >= 0) & (index < num_groups):
+            g = index
         return g
 
     @cute.jit
