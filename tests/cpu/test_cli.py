@@ -341,6 +341,38 @@ def test_build_errors(capsys, fake_build, monkeypatch):
     assert rc == 2 and "cutegen[gen]" in err and "Traceback" not in err
 
 
+def test_an_op_or_family_name_selects_its_schedules(capsys, fake_build, tmp_path):
+    rc, out, _ = run(capsys, "list", "bf16_gemm_nt", "--json")
+    assert rc == 0 and sorted(e["name"] for e in json.loads(out)) == sorted(NAMES)
+    p = tmp_path / "fam.toml"
+    p.write_text(bf16_family("my_family", sweep="tile = [ {tile_m = 128, tile_n = 192, math_warpgroups = 2} ]",
+                             base_extra=ONE_CTA_CLUSTER))
+    rc, out, _ = run(capsys, "list", "--schedules", str(p), "my_family", "--json")
+    assert rc == 0 and [e["family"] for e in json.loads(out)] == ["my_family"]
+    calls, _ = fake_build
+    rc, _, _ = run(capsys, "build", "--schedules", str(p), "my_family", "-o", str(tmp_path / "b"))
+    assert rc == 0 and len(calls[-1]["schedules"]) == 1
+
+
+def test_build_says_which_points_of_a_schedule_file_are_skipped(capsys, fake_build, tmp_path):
+    p = tmp_path / "mixed.toml"
+    p.write_text(bf16_family(
+        "mixed", sweep="tile = [ {tile_m = 128, tile_n = 192, math_warpgroups = 2},\n"
+        "         {tile_m = 96, tile_n = 128, math_warpgroups = 2} ]", base_extra=ONE_CTA_CLUSTER))
+    rc, _, err = run(capsys, "build", "--schedules", str(p), "mixed", "-o", str(tmp_path / "b"))
+    assert rc == 0 and f"1 point(s) of {p} are invalid and not built" in err and "list --all --schedules" in err
+
+
+def test_show_hint_names_the_schedule_file(capsys, tmp_path):
+    p = tmp_path / "fam.toml"
+    p.write_text(bf16_family("my_family", sweep="tile = [ {tile_m = 128, tile_n = 192, math_warpgroups = 2} ]",
+                             base_extra=ONE_CTA_CLUSTER))
+    rc, out, _ = run(capsys, "list", "--schedules", str(p), "my_family", "--json")
+    (name,) = [e["name"] for e in json.loads(out)]
+    rc, out, _ = run(capsys, "show", "--schedules", str(p), name, "--build-dir", str(tmp_path / "nowhere"))
+    assert rc == 0 and f"`cutegen build --schedules {p} {name} -o {tmp_path / 'nowhere'}`" in out
+
+
 # ---- env and misc ------------------------------------------------------------------------------
 
 

@@ -17,7 +17,6 @@ import fnmatch
 import functools
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -65,12 +64,20 @@ def cache_dir() -> Path:
     return cache_root()
 
 
-def matches(name: str, pattern: str) -> bool:
-    """Full-name glob match when `pattern` has wildcards, else substring match."""
+def matches(name: str, pattern: str, *groups: str) -> bool:
+    """Full-name glob match when `pattern` has wildcards, else substring match; a pattern that is
+    one of the kernel's ``groups`` (its op, its schedule family) selects it too."""
     pattern = pattern.lower()
+    if pattern in groups:
+        return True
     if any(c in pattern for c in GLOB_CHARS):
         return fnmatch.fnmatchcase(name, pattern)
     return pattern in name
+
+
+def _groups(e: Expanded) -> tuple[str, ...]:
+    """What a pattern may name to select all of an entry's kind: its op and its family."""
+    return (e.schedule.op.value, e.family.lower()) if e.schedule is not None else (e.family.lower(),)
 
 
 def _load(arch: str | None, op: str | None, extra: Sequence[str] = (), max_points: int = MAX_POINTS) -> list[Expanded]:
@@ -112,7 +119,7 @@ def select(
         return pool + [e for e in entries if e.name is None] if include_invalid else pool
     chosen: set[int] = set()
     for pattern in patterns:
-        hits = [i for i, e in enumerate(pool) if e.name is not None and matches(e.name, pattern)]
+        hits = [i for i, e in enumerate(pool) if e.name is not None and matches(e.name, pattern, *_groups(e))]
         if not hits:
             raise CliError(_no_match(pattern, named, include_invalid, filters), code=1)
         chosen.update(hits)
@@ -120,7 +127,7 @@ def select(
 
 
 def _no_match(pattern: str, named: list[Expanded], include_invalid: bool, filters: str) -> str:
-    invalid_hits = [e for e in named if not e.valid and matches(e.name or "", pattern)]
+    invalid_hits = [e for e in named if not e.valid and matches(e.name or "", pattern, *_groups(e))]
     if invalid_hits and not include_invalid:
         return (
             f"pattern {pattern!r} matches only invalid schedules ({len(invalid_hits)}); "
@@ -132,8 +139,9 @@ def _no_match(pattern: str, named: list[Expanded], include_invalid: bool, filter
     if close:
         msg += "; did you mean:\n  " + "\n  ".join(close)
     msg += (
-        f"\n(a pattern with '*' must match the whole name, one without matches any part of it; "
-        f"`{PROG} list` shows the {sum(e.valid for e in named)} valid schedules)"
+        f"\n(a pattern with '*' must match the whole name, one without matches any part of it, an op or "
+        f"family name selects all its schedules; `{PROG} list` shows the {sum(e.valid for e in named)} valid "
+        "schedules)"
     )
     return msg
 
@@ -348,6 +356,13 @@ def _manifest_text(m: KernelManifest, path: Path) -> str:
     return "\n".join(lines)
 
 
+def _schedules_option(e: Expanded, args: argparse.Namespace) -> str:
+    """`` --schedules FILE`` when ``e`` comes from a schedule file given on the command line."""
+    extra = [str(p) for p in getattr(args, "schedules", None) or []]
+    matching = [p for p in extra if Path(p).resolve() == Path(str(e.source)).resolve()]
+    return f" --schedules {matching[0]}" if matching else ""
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     entries = _entries(args, None, None)
     e, note = _find(args.name, entries)
@@ -426,7 +441,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if manifest is not None:
             lines.append(_manifest_text(manifest, mpath))
         elif manifest_error is None:
-            lines.append(f"manifest  not built in {args.build_dir} (`{PROG} build {name} -o {args.build_dir}`)")
+            lines.append(f"manifest  not built in {args.build_dir} (`{PROG} build{_schedules_option(e, args)} {name} "
+                         f"-o {args.build_dir}`)")
         if sass is not None:
             lines.append(f"sass  {spath} ({len(sass.splitlines())} lines)")
             lines.append(sass.rstrip("\n"))
@@ -446,6 +462,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     jobs = args.jobs or os.cpu_count() or 1
     entries = _entries(args, args.arch, args.op)
     chosen = select(entries, args.patterns, False, _filters(args.arch, args.op))
+    for path in getattr(args, "schedules", None) or []:
+        invalid = [e for e in entries if not e.valid and Path(str(e.source)).resolve() == Path(path).resolve()]
+        if invalid:
+            print(f"{PROG}: {len(invalid)} point(s) of {path} are invalid and not built "
+                  f"(`{PROG} list --all --schedules {path}` shows why)", file=sys.stderr)
     if not chosen:
         raise CliError(f"no valid schedules{_filters(args.arch, args.op)} to build", 1)
     try:
@@ -494,7 +515,7 @@ def built_kernels(build_dir: Path) -> list[Any]:
 def select_built(
     entries: list[Any], patterns: Sequence[str], build_dir: Path, arch: str | None, op: str | None
 ) -> list[Any]:
-    """The built kernels matching any pattern (all when none); CliError(code=2) for a pattern
+    """The built kernels matching any pattern (all when none); CliError(code=1) for a pattern
     that matches none, saying whether it names schedules that were not built."""
     filters = _filters(arch, op)
     pool = [e for e in entries if (arch is None or e.arch == arch) and (op is None or e.op == op)]
@@ -506,9 +527,9 @@ def select_built(
     for pattern in patterns:
         if not pattern.strip():
             raise CliError("an empty pattern matches nothing; give a kernel name or a pattern", 2)
-        hits = [i for i, e in enumerate(pool) if matches(e.name, pattern)]
+        hits = [i for i, e in enumerate(pool) if matches(e.name, pattern, e.op)]
         if not hits:
-            raise CliError(_not_built(pattern, pool, build_dir, filters), 2)
+            raise CliError(_not_built(pattern, pool, build_dir, filters), 1)
         chosen.update(hits)
     return [e for i, e in enumerate(pool) if i in chosen]
 
@@ -516,7 +537,7 @@ def select_built(
 def _not_built(pattern: str, pool: list[Any], build_dir: Path, filters: str) -> str:
     msg = f"no kernel{filters} built in {build_dir} matches {pattern!r}"
     try:
-        known = [e.name for e in all_expanded() if e.valid and e.name and matches(e.name, pattern)]
+        known = [e.name for e in all_expanded() if e.valid and e.name and matches(e.name, pattern, *_groups(e))]
     except ScheduleFileError:
         known = []
     if known:
@@ -529,8 +550,9 @@ def _not_built(pattern: str, pool: list[Any], build_dir: Path, filters: str) -> 
     if close:
         msg += "; did you mean:\n  " + "\n  ".join(close)
     msg += (
-        f"\n(a pattern with '*' must match the whole name, one without matches any part of it; "
-        f"{len(pool)} kernel(s) are built there: `{PROG} verify --build-dir {build_dir}` lists them)"
+        f"\n(a pattern with '*' must match the whole name, one without matches any part of it, an op name "
+        f"selects all its kernels; {len(pool)} kernel(s) are built there: `{PROG} verify --build-dir "
+        f"{build_dir}` lists them)"
     )
     return msg
 
@@ -612,23 +634,6 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def find_cuobjdump() -> str | None:
-    """cuobjdump from the `nvidia` wheels (cu13 or cuda_cuobjdump), else from PATH."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for base in spec.submodule_search_locations:
-            for rel in ("cu13/bin/cuobjdump", "cuda_cuobjdump/bin/cuobjdump"):
-                p = Path(base) / rel
-                if p.is_file():
-                    return str(p)
-    return shutil.which("cuobjdump")
-
-
 def gpu_info() -> list[str] | str:
     """The visible CUDA devices (via torch), or a string saying why there are none."""
     try:
@@ -656,7 +661,10 @@ def cmd_env(args: argparse.Namespace) -> int:
     }
     for dist in DISTRIBUTIONS:
         info[dist] = _version(dist)
-    info["cuobjdump"] = find_cuobjdump() or "not found"
+    from cutegen.gen.sass import find_cuobjdump  # the lookup the build uses
+
+    tool = find_cuobjdump()
+    info["cuobjdump"] = str(tool) if tool else "not found"
     info["gpu"] = gpu_info()
     info["cache"] = str(cache_dir())
     if args.json:
