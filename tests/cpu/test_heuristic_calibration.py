@@ -1,12 +1,12 @@
 """CPU tier: the analytic kernel choice against every default FP8 kernel's time measured on an H200.
 
-docs/perf/2026-12-02-h200-fp8-kernel-timings.json holds, per problem shape, the kernel duration of
+tests/data/2026-12-02-h200-fp8-kernel-timings.json holds, per problem shape, the kernel duration of
 every default `fp8_gemm_nt` kernel (split-K kernels at 2-12 splits under "fp8_gemm_nt_split_k",
 keyed NAME@SPLITS; the M = 4096 shapes re-measured on 2026-12-02 after static-stage rounds,
 `cutegen tune --timings-out`, the M = 64 and 128 shapes on 2026-12-01),
-docs/perf/2026-12-02-h200-contiguous-kernel-timings.json those of the contiguous M-grouped
+tests/data/2026-12-02-h200-contiguous-kernel-timings.json those of the contiguous M-grouped
 kernels (with each problem's group sizes and DeepGEMM's kernel beside them), and
-docs/perf/2026-12-02-h200-wgrad-kernel-timings.json those of the weight-gradient ops (the dense
+tests/data/2026-12-02-h200-wgrad-kernel-timings.json those of the weight-gradient ops (the dense
 kernels timed in interleaved rounds with DeepGEMM's 1D1D kernel; the k-grouped ones by `cutegen
 tune --timings-out`, where a shape M,N,K is 4 groups of K tokens, re-measured on 2026-12-02 with
 the 128x160 tile, best of four rounds; all with static-stage rounds where the schedule has
@@ -27,11 +27,11 @@ from cutegen.runtime.params import align
 from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Param
 from cutegen.schedules import parse_name
 
-PERF = Path(__file__).resolve().parents[2] / "docs" / "perf"
-TIMINGS = PERF / "2026-12-02-h200-fp8-kernel-timings.json"
-WGRAD_TIMINGS = PERF / "2026-12-02-h200-wgrad-kernel-timings.json"
-CONTIGUOUS_TIMINGS = PERF / "2026-12-02-h200-contiguous-kernel-timings.json"
-CONTIGUOUS_WIDE_TIMINGS = PERF / "2026-12-03-h200-contiguous-128x256-timings.json"
+DATA = Path(__file__).resolve().parents[1] / "data"
+TIMINGS = DATA / "2026-12-02-h200-fp8-kernel-timings.json"
+WGRAD_TIMINGS = DATA / "2026-12-02-h200-wgrad-kernel-timings.json"
+CONTIGUOUS_TIMINGS = DATA / "2026-12-02-h200-contiguous-kernel-timings.json"
+CONTIGUOUS_WIDE_TIMINGS = DATA / "2026-12-03-h200-contiguous-128x256-timings.json"
 K_GROUPED_TUNE_GROUPS = 4
 # The measured GPU: 132 SMs.
 H200_SMS = 132

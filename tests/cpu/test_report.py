@@ -15,7 +15,7 @@ from cutegen.gen import report
 from cutegen.gen.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-LEGACY = ROOT / "docs" / "perf" / "2026-11-30-h200-bf16-gemm.json"
+LEGACY = ROOT / "tests" / "data" / "2026-11-30-h200-bf16-gemm.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 ENV = {

@@ -65,7 +65,7 @@ GEMM_OPS = (
 )
 KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize", "host")
 # Folder files that are not reports.
-NOT_REPORTS = {LATEST, "README.md", "NOTES.md"}
+NOT_REPORTS = {LATEST, "README.md", "NOTES.md", "STATUS.md"}
 
 
 class ReportError(Exception):

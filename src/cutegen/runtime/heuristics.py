@@ -101,13 +101,13 @@ class CostModel:
     # Block-scaled tiles whose columns straddle two 128-column SFB blocks (tile_n 112, 144, 160,
     # 192) form two scale products per row; each chunk's is chosen at compile time (one copy of
     # the main loop per boundary column). Any factor from 1.0 to 1.03 ranks the 21 DeepGEMM
-    # shapes best (docs/perf/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
+    # shapes best (tests/data/*-fp8-kernel-timings.json, tests/cpu/test_heuristic_calibration.py).
     split_scale_block_slowdown: float = 1.03
     # Block-scaled tiles that cycle through a ring of WGMMA accumulators (`wgmma_accumulators` >=
     # 2: the 64-row tiles, 128x112, 128x128) run slower per FLOP than the single-accumulator loop
     # at compute-bound shapes. An empirical factor: the ring's per-block SFB load is not the cause
     # (the ring with SFB held in warp registers measured 0.95-1.01x, NOTES.md 2026-12-02).
-    # Kernel durations on an H200 at 4096x2112x7168 (docs/perf/2026-12-02-h200-fp8-kernel-
+    # Kernel durations on an H200 at 4096x2112x7168 (tests/data/2026-12-02-h200-fp8-kernel-
     # timings.json): 128x112 in a 2x1 cluster 106.5 µs, 128x192 99.2-100.4 µs, two tiles the
     # model otherwise scores alike. Any factor from 1.04 to 1.15 ranks the 24 timed shapes the
     # same (tests/cpu/test_heuristic_calibration.py); only compute-bound shapes feel it.
@@ -121,26 +121,26 @@ class CostModel:
     rolled_per_row_loop_slowdown: float = 1.12
     # Two-wave per-row tiles (256 rows: the columns are read after the wait, the loop is rolled)
     # against single-wave tiles that read them early: 1.09 ranks the dense kernels re-timed with
-    # tail splits (docs/perf/2026-12-01-h200-wgrad-kernel-timings.json; 2048x7168x4096: 256x128
+    # tail splits (tests/data/2026-12-01-h200-wgrad-kernel-timings.json; 2048x7168x4096: 256x128
     # 152.5 µs in 3.4 waves against 128x128 in a 2x1 cluster 141.7 µs in 7 whole waves).
     two_wave_per_row_scale_slowdown: float = 1.09
     # Per-row-scaled kernels in a 2-CTA cluster sharing A or B, against a 1x1 cluster: below 1,
     # as those are the kernels that read their column scales early. The three per-row factors
     # were fitted on the weight-gradient kernel timings of 2026-11-30 (12 dense + 4 k-grouped
     # shapes, `cutegen tune --timings-out`; in-sample); they still rank the dense kernels re-timed
-    # with tail splits in docs/perf/2026-12-01-h200-wgrad-kernel-timings.json, which keeps the
+    # with tail splits in tests/data/2026-12-01-h200-wgrad-kernel-timings.json, which keeps the
     # k-grouped timings of 2026-11-30 (tests/cpu/test_heuristic_calibration.py).
     per_row_scale_multicast_slowdown: float = 0.97
     # The same where the cluster shares B (a 2x1 cluster): 128x128 tiles with tail-split last
     # waves measured 0.983-1.000x (mean 0.99x) the time of the 1x2 twin at equal tile counts
-    # (docs/perf/2026-12-01-h200-wgrad-kernel-timings.json).
+    # (tests/data/2026-12-01-h200-wgrad-kernel-timings.json).
     per_row_scale_b_multicast_slowdown: float = 0.96
     # Seconds a block-scaled tile spends per 128-wide K block at least, whatever its size (wait,
     # WGMMA chain, promotion), by the WGMMA accumulators it cycles through: the floor that bounds
     # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
     # take ~100 ns per K block after a fixed ~2.4 µs (K from 512 to 16384). The constants are
     # fitted, monotonic in the accumulator count, to rank the 21 DeepGEMM shapes' measured kernels
-    # best (an earlier build's timings: in-sample; docs/perf/2026-12-02-h200-fp8-kernel-timings.json
+    # best (an earlier build's timings: in-sample; tests/data/2026-12-02-h200-fp8-kernel-timings.json
     # holds the current build's).
     block_latency_s: Mapping[int, float] = dataclasses.field(
         default_factory=lambda: {1: 0.18e-6, 2: 0.16e-6, 3: 0.13e-6, 4: 0.1e-6}
@@ -152,7 +152,7 @@ class CostModel:
     # 6.9 µs at 3 splits against 8.0 µs for the best unsplit kernel, and splitting lost wherever
     # the tiles already filled the GPU. Since the fixup loads its partials in batches (64x32 tiles
     # at 7 splits 7.8 -> 6.6 µs), values down to 1 µs rank the re-measured kernels
-    # (docs/perf/2026-12-02-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
+    # (tests/data/2026-12-02-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
     split_fixup_s: float = 3e-6
     # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
     # wave: the tile's group is read from L1 (prefetched a tile before) and its rows' m_indices
@@ -163,7 +163,7 @@ class CostModel:
     # (tests/cpu/test_heuristic_calibration.py). Fitted on kernel durations of every
     # contiguous kernel on DeepGEMM's six shapes (an earlier build's timings, in-sample): 6-8 µs
     # choose within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x; on the current kernels
-    # (docs/perf/2026-12-02-h200-contiguous-kernel-timings.json) 1.001x.
+    # (tests/data/2026-12-02-h200-contiguous-kernel-timings.json) 1.001x.
     grouped_tile_overhead_s: float = 6e-6
     # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`,
     # `tma_store_per_warpgroup`) against the same tile moving it through a ring of sub-tiles:
@@ -459,7 +459,7 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     # durations: 128x192 tiles in 2x1 clusters sharing B ran 1.01-1.09x faster than in 1x2
     # clusters sharing A at the eight dense M = 4096 shapes and 0.99-1.02x (five of six faster)
     # on DeepGEMM's contiguous ones; 256x128 tiles in 1x2 clusters 1.005-1.02x faster than in
-    # 2x1 (docs/perf/2026-12-02-h200-fp8-kernel-timings.json, -contiguous-kernel-timings.json).
+    # 2x1 (tests/data/2026-12-02-h200-fp8-kernel-timings.json, -contiguous-kernel-timings.json).
     def key(s: Score) -> tuple:
         tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
         area = s.tile_m * s.tile_n
