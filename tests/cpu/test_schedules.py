@@ -458,6 +458,63 @@ def test_invalid_points_are_kept_with_reasons(tmp_path):
     assert len(all_expanded(paths=[p])) == 1
 
 
+def test_a_family_extends_another_of_its_file_or_a_shipped_one(tmp_path):
+    body = family(sweep=GOOD_SWEEP) + textwrap.dedent("""
+        [[family]]
+        name = "deeper"
+        description = "the same tiles, one more stage level"
+        extends = "fam"
+        [family.base]
+        group_size = 16
+        [family.sweep]
+        tile = [ {tile_m = 128, tile_n = 192, math_warpgroups = 2} ]
+        cluster = [ {cluster_m = 1, cluster_n = 1, multicast = "none"} ]
+
+        [[family]]
+        name = "from_shipped"
+        description = "new tiles over the shipped BF16 family"
+        extends = "hopper_bf16_gemm"
+        [family.sweep]
+        tile = [ {tile_m = 64, tile_n = 96, math_warpgroups = 1} ]
+        cluster = [ {cluster_m = 1, cluster_n = 1, multicast = "none"} ]
+        """)
+    entries = {e.family: e for e in load_schedule_file(write(tmp_path, body))}
+    own, base = entries["deeper"].schedule, entries["fam"].schedule
+    assert own.group_size == 16 and own.tile_n == 192 and own.tile_k == base.tile_k and own.op == base.op
+    assert entries["from_shipped"].schedule.tile_n == 96 and entries["from_shipped"].valid
+
+
+@pytest.mark.parametrize("extends, words", [
+    ('"nowhere"', ["extends 'nowhere'", "shipped"]),
+    ('"loop"', ["circle", "loop -> loop"]),
+    ("3", ["'extends' must name a family"]),
+])
+def test_extends_errors_name_the_family(tmp_path, extends, words):
+    body = f'[[family]]\nname = "loop"\ndescription = "x"\nextends = {extends}\n[family.sweep]\ngroup_size = [8]\n'
+    with pytest.raises(ScheduleFileError) as info:
+        load_schedule_file(write(tmp_path, body))
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_shipped_families_state_each_base_field_once():
+    """A shipped family that extends another restates none of the fields it inherits."""
+    import tomllib
+
+    from cutegen.schedules.loader import _shipped_families, resolve_extends
+
+    shipped = _shipped_families()
+    extending = 0
+    for path in default_schedule_files():
+        for fam in tomllib.loads(path.read_text())["family"]:
+            if "extends" not in fam:
+                continue
+            extending += 1
+            inherited = resolve_extends(shipped[fam["extends"]], shipped, path.name).get("base", {})
+            restated = [k for k, v in fam.get("base", {}).items() if inherited.get(k, object()) == v]
+            assert not restated, (path.name, fam["name"], restated)
+    assert extending >= 10
+
+
 def test_duplicates_across_files_are_merged(tmp_path):
     a = write(tmp_path, family(sweep=GOOD_SWEEP, name="a"), "a.toml")
     b = write(tmp_path, family(sweep=GOOD_SWEEP, name="b"), "b.toml")

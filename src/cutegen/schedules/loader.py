@@ -17,12 +17,18 @@ A file holds one or more families::
 A sweep entry overrides the base; two axes may not set the same field. ``stages = "auto"``
 resolves to the largest stage count (at most `AUTO_MAX_STAGES`) whose shared memory fits the
 architecture's opt-in limit.
+
+``extends = "other_family"`` starts a family's base from another family's (itself resolved the
+same way), its own base fields overriding; the sweep is the family's own. The other family is
+looked up in the same file, then in the shipped schedule files, so a file of new tiles can say
+``extends = "hopper_fp8_gemm"`` and give only what differs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import itertools
 import math
 import tomllib
@@ -37,7 +43,7 @@ AUTO = "auto"
 AUTO_MAX_STAGES = 8
 AUTO_MIN_STAGES = 2
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Schedule))
-_FAMILY_KEYS = ("name", "description", "base", "sweep")
+_FAMILY_KEYS = ("name", "description", "extends", "base", "sweep")
 # A family whose sweep expands to more points than this is refused before it is expanded (a
 # mistyped axis can mean millions of points and minutes of listing); `--max-points` raises it.
 MAX_POINTS = 10_000
@@ -196,6 +202,7 @@ def expand_family(
         raise ScheduleFileError(f"{where}: a family needs a non-empty string 'name'")
     if "description" in family and not isinstance(family["description"], str):
         raise ScheduleFileError(f"{where}: 'description' must be a string")
+    family = resolve_extends(family, {}, where)
     base = _convert_table(family.get("base", {}), f"{where}: base")
     axes = _sweep_axes(family.get("sweep", {}), source, fname)
     sizes = [len(points) for _, points in axes]
@@ -227,9 +234,8 @@ def expand_family(
     return out
 
 
-def load_schedule_file(path: str | Path, max_points: int = MAX_POINTS) -> list[Expanded]:
-    """Every schedule of every family in the TOML file `path` (`expand_family`'s ``max_points``)."""
-    path = Path(path)
+def _family_tables(path: Path) -> list[Any]:
+    """The ``[[family]]`` tables of the TOML file `path`, as read."""
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
@@ -246,6 +252,48 @@ def load_schedule_file(path: str | Path, max_points: int = MAX_POINTS) -> list[E
     families = data.get("family")
     if not isinstance(families, list) or not families:
         raise ScheduleFileError(f"{path}: no [[family]] tables")
+    return families
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_families() -> dict[str, Any]:
+    """Every family table of the shipped schedule files, by name (what ``extends`` falls back on)."""
+    return {fam["name"]: fam for path in default_schedule_files() for fam in _family_tables(path)
+            if isinstance(fam, dict) and isinstance(fam.get("name"), str)}
+
+
+def resolve_extends(family: Any, local: dict[str, Any], where: str, chain: tuple[str, ...] = ()) -> Any:
+    """``family`` with its ``extends`` applied: the named family's base (resolved first; looked up
+    in ``local``, then among the shipped families) under the family's own base fields."""
+    if not isinstance(family, dict) or "extends" not in family:
+        return family
+    parent_name = family["extends"]
+    name = family.get("name", "?")
+    if not isinstance(parent_name, str) or not parent_name:
+        raise ScheduleFileError(f"{where}: 'extends' must name a family, got {parent_name!r}")
+    if parent_name == name or parent_name in chain:
+        raise ScheduleFileError(f"{where}: 'extends' goes round in a circle: {' -> '.join((*chain, name, parent_name))}")
+    scope = local if parent_name in local else _shipped_families()
+    if parent_name not in scope:
+        raise ScheduleFileError(
+            f"{where}: extends {parent_name!r}, which is neither a family of this file nor a shipped one "
+            f"(shipped: {', '.join(sorted(_shipped_families()))})"
+        )
+    parent = resolve_extends(scope[parent_name], scope, where, (*chain, name))
+    parent_base, own_base = parent.get("base", {}), family.get("base", {})
+    for table, whose in ((parent_base, parent_name), (own_base, name)):
+        if not isinstance(table, dict):
+            raise ScheduleFileError(f"{where}: the base of {whose!r} must be a table, got {type(table).__name__}")
+    resolved = {k: v for k, v in family.items() if k != "extends"}
+    resolved["base"] = {**parent_base, **own_base}
+    return resolved
+
+
+def load_schedule_file(path: str | Path, max_points: int = MAX_POINTS) -> list[Expanded]:
+    """Every schedule of every family in the TOML file `path` (`expand_family`'s ``max_points``)."""
+    path = Path(path)
+    families = _family_tables(path)
+    local = {fam["name"]: fam for fam in families if isinstance(fam, dict) and isinstance(fam.get("name"), str)}
     seen: set[str] = set()
     out: list[Expanded] = []
     for i, fam in enumerate(families):
@@ -253,7 +301,8 @@ def load_schedule_file(path: str | Path, max_points: int = MAX_POINTS) -> list[E
         if name in seen:
             raise ScheduleFileError(f"{path}: family {name!r} is defined twice")
         seen.add(name)
-        out.extend(expand_family(fam, source=path, index=i, max_points=max_points))
+        resolved = resolve_extends(fam, local, _where(str(path), name))
+        out.extend(expand_family(resolved, source=path, index=i, max_points=max_points))
     return out
 
 
