@@ -125,3 +125,26 @@ def test_contiguous_kernels_prefetch_their_tiles_groups_into_l1(hopper_gemm_sass
         else:
             assert prefetches == 0, f"{name}: {prefetches} L1 prefetches"
     assert contiguous == 8
+
+
+def test_modelled_shared_memory_bounds_the_traced_kernel(catalogue):
+    """`Schedule.smem_bytes`, which the validity rules budget, against what the traced kernel
+    uses (manifest: dynamic; SASS: static): never below it, at most two 1024-byte buffer
+    alignments above it for a GEMM; a quantizer's model is its dynamic shared memory exactly."""
+    import json
+
+    from cutegen.schedules.spec import SMEM_BUFFER_ALIGN_BYTES
+
+    off = []
+    for schedule in catalogue["schedules"]:
+        folder = catalogue["out"] / procedural_name(schedule)
+        dynamic = json.loads((folder / "manifest.json").read_text())["smem_bytes"]
+        static = json.loads((folder / "sass_summary.json").read_text())["static_smem_bytes"] or 0
+        model = schedule.smem_bytes
+        if schedule.op.is_quantize:
+            ok = model == dynamic
+        else:
+            ok = 0 <= model - (dynamic + static) <= 2 * SMEM_BUFFER_ALIGN_BYTES
+        if not ok:
+            off.append(f"{folder.name}: model {model}, traced {dynamic} dynamic + {static} static")
+    assert not off, "\n".join(off)

@@ -471,7 +471,10 @@ class Schedule:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory the kernel is launched with."""
+        """The shared memory the `smem_fits` rule budgets: for a GEMM, an upper bound of the traced
+        kernel's dynamic plus static shared memory, at most two buffer alignments above it (for
+        a quantizer, exactly its dynamic shared memory); `tests/cpu/test_default_catalogue.py`
+        relates the two for every default kernel."""
         if self.op.is_quantize:
             return self.quant_smem_bytes
         return (
