@@ -791,6 +791,23 @@ def satisfy_requirements(manifest: KernelManifest, ext: dict[str, int], scalars:
             ext[r.symbol] = bound
 
 
+def launch_op_kernel(toolchain, per_op_export, arch_op, tmp_path, make_problems):
+    """Run the exported C launcher of the (arch, op) kernel of `per_op_export` on each problem of
+    ``make_problems(manifest)`` against the recording driver stub: (manifest, problems, records)."""
+    name = per_op_export["names"][arch_op]
+    out = per_op_export["export"]
+    manifest = KernelManifest.from_json((out / name / "manifest.json").read_text())
+    exe = build_driver(toolchain, out, name, tmp_path)
+    view = kernel_view(manifest)
+    problems = make_problems(manifest)
+    args = [str(out)] + [x for pr in problems for x in problem_args(view, pr)]
+    rc, records = run_records(
+        exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC[arch_op[0]]}
+    )
+    assert rc == 0, records
+    return manifest, problems, records
+
+
 @pytest.mark.slow  # per_op_export compiles one kernel of every (arch, op)
 @pytest.mark.parametrize("arch_op", ARCH_OPS, ids="/".join)
 def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, arch_op, tmp_path):
@@ -798,17 +815,7 @@ def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, ar
         pytest.skip(f"no valid default schedule of {arch_op}")
     if arch_op not in per_op_export["names"]:
         pytest.fail(f"the {arch_op} kernel failed to build: {per_op_export['failed']}")
-    name = per_op_export["names"][arch_op]
-    out = per_op_export["export"]
-    manifest = KernelManifest.from_json((out / name / "manifest.json").read_text())
-    exe = build_driver(toolchain, out, name, tmp_path)
-    view = kernel_view(manifest)
-    problems = generic_problems(manifest)
-    args = [str(out)] + [x for pr in problems for x in problem_args(view, pr)]
-    rc, records = run_records(
-        exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC[arch_op[0]]}
-    )
-    assert rc == 0, records
+    manifest, problems, records = launch_op_kernel(toolchain, per_op_export, arch_op, tmp_path, generic_problems)
     segs = segments(records)
     assert len(segs) == len(problems)
     kinds = []
@@ -865,18 +872,14 @@ def test_c_launcher_refuses_what_the_python_runtime_refuses(toolchain, per_op_ex
     refuses the same problem."""
     if arch_op not in per_op_export["names"]:
         pytest.skip(f"no built kernel of {arch_op}")
-    name = per_op_export["names"][arch_op]
-    out = per_op_export["export"]
-    manifest = KernelManifest.from_json((out / name / "manifest.json").read_text())
-    exe = build_driver(toolchain, out, name, tmp_path)
-    view = kernel_view(manifest)
-    faults = faulty_problems(manifest)
+    faults: list = []
+
+    def problems(manifest: KernelManifest) -> list[dict]:
+        faults.extend(faulty_problems(manifest))
+        return [problem for _, _, problem in faults]
+
+    manifest, _, records = launch_op_kernel(toolchain, per_op_export, arch_op, tmp_path, problems)
     assert faults
-    args = [str(out)] + [x for _, _, pr in faults for x in problem_args(view, pr)]
-    rc, records = run_records(
-        exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC[arch_op[0]]}
-    )
-    assert rc == 0, records
     results = [r for r in records if r["call"] == "launch" and "result" in r]
     assert not any(r["call"] == "cuLaunchKernelEx" for r in records), "a faulty problem was launched"
     assert len(results) == len(faults)
