@@ -203,9 +203,12 @@ def test_fp8_table_na_values_and_geomeans(full):
     assert rows[2]["DeepGEMM † TFLOPS"] == "n/a" and rows[2]["vs DeepGEMM †"] == "n/a"
     ours = [_gemm_tflops(4096, 4096, 7168, 200.0), _gemm_tflops(64, 2112, 7168, 20.0)]
     g_dg = geo([ours[0] / 1436, ours[1] / 180])
-    assert f"vs DeepGEMM † **{g_dg:.3f}**" in text and "2 of 3 shapes" in text
-    assert f"vs cuBLAS blockwise **{geo([1.25, 1.2]):.3f}**" in text
-    assert "not measured in this run" in text  # the † footnote
+    # A number not measured in the run is a historical column: shown, never in bold or the summary.
+    assert f"vs DeepGEMM † (historical, other conditions) {g_dg:.3f}" in text
+    assert f"vs cuBLAS blockwise **{geo([1.25, 1.2]):.3f}**" in text and "2 of 3 shapes" in text
+    assert "not measured in this run" in text and "not a comparison" in text  # the † footnote
+    summary = text.split("<!-- summary -->")[1].split("<!-- /summary -->")[0]
+    assert "cuBLAS blockwise" in summary and "DeepGEMM †" not in summary
 
 
 def test_fp8_table_compares_with_a_copy_of_b(full):
