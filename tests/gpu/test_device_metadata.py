@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_fp8_gemm import calc_diff  # noqa: E402
-from test_grouped_gemm import MASKED_OP, make_masked, make_problem, poisoned  # noqa: E402
+from test_grouped_gemm import MASKED_OP, check_masked, make_masked, make_problem, poisoned  # noqa: E402
 from test_k_grouped_gemm import make, references  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -72,12 +72,7 @@ def test_masked_counts_past_the_rows_or_negative(ops):
         out = torch.full((groups, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 128, out=out, kernel=name)
         torch.cuda.synchronize()
-        for gi, rows in enumerate(rows_computed):
-            if rows:
-                ref = a[gi, :rows].float() @ b[gi].float().T
-                assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"{name}: group {gi} (masked_m {counts[gi]})"
-            else:
-                assert torch.isnan(out[gi]).all(), f"{name}: group {gi} (masked_m {counts[gi]}) was written"
+        check_masked(out, a, b, rows_computed, f"{name}, masked_m {counts}: ")
 
 
 def test_k_grouped_sizes_past_the_operands(ops):

@@ -530,25 +530,25 @@ def _param_view(manifest: KernelManifest, param: Any, symbols: set[str], floats:
         text = b["expr"]
         plain = _plain_number(text)
         if dtype == "f32":
-            if "range" in b:  # NaN fails both comparisons
-                low, high = (float(x) for x in b["range"])
-                code.append(
-                    f"r = cutegen__check_range(CUTEGEN_THIS, {q(param.name)}, {q(str(text))}, (double)({c_float(text, symbols, floats, where)}), "
-                    f"{low!r}, {high!r});"
-                )
-                code.append("if (r != CUDA_SUCCESS) goto fail;")
             if str(text).strip() in floats:
-                code.append(f"p->{param.name} = {str(text).strip()};")
+                value = str(text).strip()
             elif plain is not None:
-                code.append(f"p->{param.name} = (float){float(plain)!r};")
+                value = f"(float){float(plain)!r}"
             else:
-                expr = c_expr(text, symbols, f"{where} expression")
-                code.append(f"v = {expr};")
-                code.append(f"p->{param.name} = (float)v;")
+                code.append(f"v = {c_expr(text, symbols, f'{where} expression')};")
                 code.append(
                     f"if (bad) {{ r = cutegen__put_int(CUTEGEN_THIS, {q(param.name)}, -1, "
                     f"NULL, 64, 1, 0, bad); goto fail; }}"
                 )
+                value = "(float)v"
+            if "range" in b:  # NaN fails both comparisons
+                low, high = (float(x) for x in b["range"])
+                code.append(
+                    f"r = cutegen__check_range(CUTEGEN_THIS, {q(param.name)}, {q(str(text))}, (double){value}, "
+                    f"{low!r}, {high!r});"
+                )
+                code.append("if (r != CUDA_SUCCESS) goto fail;")
+            code.append(f"p->{param.name} = {value};")
         else:
             width = 32 if dtype == "i32" else 64
             expr = c_expr(text, symbols, f"{where} expression")
@@ -585,17 +585,6 @@ def _param_view(manifest: KernelManifest, param: Any, symbols: set[str], floats:
     elif kind == "zeros":
         comment = f"{param.size} zero bytes"
     return ParamView(param.index, param.name, kind, param.offset, param.size, comment, code, recipe)
-
-
-def c_float(text: Any, symbols: set[str], floats: set[str], where: str) -> str:
-    """A float scalar's value as C: the caller's float argument, a plain number or an int64
-    expression."""
-    if str(text).strip() in floats:
-        return str(text).strip()
-    plain = _plain_number(text)
-    if plain is not None:
-        return repr(float(plain))
-    return c_expr(text, symbols, f"{where} expression")
 
 
 def _plain_number(text: Any) -> float | None:

@@ -142,9 +142,10 @@ def normalize_operand(kernel: str, spec: OperandSpec, info: OperandInfo) -> Oper
         raise InputError(f"{where} has a negative stride: strides {list(info.strides)}")
     if info.ptr == 0 and 0 not in shape:
         raise InputError(f"{where} is at address 0 (NULL)")
-    if spec.packed and any(e > 1 and s != p for e, s, p in zip(shape, strides, packed_strides(shape))):
+    packed = packed_strides(shape) if spec.packed else None
+    if packed and any(e > 1 and s != p for e, s, p in zip(shape, strides, packed)):
         raise InputError(
-            f"{where} is read as a packed row-major array (strides {list(packed_strides(shape))} for shape "
+            f"{where} is read as a packed row-major array (strides {list(packed)} for shape "
             f"{list(info.shape)}), got strides {list(info.strides)}"
         )
     if spec.written and overlaps_itself(shape, strides):

@@ -51,23 +51,17 @@ from .errors import ArtifactError, InputError
 from .kernel_choice import candidates, catalogue, forced_manifest
 from .launch import launch
 from .params import align, ceil_div
+from .quant_reference import DEFAULT_EPS, GROUP, MAX_EPS, MIN_EPS, SCALE_FORMATS, SCALE_LAYOUTS, TMA_ALIGN_ROWS
 from .torch_ops import TorchOp, current_stream, device_ordinal
 
 OP_PER_TOKEN = "per_token_quant_fp8"
 OP_PER_BLOCK = "per_block_quant_fp8"
 OP_GROUPED = "grouped_transposed_quant_fp8"
 
-GROUP = 128
 # The grouped kernel's shared-memory prefix sums hold this many groups (schedules.spec.QUANT_MAX_GROUPS).
 MAX_GROUPS = 1024
-DEFAULT_EPS = 1e-4
-MIN_EPS = 1e-30
-MAX_EPS = 3.4028234663852886e38
-SCALE_FORMATS = ("fp32", "ue8m0")
 # The schedule's scale format of each `scale_format` argument.
 SCHEDULE_SCALE = {"fp32": "f32", "ue8m0": "ue8m0"}
-SCALE_LAYOUTS = ("k-major", "mn-major-tma-aligned")
-TMA_ALIGN_ROWS = 4
 PTR_ALIGN_BYTES = 16
 IN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 # K (per-token, per-block) and H (grouped) multiples: 16-byte rows of e4m3 / of the bf16 input.

@@ -72,6 +72,7 @@ GROUP = 128
 DEFAULT_EPS = 1e-4
 # Smallest eps accepted: keeps s = eps/448 a normal fp32 number, so 1/s is finite.
 MIN_EPS = 1e-30
+MAX_EPS = 3.4028234663852886e38  # fp32's largest
 SCALE_FORMATS = ("fp32", "ue8m0")
 SCALE_LAYOUTS = ("k-major", "mn-major-tma-aligned")
 TMA_ALIGN_ROWS = 4  # 16 bytes of 4-byte scales
@@ -86,7 +87,7 @@ def check_eps(eps: float, where: str = "eps") -> float:
         value = float(eps)
     except (TypeError, ValueError):
         raise ValueError(f"{where} must be a float, got {type(eps).__name__}") from None
-    if not math.isfinite(value) or value < MIN_EPS or value > torch.finfo(torch.float32).max:
+    if not math.isfinite(value) or value < MIN_EPS or value > MAX_EPS:
         raise ValueError(f"{where} must be a finite float in [{MIN_EPS}, 3.4e38], got {eps!r}")
     return value
 

@@ -183,10 +183,12 @@ def _sweep_axes(sweep: Any, source: str, fname: str) -> list[tuple[str, list[dic
 
 
 def expand_family(
-    family: dict[str, Any], *, source: str | Path = "<memory>", index: int = 0, max_points: int = MAX_POINTS
+    family: dict[str, Any], *, source: str | Path = "<memory>", index: int = 0, max_points: int = MAX_POINTS,
+    scope: dict[str, Any] | None = None,
 ) -> list[Expanded]:
     """Every schedule of one ``[[family]]`` table (a dict as tomllib reads it), in sweep order;
-    ScheduleFileError when the sweep has more than ``max_points`` points."""
+    ScheduleFileError when the sweep has more than ``max_points`` points. ``scope``: the families
+    its ``extends`` may name besides the shipped ones (those of its file)."""
     source = str(source)
     fname = _family_name(family, index)
     where = _where(source, fname)
@@ -202,7 +204,7 @@ def expand_family(
         raise ScheduleFileError(f"{where}: a family needs a non-empty string 'name'")
     if "description" in family and not isinstance(family["description"], str):
         raise ScheduleFileError(f"{where}: 'description' must be a string")
-    family = resolve_extends(family, {}, where)
+    family = resolve_extends(family, scope or {}, where)
     base = _convert_table(family.get("base", {}), f"{where}: base")
     axes = _sweep_axes(family.get("sweep", {}), source, fname)
     sizes = [len(points) for _, points in axes]
@@ -301,8 +303,7 @@ def load_schedule_file(path: str | Path, max_points: int = MAX_POINTS) -> list[E
         if name in seen:
             raise ScheduleFileError(f"{path}: family {name!r} is defined twice")
         seen.add(name)
-        resolved = resolve_extends(fam, local, _where(str(path), name))
-        out.extend(expand_family(resolved, source=path, index=i, max_points=max_points))
+        out.extend(expand_family(fam, source=path, index=i, max_points=max_points, scope=local))
     return out
 
 
