@@ -1,7 +1,7 @@
 """ABI self-check without a GPU: capture the DSL host code's launch and check it.
 
 The slow test compiles a small TMA copy kernel with the CuTe DSL (CPU only), links the
-exported host launcher against CUDA stubs (``cutegen.gen.abi_probe``) and checks the
+exported host launcher against CUDA stubs (``abi_probe``) and checks the
 captured kernel parameters: TMA descriptors decode to the tensors passed in, dynamic
 extents and scalars arrive as passed, and the grid is computed from the extents.
 """
@@ -13,8 +13,8 @@ import struct
 
 import pytest
 
-from cutegen.gen.abi_probe import parse_ptx_entry
-from cutegen.gen.tensormap import decode_tensor_map, encode_tensor_map, tensor_map_semantic_diff
+from abi_probe import parse_ptx_entry
+from tensormap import decode_tensor_map, encode_tensor_map, tensor_map_semantic_diff
 
 # --------------------------------------------------------------------------------------
 # Fast unit tests
@@ -217,7 +217,7 @@ def test_capture_tma_copy_launch(tmp_path):
     pytest.importorskip("cutlass")
     if not (shutil.which("gcc") or shutil.which("cc")) or not shutil.which("nm"):
         pytest.skip("needs a C compiler and nm")
-    from cutegen.gen import abi_probe as ap
+    import abi_probe as ap
 
     compiled, src_f, dst_f = _build_kernel(tmp_path)
     M, N, ld_src, ld_dst = 1000, 328, 336, 344
@@ -306,7 +306,7 @@ def test_capture_driver_encoded_tensor_map(tmp_path):
     xc = pytest.importorskip("cutlass.experimental.cuda")
     if not (shutil.which("gcc") or shutil.which("cc")) or not shutil.which("nm"):
         pytest.skip("needs a C compiler and nm")
-    from cutegen.gen import abi_probe as ap
+    import abi_probe as ap
 
     @cute.kernel
     def k(desc: cutlass.GridConstant[xc.TensorMap]):

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
 
-from cutegen.gen import abi_probe as ap  # noqa: E402
+import abi_probe as ap  # noqa: E402
 from cutegen.gen.build import _compile, _make_manifest  # noqa: E402
-from cutegen.gen.tensormap import DSL_FLAG_BITS, decode_tensor_map, encode_tensor_map  # noqa: E402
+from tensormap import DSL_FLAG_BITS, decode_tensor_map, encode_tensor_map  # noqa: E402
 from cutegen.runtime.launch import compute_grid  # noqa: E402
 from cutegen.runtime.params import OperandInfo, pack_params, tma_args_from_binding  # noqa: E402
 from cutegen.schedules.naming import parse_name  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cutegen.gen import bench_host, report
+from cutegen.bench import host as bench_host, report
 
 torch = pytest.importorskip("torch")
 

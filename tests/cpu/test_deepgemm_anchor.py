@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cutegen.gen import cli
-from cutegen.gen import deepgemm_anchor as dga
-from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS
+from cutegen.bench import deepgemm_anchor as dga
+from cutegen.bench.run import DEEPGEMM_FP8_TFLOPS
 
 
 # What DeepGEMM's SM90 heuristic picks on 132 SMs (its cost model, re-implemented by
@@ -125,7 +125,7 @@ def test_build_compiles_deepgemms_kernel(tmp_path):
 # DeepGEMM's choices for the contiguous benchmark problems (total rows of 128-aligned groups) and
 # the dense weight-gradient ones; the in-run timings of 2026-12-02 used exactly these.
 def test_contiguous_and_weight_gradient_choices():
-    from cutegen.gen.bench import DEEPGEMM_GROUPED_CONTIGUOUS, DEEPGEMM_WGRAD, WGRAD_KS, deepgemm_problems
+    from cutegen.bench.run import DEEPGEMM_GROUPED_CONTIGUOUS, DEEPGEMM_WGRAD, WGRAD_KS, deepgemm_problems
 
     problems = deepgemm_problems(["m_grouped_fp8_gemm_nt_contiguous", "fp8_wgrad_gemm_nt"])
     assert len(problems) == len(DEEPGEMM_GROUPED_CONTIGUOUS) + len(DEEPGEMM_WGRAD) * len(WGRAD_KS)
@@ -140,7 +140,7 @@ def test_contiguous_and_weight_gradient_choices():
 
 
 def test_problem_sets_per_op():
-    from cutegen.gen.bench import DEEPGEMM_FP8_TFLOPS, FP8_SHAPES, deepgemm_problems
+    from cutegen.bench.run import DEEPGEMM_FP8_TFLOPS, FP8_SHAPES, deepgemm_problems
 
     assert len(deepgemm_problems(["fp8_gemm_nt"])) == len(DEEPGEMM_FP8_TFLOPS)
     assert len(deepgemm_problems(["fp8_gemm_nt"], all_shapes=True)) == len(FP8_SHAPES)
@@ -181,7 +181,7 @@ def test_k_grouped_choices_and_source():
     """DeepGEMM's k-grouped 1D1D kernel: its heuristic counts every group's tiles at the largest
     group's K (padded to 128 tokens), multicasts for at most four groups, keeps shared memory for
     its tensor maps; the source compiles M and N in, K at run time, KGroupedContiguous."""
-    from cutegen.gen.bench import DEEPGEMM_K_GROUPED, deepgemm_problems, k_grouped_expected_k, k_grouped_sizes
+    from cutegen.bench.run import DEEPGEMM_K_GROUPED, deepgemm_problems, k_grouped_expected_k, k_grouped_sizes
 
     kg = dga.DeepGemmKernel.K_GROUPED_1D1D
     assert kg.op == "k_grouped_fp8_gemm_nt_contiguous" and kg.is_1d1d and kg.is_grouped and kg.accumulates
@@ -226,3 +226,18 @@ def test_anchor_looks_kernels_up_by_kind(tmp_path):
 def test_cli_build_takes_ops(tmp_path, capsys):
     rc = cli.main(["deepgemm-build", "--deepgemm", str(tmp_path), "--cutlass", str(tmp_path), "--op", "nope"])
     assert rc == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_entry_name_is_read_from_the_cubins_section_names(tmp_path):
+    """A built DeepGEMM cubin's entry is found by its `.text.<mangled>` section name (each section of
+    a kernel repeats it); no other entry and no disassembler is involved."""
+    from cutegen.bench.deepgemm_anchor import DeepGemmBuildError, _entry_name
+
+    mangled = "_ZN9deep_gemm23sm90_fp8_gemm_1d2d_implILj128EEEvPf"
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\x7fELF\x00" + b"".join(f"{s}{mangled}\x00".encode() for s in (".text.", ".rela.text.", ".nv.info."))
+                      + b".text._Z5otherv\x00")
+    assert _entry_name(cubin) == mangled
+    cubin.write_bytes(b"\x7fELF\x00.text._Z5otherv\x00")
+    with pytest.raises(DeepGemmBuildError, match="expected one sm90_fp8_gemm_1d2d_impl entry"):
+        _entry_name(cubin)

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
 
-from cutegen.gen import abi_probe as ap  # noqa: E402
+import abi_probe as ap  # noqa: E402
 from cutegen.gen.build import _compile, _make_manifest, build_schedules  # noqa: E402
 from cutegen.gen.ptx import parse_ptx_entry  # noqa: E402
 from cutegen.runtime.launch import compute_grid  # noqa: E402

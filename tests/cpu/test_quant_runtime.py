@@ -373,7 +373,7 @@ def test_quant_op_schemas_avoid_inductor_reserved_names():
 
 
 def test_bench_quant_render_without_a_gpu():
-    from cutegen.gen import bench_quant
+    from cutegen.bench import quant as bench_quant
 
     rows = [
         bench_quant._row("per_token_quant_fp8", "x [8, 128] bf16", "copy (same bytes)", 10.0, 4000),
@@ -387,7 +387,7 @@ def test_bench_quant_render_without_a_gpu():
 
 
 def test_bench_quant_keeps_the_faster_of_two_copy_timings(monkeypatch):
-    from cutegen.gen import bench_quant
+    from cutegen.bench import quant as bench_quant
 
     rows = [
         bench_quant._row("per_token_quant_fp8", "x [8, 128] bf16", "copy (same bytes)", 12.0, 4000),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cutegen.gen import report
+from cutegen.bench import report
 from cutegen.gen.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -396,7 +396,8 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
 
 
 def test_bench_report_option_is_passed_on(monkeypatch, tmp_path):
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
+    from cutegen.bench import timing
 
     seen = {}
 
@@ -408,26 +409,27 @@ def test_bench_report_option_is_passed_on(monkeypatch, tmp_path):
     assert main(["bench", "--op", "fp8_gemm_nt", "--report", str(tmp_path)]) == 0
     assert seen["report_dir"] == str(tmp_path) and seen["ops"] == ("fp8_gemm_nt",)
     assert seen["command"] == f"cutegen bench --op fp8_gemm_nt --report {tmp_path} --timer kernel"
-    assert bench.timer() == "kernel"
+    assert timing.timer() == "kernel"
     try:
         assert main(["bench", "--op", "fp8_gemm_nt", "--timer", "event"]) == 0
-        assert seen["command"].endswith("--timer event") and bench.timer() == "event"
+        assert seen["command"].endswith("--timer event") and timing.timer() == "event"
     finally:
-        bench.set_timer("kernel")
+        timing.set_timer("kernel")
     with pytest.raises(ValueError, match="timer"):
-        bench.set_timer("wall")
+        timing.set_timer("wall")
 
 
 def test_bench_conditions_option_is_passed_on(monkeypatch):
     """`--conditions deepgemm` selects DeepGEMM's benchmark conditions for the run and is named on
     the command line; the default is cutegen's own and is not spelled out."""
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
+    from cutegen.bench import timing
 
     seen = {}
 
     def fake_main(**kwargs):
         seen.update(kwargs)
-        seen["conditions"] = bench.conditions()
+        seen["conditions"] = timing.conditions()
         return 0
 
     monkeypatch.setattr(bench, "main", fake_main)
@@ -441,33 +443,33 @@ def test_bench_conditions_option_is_passed_on(monkeypatch):
         assert "--conditions" not in seen["command"] and seen["conditions"].name == "cutegen"
         assert seen["conditions"].summary == "median" and seen["conditions"].warmup is None
     finally:
-        bench.set_conditions("cutegen")
+        timing.set_conditions("cutegen")
     with pytest.raises(ValueError, match="conditions must be one of cutegen, deepgemm"):
-        bench.set_conditions("hot")
+        timing.set_conditions("hot")
 
 
 def test_kernel_timer_splits_calls_at_its_marker_spins():
     """Each call is what runs between the second and third marker spin of its rep, however many
     kernels the flush before it launched (an 8 GB flush of bytes is split into several)."""
-    from cutegen.gen import bench
+    from cutegen.bench import timing
 
     spin = ("void at::cuda::(anonymous namespace)::spin_kernel(long)", 1.0)
     flush = [("at::native::vectorized_elementwise_kernel<fill>", 700.0)] * 3
     rep = lambda call: [*flush, spin, spin, *call, spin]  # noqa: E731
     acts = rep([("gemm", 10.0)]) + rep([("gemm", 11.0), ("reduce", 2.0)]) + rep([("gemm", 12.0)])
-    assert bench.call_durations(acts, 3) == [10.0, 13.0, 12.0]
-    assert bench.call_durations(acts[len(flush):], 3) == [10.0, 13.0, 12.0]  # no flush
+    assert timing.call_durations(acts, 3) == [10.0, 13.0, 12.0]
+    assert timing.call_durations(acts[len(flush):], 3) == [10.0, 13.0, 12.0]  # no flush
     with pytest.raises(RuntimeError, match="found 3 timed calls"):
-        bench.call_durations(acts, 4)
+        timing.call_durations(acts, 4)
     with pytest.raises(RuntimeError, match="no GPU activity"):
-        bench.call_durations(rep([]), 1)
+        timing.call_durations(rep([]), 1)
 
 
 def test_k_grouped_bench_operands_have_zero_token_padding():
     """The k-grouped benchmark's operands hold each group's padding tokens as zeros, as the grouped
     transposed quantize writes them (DeepGEMM in the run is given the padded counts)."""
     torch = pytest.importorskip("torch")
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
 
     rows, sizes = 3, [130, 0, 128, 5]
     spans = [256, 0, 128, 128]
@@ -483,7 +485,7 @@ def test_k_grouped_bench_operands_have_zero_token_padding():
 def test_bench_decode_option_and_table(monkeypatch):
     """`--decode` reaches bench.main and the command line; decode rows (no DeepGEMM numbers) render
     with the cuBLAS comparison only."""
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
 
     seen = {}
     monkeypatch.setattr(bench, "main", lambda **kwargs: seen.update(kwargs) or 0)
@@ -500,7 +502,7 @@ def test_bench_decode_option_and_table(monkeypatch):
 
 
 def test_report_method_names_the_timer():
-    from cutegen.gen import report
+    from cutegen.bench import report
 
     kernel = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel"))
     event = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False))
@@ -511,7 +513,7 @@ def test_report_method_names_the_timer():
                                          conditions="deepgemm"))
     assert "means over 30 calls" in deepgemm and "8 GB memset" in deepgemm and "--conditions deepgemm" in deepgemm
     # Every named condition is stated in the words the benchmark and the CLI use for it.
-    from cutegen.gen.conditions import CONDITIONS
+    from cutegen.bench.conditions import CONDITIONS
 
     for name, cond in CONDITIONS.items():
         method = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel", conditions=name))
@@ -523,7 +525,7 @@ def test_report_method_names_the_timer():
 def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):
     """`bench.main(report_dir=...)` with the GPU parts replaced: results JSON and report land in DIR."""
     torch = pytest.importorskip("torch")
-    from cutegen.gen import bench, bench_quant
+    from cutegen.bench import quant as bench_quant, run as bench
     from cutegen.runtime import ops as runtime_ops
 
     quant = synthetic()["quantize"]
@@ -545,7 +547,7 @@ def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):
 
 
 def test_driver_version_never_raises():
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
 
     v = bench.driver_version()
     assert v is None or isinstance(v, str)
@@ -582,7 +584,7 @@ def test_deepgemm_in_run_columns_agreement_and_method(tmp_path, monkeypatch):
     assert "DeepGEMM commit abc1234 2026-06-23" in text and "`cutegen bench --deepgemm`" in text
     assert "DeepGEMM in this run" in text.split("## Summary")[1].split("## Method")[0]
 
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
 
     seen = {}
     monkeypatch.setattr(bench, "main", lambda **kwargs: seen.update(kwargs) or 0)
@@ -599,7 +601,7 @@ def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
     """The contiguous grouped, weight-gradient and k-grouped sections carry DeepGEMM's kernels timed
     in the run like fp8_gemm_nt does: their columns, how the outputs compared (one line of text even
     where plot labels break lines) and which kernels the Method line names."""
-    from cutegen.gen import bench
+    from cutegen.bench import run as bench
 
     contiguous = [grouped_row(4, 8192, 4096, 7168, 1000.0, 1100.0, 1345),
                   grouped_row(8, 4096, 7168, 2048, 500.0, None, 1240)]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cutegen.gen.cli import main
-from cutegen.gen.tune import merge_table, parse_shapes
+from cutegen.bench.tune import merge_table, parse_shapes
 
 
 def test_parse_shapes():

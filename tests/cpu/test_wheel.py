@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import cutegen
+import cutegen.runtime
 from cutegen.gen import wheel as wheel_builder
 from cutegen.runtime.catalogue import (
     KernelCatalogue,
@@ -28,6 +29,7 @@ from cutegen.runtime.catalogue import (
 )
 from cutegen.runtime.errors import ArtifactError
 from cutegen.runtime.manifest import Catalogue
+from cutegen.runtime.version import __version__
 from test_runtime_packing import make_manifest, write_build
 
 # One Hopper and one Blackwell kernel of the default schedules.
@@ -40,8 +42,8 @@ KERNELS = (
 def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_catalogue: bool = True) -> Path:
     """An installed-looking ``cutegen.kernels`` package under ``tmp_path/site``; returns its folder.
 
-    ``cutegen`` is already imported (from the source tree), so the fake site's ``cutegen`` folder
-    joins its ``__path__``, as a second installed copy of the package would be searched."""
+    ``cutegen`` is a namespace already imported (from the source tree): the fake site's ``cutegen``
+    folder joins its ``__path__``, as a second installed portion of the namespace would."""
     site = tmp_path / "site"
     kernels = site / "cutegen" / "kernels"
     kernels.mkdir(parents=True)
@@ -179,22 +181,21 @@ def test_wheel_of_a_small_build(small_build, tmp_path):
 
     proc = run_builder("--build-dir", str(small_build), "--dist", str(dist), "--allow-partial")
     assert proc.returncode == 0, proc.stderr
-    whl = dist / f"cutegen-{cutegen.__version__}-py3-none-any.whl"
+    whl = dist / f"cutegen-{__version__}-py3-none-any.whl"
     assert proc.stdout.strip().startswith(f"{whl} (") and "2 kernels (1 sm_100a, 1 sm_90a)" in proc.stdout
 
     names = set(zipfile.ZipFile(whl).namelist())
-    runtime = {f"cutegen/runtime/{p.name}" for p in (Path(cutegen.__file__).parent / "runtime").glob("*.py")}
-    assert runtime <= names and "cutegen/__init__.py" in names
+    runtime = {f"cutegen/runtime/{p.name}" for p in Path(cutegen.runtime.__file__).parent.glob("*.py")}
+    assert runtime <= names and "cutegen/__init__.py" not in names  # a namespace, as in the source tree
     assert {"cutegen/kernels/__init__.py", "cutegen/kernels/catalogue.json"} <= names
     for name in KERNELS:
         assert {f"cutegen/kernels/{name}/manifest.json", f"cutegen/kernels/{name}/kernel.cubin"} <= names
     assert not [n for n in names if n.endswith((".ptx", ".h", ".txt", ".j2", ".toml"))
                 and not n.endswith("top_level.txt")]
     assert not [n for n in names if n.startswith(("cutegen/gen/", "cutegen/templates/", "cutegen/schedules/"))]
-    if (Path(cutegen.__file__).parent / "deep_gemm").is_dir():
-        assert "cutegen/deep_gemm/__init__.py" in names
+    assert {"cutegen/deep_gemm/__init__.py", "cutegen/deep_gemm/testing/__init__.py"} <= names
     with zipfile.ZipFile(whl) as z:
-        meta = z.read(f"cutegen-{cutegen.__version__}.dist-info/METADATA").decode()
+        meta = z.read(f"cutegen-{__version__}.dist-info/METADATA").decode()
         table = z.read("cutegen/kernels/__init__.py").decode()
     requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]
     assert any("cuda-bindings>=12.8" in r for r in requires) and any("numpy" in r for r in requires)
@@ -210,9 +211,9 @@ def test_wheel_of_a_small_build(small_build, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
                     str(target), str(whl)], check=True)
     probe = (
-        "import cutegen, sys; from cutegen.runtime.catalogue import KernelCatalogue, resolve_build_dir\n"
+        "import cutegen.runtime, sys; from cutegen.runtime.catalogue import KernelCatalogue, resolve_build_dir\n"
         "cat = KernelCatalogue.open()\n"
-        "print(cutegen.__file__, resolve_build_dir(), len(cat), sorted(cat.cubin_digests) == sorted(cat.names()),"
+        "print(cutegen.runtime.__file__, resolve_build_dir(), len(cat), sorted(cat.cubin_digests) == sorted(cat.names()),"
         " [len(cat.read_cubin(n)) > 0 for n in cat.names()], 'torch' in sys.modules, 'cuda' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "CUTEGEN_BUILD_DIR"}

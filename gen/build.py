@@ -32,7 +32,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from cutegen import __version__ as CUTEGEN_VERSION
+from cutegen.runtime.version import __version__ as CUTEGEN_VERSION
 from cutegen.runtime.manifest import (
     Catalogue,
     CatalogueEntry,

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from cutegen.gen.bench import time_cuda
+from cutegen.bench.timing import time_cuda
 from cutegen.runtime.params import SCALE_BLOCK, ceil_div
 
 TUNABLE_OPS = ("bf16_gemm_nt", "fp8_gemm_nt", "fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous")

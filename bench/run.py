@@ -14,7 +14,7 @@ is done before the GPU reaches the call. Two timers (`cutegen bench --timer`):
 The median over the calls is reported; host time per call is reported separately. Ratios within
 one run are what to compare: absolute times drift.
 
-What runs between the timed calls is a choice too (`cutegen bench --conditions`, `cutegen.gen.conditions`):
+What runs between the timed calls is a choice too (`cutegen bench --conditions`, `cutegen.bench.conditions`):
 ``cutegen`` (the default) is the method above; ``deepgemm`` reproduces the conditions of DeepGEMM's
 own benchmark (``bench_kineto``), under which the DeepGEMM numbers this project compares against
 were measured: an 8 GB memset before every call, 30 calls after 30 untimed ones, and the mean. The
@@ -28,14 +28,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
-from typing import Callable
 
-from cutegen.gen.conditions import CONDITIONS, Conditions
-from cutegen.gen.deepgemm_anchor import CONTIGUOUS_ALIGNMENT, IN_RUN_LABEL, short_config
-from cutegen.gen.report import GEMM_OPS, shape_columns, short_kernel
+from cutegen.bench.deepgemm_anchor import CONTIGUOUS_ALIGNMENT, IN_RUN_LABEL, short_config
+from cutegen.bench.report import GEMM_OPS, shape_columns, short_kernel
+from cutegen.bench.timing import conditions, host_overhead_us, time_cuda, timer
 from cutegen.runtime.params import SCALE_BLOCK, align, ceil_div
 
 BF16_SHAPES = [
@@ -72,133 +70,6 @@ class BenchRow:
     @property
     def ratio(self) -> float:
         return self.anchor_us / self.ours_us
-
-
-TIMERS = ("kernel", "event")
-_timer = "kernel"
-_conditions = CONDITIONS["cutegen"]
-
-
-def set_conditions(name: str) -> None:
-    """Time calls under the named `CONDITIONS`."""
-    global _conditions
-    if name not in CONDITIONS:
-        raise ValueError(f"conditions must be one of {', '.join(CONDITIONS)}, got {name!r}")
-    _conditions = CONDITIONS[name]
-
-
-def conditions() -> Conditions:
-    return _conditions
-
-
-def set_timer(timer: str) -> None:
-    """Time calls by their kernels' durations ("kernel") or by CUDA events around them ("event")."""
-    global _timer
-    if timer not in TIMERS:
-        raise ValueError(f"timer must be one of {', '.join(TIMERS)}, got {timer!r}")
-    _timer = timer
-
-
-def timer() -> str:
-    return _timer
-
-
-def time_cuda(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20, flush_l2: bool = True) -> float:
-    """GPU time of `fn` in microseconds, each call timed alone by the current timer under the current
-    conditions (`set_conditions`: their flush, counts and summary; flush_l2=False: no flush)."""
-    import torch
-
-    c = _conditions
-    warmup = c.warmup if c.warmup is not None else warmup
-    reps = c.reps if c.reps is not None else reps
-    # int32, as DeepGEMM's flush: its 8 GB are 2e9 elements, which torch zeroes in one kernel.
-    flush = torch.empty(c.flush_bytes // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
-    for _ in range(warmup):
-        if flush is not None and c.flush_warmup:
-            flush.zero_()
-        fn()
-    torch.cuda.synchronize()
-    if _timer == "kernel":
-        times = _time_kernels(fn, flush, reps, c.spin_cycles)
-    else:
-        times = []
-        for _ in range(reps):
-            if flush is not None:
-                flush.zero_()
-            if c.spin_cycles:
-                torch.cuda._sleep(c.spin_cycles)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0)
-    del flush
-    return statistics.fmean(times) if c.summary == "mean" else statistics.median(times)
-
-
-def _time_kernels(fn: Callable[[], object], flush, reps: int, spin_cycles: int) -> list[float]:
-    """The summed durations of each of `reps` calls' GPU activities (CUPTI).
-
-    Each rep runs the flush (when given), two GPU spins (the first `spin_cycles` long), the call and
-    a third spin; the call's activities are those between the second spin and the third, whatever
-    the flush launched."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            if flush is not None:
-                flush.zero_()
-            torch.cuda._sleep(max(spin_cycles, 1))
-            torch.cuda._sleep(1)
-            fn()
-            torch.cuda._sleep(1)
-        torch.cuda.synchronize()
-    activities = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-        key=lambda e: e.time_range.start,
-    )
-    return call_durations([(e.name, e.time_range.elapsed_us()) for e in activities], reps)
-
-
-def call_durations(activities: list[tuple[str, float]], reps: int) -> list[float]:
-    """Each timed call's summed activity durations, from the GPU activities (name, µs) of
-    `_time_kernels`' profile in start order: per rep, the flush's activities (any number), three
-    spins, and the call's activities between the second spin and the third."""
-    calls: list[list[float]] = []
-    spins = 0
-    collecting = False
-    for name, us in activities:
-        if "spin_kernel" in name:
-            spins += 1
-            collecting = spins % 3 == 2
-            if collecting:
-                calls.append([])
-        elif collecting:
-            calls[-1].append(us)
-    if len(calls) != reps or spins != 3 * reps:
-        raise RuntimeError(
-            f"kernel timer: found {len(calls)} timed calls ({spins} marker spins) in the profile, expected {reps}"
-        )
-    if not all(calls):
-        raise RuntimeError("kernel timer: a timed call launched no GPU activity")
-    return [sum(c) for c in calls]
-
-
-def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:
-    """Wall time per call of `fn` on a problem small enough that the GPU is never the bottleneck."""
-    import torch
-
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def bench_bf16_gemm(shapes=BF16_SHAPES) -> tuple[list[BenchRow], dict]:
@@ -349,7 +220,7 @@ def _deepgemm_in_run_timed(entry: dict, make_launch, d, ours_out, flops: float, 
 
 
 def bench_fp8_gemm(shapes=FP8_SHAPES, deepgemm=None) -> list[dict]:
-    """`deepgemm`: a `DeepGemmAnchor` (cutegen.gen.deepgemm_anchor) whose kernels are timed beside
+    """`deepgemm`: a `DeepGemmAnchor` (cutegen.bench.deepgemm_anchor) whose kernels are timed beside
     ours on the shapes it was built for, or None."""
     import torch
 
@@ -470,7 +341,7 @@ def deepgemm_problems(ops, all_shapes: bool = False) -> list:
     """The problems `cutegen deepgemm-build` compiles DeepGEMM's kernels for: every benchmark
     shape of the ops given that has a DeepGEMM counterpart (`DeepGemmKernel`); `all_shapes`
     adds the fp8_gemm_nt shapes DeepGEMM published no numbers for."""
-    from cutegen.gen.deepgemm_anchor import DeepGemmKernel, DeepGemmProblem
+    from cutegen.bench.deepgemm_anchor import DeepGemmKernel, DeepGemmProblem
 
     problems = []
     if "fp8_gemm_nt" in ops:
@@ -494,7 +365,7 @@ def bench_grouped_contiguous(deepgemm=None) -> list[dict]:
     and, with `deepgemm` (a `DeepGemmAnchor`), DeepGEMM's own contiguous kernel."""
     import torch
 
-    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
+    from cutegen.bench.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import grouped_ops
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
@@ -634,7 +505,7 @@ def bench_wgrad(deepgemm=None) -> list[dict]:
     `deepgemm` (a `DeepGemmAnchor`), DeepGEMM's own 1D1D kernel on the same operands."""
     import torch
 
-    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
+    from cutegen.bench.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import fp8_ops
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
@@ -714,7 +585,7 @@ def bench_k_grouped(deepgemm=None) -> list[dict]:
     (2·M·N·Σk_g) for both."""
     import torch
 
-    from cutegen.gen.deepgemm_anchor import DeepGemmKernel
+    from cutegen.bench.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import k_grouped_ops
 
     rows = []
@@ -803,7 +674,7 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
 
 
 # Every GEMM op the report has a section for, the quantize ops together, and the host cost per call
-# of every op (`cutegen.gen.bench_host`).
+# of every op (`cutegen.bench.host`).
 OPS = (*GEMM_OPS, "quantize", "host")
 
 
@@ -830,9 +701,9 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
     from cutegen.runtime import ops as runtime_ops
 
     env = environment()
-    env["timer"] = _timer
-    env["conditions"] = _conditions.name
-    print(f"timing: {_timer} timer; {_conditions.description}", flush=True)
+    env["timer"] = timer()
+    env["conditions"] = conditions().name
+    print(f"timing: {timer()} timer; {conditions().description}", flush=True)
     # Each GEMM shape's operands are fresh allocations (`fresh_allocations`).
     env["fresh_allocations"] = True
     if command:
@@ -851,7 +722,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         }
     deepgemm = None
     if deepgemm_dir:
-        from cutegen.gen.deepgemm_anchor import DeepGemmAnchor
+        from cutegen.bench.deepgemm_anchor import DeepGemmAnchor
 
         deepgemm = DeepGemmAnchor(deepgemm_dir)
         env["deepgemm_in_run"] = deepgemm.describe()
@@ -882,7 +753,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
             results[op] = rows
     if "quantize" in ops:
         try:
-            from cutegen.gen import bench_quant
+            from cutegen.bench import quant as bench_quant
         except ImportError:
             bench_quant = None
         if bench_quant is not None:
@@ -890,13 +761,13 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
             print(bench_quant.render(quant, env))
             results["quantize"] = quant
     if "host" in ops:
-        from cutegen.gen import bench_host
+        from cutegen.bench import host as bench_host
 
         print("host cost per call (every op, direct, through torch.ops and deep_gemm, beside torch):", flush=True)
         results["host"] = bench_host.bench_host()
         print(bench_host.render(results["host"], env))
     if report_dir:
-        from cutegen.gen import report
+        from cutegen.bench import report
 
         if not json_out:  # the report links the results it was made from
             Path(report_dir).mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Benchmark of the FP8 quantize kernels beside eager torch, ``torch.compile`` and a copy (GPU).
 
-Same method as `cutegen.gen.bench`: fresh random inputs (normal values times magnitudes spanning
+Same method as `cutegen.bench.run`: fresh random inputs (normal values times magnitudes spanning
 1e-6 .. 1e4), warm-up, then each call timed alone (by its kernels' durations or by CUDA events:
 `cutegen bench --timer`) with the L2 flushed before it; medians (means under `--conditions
 deepgemm`). Bandwidth counts bytes read + written: input, q and scales. The copy anchor is a
@@ -37,7 +37,7 @@ def _inputs(m: int, k: int, seed: int):
 
 
 def _time(fn: Callable[[], object], reps: int) -> float:
-    from cutegen.gen.bench import time_cuda
+    from cutegen.bench.timing import time_cuda
 
     return time_cuda(fn, warmup=3, reps=reps)
 

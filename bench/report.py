@@ -29,7 +29,7 @@ over the bandwidth of a copy of the same bytes timed in the same run.
 
 Ratios ``vs X`` are cutegen's TFLOPS over X's (X's time over cutegen's): above 1, cutegen is
 faster. Anchors marked † were not measured in the run (DeepGEMM's own benchmark on this
-project's H200, recorded in `cutegen.gen.bench`, under its conditions): a historical column, left
+project's H200, recorded in `cutegen.bench.run`, under its conditions): a historical column, left
 out of the summary. Anything missing renders as ``n/a``.
 """
 
@@ -43,8 +43,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from cutegen.gen.conditions import CONDITIONS
-from cutegen.gen.deepgemm_anchor import IN_RUN_LABEL as DEEPGEMM_IN_RUN
+from cutegen.bench.conditions import CONDITIONS
+from cutegen.bench.deepgemm_anchor import IN_RUN_LABEL as DEEPGEMM_IN_RUN
 
 FP8_PEAK_TFLOPS = 1979.0
 BF16_PEAK_TFLOPS = 989.0
@@ -721,7 +721,7 @@ def _header(env: dict, command: str | None, source: str | None, generated_by: st
 
 
 def _conditions_text(name: str) -> str:
-    """What ran between the timed calls, as `cutegen.gen.conditions.CONDITIONS` describes it."""
+    """What ran between the timed calls, as `cutegen.bench.conditions.CONDITIONS` describes it."""
     known = CONDITIONS.get(name)
     if known is None:
         return f"taken under the conditions named {name!r} (`cutegen bench --conditions`)"
@@ -784,7 +784,7 @@ def _method(
     if has_deepgemm:
         lines.append(
             "- † not measured in this run: DeepGEMM's own benchmark on this project's H200 (the numbers in "
-            "`cutegen.gen.bench`), under that benchmark's conditions, which are not always this run's (its "
+            "`cutegen.bench.run`), under that benchmark's conditions, which are not always this run's (its "
             "masked problems have ragged groups in max_m = 4096 where this benchmark's are full): a historical "
             "column, not a comparison; the summary leaves it out."
         )
@@ -908,7 +908,7 @@ def render(
             summary.append("- `quantize`: n/a (no rows)")
 
     if isinstance(results.get("host"), dict):
-        from cutegen.gen import bench_host
+        from cutegen.bench import host as bench_host
 
         body += ["", f"## {TITLES['host']}", "", *bench_host.table_lines(results["host"])]
         summary.append(bench_host.summary_line(results["host"]))

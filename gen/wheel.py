@@ -1,9 +1,9 @@
 """Build the runtime wheel: ``cutegen.runtime`` plus the prebuilt default kernels, without the generator.
 
 ``python -m cutegen.gen.wheel`` (what ``make wheel`` runs) writes
-``dist/cutegen-<version>-py3-none-any.whl`` on any CPU machine. The wheel holds the packages
-``cutegen`` (its ``__init__.py`` only), ``cutegen.runtime``, ``cutegen.deep_gemm`` (with its
-subpackages, when the source tree has it) and the data package ``cutegen.kernels``: the build
+``dist/cutegen-<version>-py3-none-any.whl`` on any CPU machine. The wheel holds, under the namespace
+``cutegen``, the packages ``cutegen.runtime``, ``cutegen.deep_gemm`` (with its subpackages) and
+the data package ``cutegen.kernels``: the build
 folder's ``catalogue.json`` and, per kernel, ``manifest.json`` and ``kernel.cubin`` (no PTX, SASS or
 headers). Its ``__init__.py`` records ``CUBIN_SHA256``, every packaged cubin's sha256, which the
 runtime checks beside the manifest's when it reads a cubin. The wheel depends on the base
@@ -31,13 +31,18 @@ import tomllib
 from pathlib import Path
 from typing import Sequence
 
-import cutegen
+import cutegen.deep_gemm
+import cutegen.runtime
 from cutegen.runtime.manifest import Catalogue, CatalogueEntry, KernelManifest, ManifestError
 
-PACKAGE_ROOT = Path(cutegen.__file__).resolve().parent  # src/cutegen
-PROJECT_ROOT = PACKAGE_ROOT.parents[1]  # the source checkout holding pyproject.toml
-# The source packages the runtime wheel carries (besides cutegen/__init__.py); a missing one is skipped.
-RUNTIME_PACKAGES = ("runtime", "deep_gemm")
+from cutegen.runtime.version import __version__
+
+# The source packages the runtime wheel carries, by their name under `cutegen`, and their folders.
+RUNTIME_PACKAGES = {
+    "runtime": Path(cutegen.runtime.__file__).resolve().parent,
+    "deep_gemm": Path(cutegen.deep_gemm.__file__).resolve().parent,
+}
+PROJECT_ROOT = RUNTIME_PACKAGES["runtime"].parent  # the source checkout holding pyproject.toml
 KERNELS_PACKAGE = "kernels"
 # The `deep_gemm` import-name distribution (compat/deep_gemm), built beside the runtime wheel.
 COMPAT_SOURCE = PROJECT_ROOT / "compat" / "deep_gemm"
@@ -217,13 +222,11 @@ def wheel_pyproject(project: dict, data: dict[str, list[str]]) -> str:
 def stage(build_dir: Path, entries: list[CatalogueEntry], toolchain: dict[str, str], root: Path,
           project: dict) -> dict[str, str]:
     """Stage the wheel's source tree in ``root``; return the packaged cubins' digests."""
-    src = root / "src" / "cutegen"
+    src = root / "src" / "cutegen"  # a namespace, as in the source tree: no __init__.py
     src.mkdir(parents=True)
-    shutil.copyfile(PACKAGE_ROOT / "__init__.py", src / "__init__.py")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in RUNTIME_PACKAGES:
-        if (PACKAGE_ROOT / name).is_dir():
-            shutil.copytree(PACKAGE_ROOT / name, src / name, ignore=ignore)
+    for name, folder in RUNTIME_PACKAGES.items():
+        shutil.copytree(folder, src / name, ignore=ignore)
     digests = stage_kernels(build_dir, entries, toolchain, src / KERNELS_PACKAGE, project["version"])
     if (PROJECT_ROOT / "LICENSE").is_file():
         shutil.copyfile(PROJECT_ROOT / "LICENSE", root / "LICENSE")
@@ -251,10 +254,7 @@ def read_project(pyproject: Path) -> dict:
     if not pyproject.is_file():
         raise WheelError(f"{pyproject} not found: build the wheel from a cutegen source checkout")
     project = tomllib.loads(pyproject.read_text())["project"]
-    if project["version"] != cutegen.__version__:
-        raise WheelError(f"{pyproject} says version {project['version']}, cutegen.__version__ is "
-                         f"{cutegen.__version__}; make them agree")
-    return project
+    return {**project, "version": __version__}
 
 
 def build_wheel(build_dir: Path, dist: Path, allow_partial: bool = False, quiet: bool = True

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 # The op lists only (both modules import torch lazily, inside their functions).
-from cutegen.gen.bench import OPS as BENCH_OPS
-from cutegen.gen.conditions import CONDITIONS
-from cutegen.gen.deepgemm_anchor import DeepGemmKernel
-from cutegen.gen.tune import TUNABLE_OPS
+from cutegen.bench.run import OPS as BENCH_OPS
+from cutegen.bench.conditions import CONDITIONS
+from cutegen.bench.deepgemm_anchor import DeepGemmKernel
+from cutegen.bench.tune import TUNABLE_OPS
 from cutegen.runtime.manifest import KernelManifest, ManifestError
 from cutegen.schedules import (
     MAX_POINTS,
@@ -653,11 +653,12 @@ def gpu_info() -> list[str] | str:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    import cutegen
+    import cutegen.runtime
+    from cutegen.runtime.version import __version__
 
     info: dict[str, Any] = {
         "python": f"{sys.version.split()[0]} ({sys.executable})",
-        "cutegen": f"{cutegen.__version__} ({Path(cutegen.__file__).parent})",
+        "cutegen": f"{__version__} ({Path(cutegen.runtime.__file__).parent.parent})",
     }
     for dist in DISTRIBUTIONS:
         info[dist] = _version(dist)
@@ -682,7 +683,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from cutegen.gen.tune import parse_shapes, tune
+    from cutegen.bench.tune import parse_shapes, tune
 
     try:
         shapes = parse_shapes(args.shapes)
@@ -696,7 +697,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"--groups: expected a positive number of groups, got {args.groups}", 2)
     if not torch.cuda.is_available():
         raise CliError("cutegen tune needs a CUDA GPU (torch.cuda.is_available() is False)", 2)
-    from cutegen.gen.bench import set_conditions, set_timer
+    from cutegen.bench.timing import set_conditions, set_timer
     from cutegen.runtime import ops
 
     ops.set_build_dir(args.build_dir)
@@ -713,12 +714,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from cutegen.gen.bench import OPS, set_conditions, set_timer
-    from cutegen.gen.bench import main as bench_main
+    from cutegen.bench.run import OPS
+    from cutegen.bench.timing import set_conditions, set_timer
+    from cutegen.bench.run import main as bench_main
 
     report_dir = getattr(args, "report", None)
     if report_dir:  # before the run, not after minutes of it
-        from cutegen.gen.report import ReportError, require_matplotlib
+        from cutegen.bench.report import ReportError, require_matplotlib
 
         try:
             require_matplotlib()
@@ -744,8 +746,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_deepgemm_build(args: argparse.Namespace) -> int:
-    from cutegen.gen.bench import deepgemm_problems
-    from cutegen.gen.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, build
+    from cutegen.bench.run import deepgemm_problems
+    from cutegen.bench.deepgemm_anchor import DeepGemmBuildError, DeepGemmCompileError, build
 
     ops = args.op or [k.op for k in DeepGemmKernel]
     problems = deepgemm_problems(ops, all_shapes=args.all_shapes)
@@ -766,7 +768,7 @@ def cmd_deepgemm_build(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from cutegen.gen import report
+    from cutegen.bench import report
 
     settings = report.Settings(plots=not args.no_plots)
     for flag, attr, value in (("--peak-fp8", "fp8_peak", args.peak_fp8), ("--peak-bf16", "bf16_peak", args.peak_bf16),
@@ -795,7 +797,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _conditions_help() -> str:
-    """`--conditions`: each choice with the description `cutegen.gen.conditions.CONDITIONS` gives it."""
+    """`--conditions`: each choice with the description `cutegen.bench.conditions.CONDITIONS` gives it."""
     return "what runs between the timed calls. " + "; ".join(
         f"{name}{' (default)' if name == 'cutegen' else ''}: {c.description}" for name, c in CONDITIONS.items()
     )
@@ -812,7 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pat_help = "name patterns: with '*' they match the whole name, without any part of it"
     sched_help = (
-        "also read this schedule file (TOML families, like src/cutegen/schedules/*.toml); repeatable"
+        "also read this schedule file (TOML families, like schedules/*.toml); repeatable"
     )
     points_help = (f"refuse a schedule family whose sweep expands to more than N points (default: "
                    f"{MAX_POINTS:,})")

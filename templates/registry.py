@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.util
 from pathlib import Path
 
 from cutegen.schedules.spec import Arch, Op, Schedule
@@ -47,36 +48,39 @@ def load_template(schedule: Schedule):
     return getattr(module, class_name)(schedule)
 
 
-def project_sources(path: Path) -> list[Path]:
-    """``path`` and every module of this project it imports, directly or through another one
-    (``cutegen.*`` imports and relative ones), sorted: what a template's kernels depend on."""
-    package_root = Path(__file__).resolve().parent.parent  # the cutegen package
-    seen: set[Path] = set()
-    todo = [path.resolve()]
+def _module_file(name: str) -> Path | None:
+    """The source file of project module `name`, found as the import system finds it (so the folder
+    mapping of pyproject.toml is followed), without importing it; None for a non-module name."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    return Path(spec.origin).resolve() if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def project_sources(module: str) -> dict[str, Path]:
+    """Module `module` and every module of this project it imports, directly or through another one
+    (``cutegen.*`` imports and relative ones), by module name: what a template's kernels depend on."""
+    found: dict[str, Path] = {}
+    todo = [module]
     while todo:
         current = todo.pop()
-        if current in seen:
+        path = _module_file(current)
+        if current in found or path is None:
             continue
-        seen.add(current)
-        package = ["cutegen", *current.parent.relative_to(package_root).parts]
-        for node in ast.walk(ast.parse(current.read_text())):
+        found[current] = path
+        package = current.split(".") if path.name == "__init__.py" else current.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = package[: len(package) - node.level + 1] if node.level else []
-                module = ".".join([*base, *([node.module] if node.module else [])])
-                names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+                name = ".".join([*base, *([node.module] if node.module else [])])
+                names = [name] + [f"{name}.{alias.name}" for alias in node.names]
             else:
                 continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] != "cutegen":
-                    continue
-                for candidate in (package_root.joinpath(*parts[1:]).with_suffix(".py"),
-                                  package_root.joinpath(*parts[1:], "__init__.py")):
-                    if candidate.is_file() and candidate.resolve() not in seen:
-                        todo.append(candidate.resolve())
-    return sorted(seen)
+            todo += [n for n in names if n.split(".")[0] == "cutegen" and n not in found]
+    return dict(sorted(found.items()))
 
 
 def template_fingerprint(schedule: Schedule) -> str:
@@ -84,11 +88,9 @@ def template_fingerprint(schedule: Schedule) -> str:
     project it imports (shared template code, the dtype table, the schedule vocabulary), found by
     reading their imports, and this table."""
     module_name, _ = template_path(schedule).split(":")
-    here = Path(__file__).resolve().parent
-    sources = project_sources(here / (module_name.rsplit(".", 1)[1] + ".py"))
-    sources.append(here / "registry.py")
+    sources = {**project_sources(module_name), __name__: Path(__file__).resolve()}
     h = hashlib.sha256()
-    for path in sources:
-        h.update(path.name.encode())
+    for name, path in sources.items():
+        h.update(name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()

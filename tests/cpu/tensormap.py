@@ -4,7 +4,7 @@ The bit layout below was measured, not taken from any NVIDIA source:
 
 * by encoding known tensors through the CuTe DSL 4.8.1 host code (``make_tiled_tma_atom``;
   the DSL bit-packs descriptors itself) and diffing the captured bytes
-  (see :mod:`cutegen.gen.abi_probe`), and
+  (see :mod:`abi_probe`), and
 * by calling the real ``cuTensorMapEncodeTiled`` (driver 580.159.04 / CUDA 13.0, H200)
   on the same inputs plus inputs the DSL never produces (L2 promotion, OOB fill,
   interleave, element strides, 40-bit strides, 2^32 extents).

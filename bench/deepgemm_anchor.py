@@ -340,7 +340,7 @@ static void instantiate() {{
 
 
 class DeepGemmBuildError(RuntimeError):
-    """A build that cannot start: missing checkouts, nvcc or cuobjdump."""
+    """A build that cannot start: missing checkouts or nvcc."""
 
 
 class DeepGemmCompileError(DeepGemmBuildError):
@@ -377,13 +377,10 @@ def compile_error_hint(stderr: str) -> str:
 
 
 def _entry_name(cubin: Path, symbol: str = KERNEL_SYMBOL) -> str:
-    from cutegen.gen.sass import find_cuobjdump
-
-    tool = find_cuobjdump()
-    if tool is None:
-        raise DeepGemmBuildError("cuobjdump not found (pip install 'cutegen[gen]')")
-    elf = subprocess.run([str(tool), "-elf", str(cubin)], capture_output=True, text=True, check=True).stdout
-    names = sorted(set(re.findall(r"\.text\.(_Z\S*" + symbol + r"\S*)", elf)))
+    """The mangled entry name of `symbol` in `cubin`, read from the ELF section names (`.text.<entry>`)
+    in its string table: no disassembler needed where the kernels are built."""
+    names = sorted({m.decode() for m in re.findall(rb"\.text\.(_Z[\x21-\x7e]*" + symbol.encode() + rb"[\x21-\x7e]*)\x00",
+                                                   cubin.read_bytes())})
     if len(names) != 1:
         raise DeepGemmBuildError(f"{cubin}: expected one {symbol} entry, found {names}")
     return names[0]

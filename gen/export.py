@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from cutegen import __version__ as CUTEGEN_VERSION
+from cutegen.runtime.version import __version__ as CUTEGEN_VERSION
 from cutegen.runtime.catalogue import required_capability
 from cutegen.runtime.errors import ArtifactError, KernelLoadError
 from cutegen.runtime.manifest import Catalogue, KernelManifest, ManifestError
