@@ -114,7 +114,7 @@ def test_sass_has_the_mma_and_no_local_memory(built, name):
 def test_loads_choose_their_l2_policies_from_m(built, name):
     """Dense GEMMs pick evict-first for B and evict-last for A at run time when M spans at most
     STREAMED_B_MAX_TILE_ROWS tile rows, else the default policy (0); every A/B load carries one."""
-    from cutegen.templates.hopper_gemm import L2_EVICT_FIRST, L2_EVICT_LAST, STREAMED_B_MAX_TILE_ROWS
+    from cutegen.templates.hopper_producer import L2_EVICT_FIRST, L2_EVICT_LAST, STREAMED_B_MAX_TILE_ROWS
 
     ptx = (built["out"] / name / "kernel.ptx").read_text()
     tile_m = KernelManifest.from_json((built["out"] / name / "manifest.json").read_text()).grid.tile_m
