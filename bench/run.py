@@ -9,7 +9,7 @@ is done before the GPU reaches the call. Two timers (`cutegen bench --timer`):
   records them (``torch.profiler``), the way DeepGEMM's own benchmark (``bench_kineto``) timed
   the DeepGEMM numbers this project compares against;
 * ``event``: CUDA events recorded around the call, which also count the GPU's launch of the first
-  kernel and its retirement of the last (~2-3 µs on an H200: what a one-element fill measures).
+  kernel and its retirement of the last (~2-3 µs: what a one-element fill measures, NOTES N18).
 
 The median over the calls is reported; host time per call is reported separately. Ratios within
 one run are what to compare: absolute times drift.
@@ -121,10 +121,9 @@ DECODE_SHAPES = [(m, n, k) for m in (1, 16, 32) for n, k in sorted({(n, k) for _
 
 def fresh_allocations() -> None:
     """Hand every unused block of torch's CUDA caching allocator back to the driver, so that the
-    next shape's operands are fresh allocations. Called before each GEMM shape: on an H200 the same
-    weight-gradient kernel on same-sized operands ran up to 14% longer when they sat in blocks
-    reused from the larger shapes timed before (docs/perf/NOTES.md, 2026-12-01), so a shape's time
-    would depend on the shapes timed before it."""
+    next shape's operands are fresh allocations. Called before each GEMM shape: the same kernel on
+    same-sized operands ran up to 14% longer in blocks reused from the shapes timed before
+    (NOTES N36), so a shape's time would depend on the shapes timed before it."""
     import gc
 
     import torch

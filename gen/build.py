@@ -243,8 +243,7 @@ def _make_manifest(schedule: Schedule, art: dict, sass_summary) -> KernelManifes
             "python": sys.version.split()[0],
         },
         registers=sass_summary.registers if sass_summary else None,
-        wgmma_accumulators=schedule.wgmma_accumulators,
-        column_scales_early=schedule.column_scales_early,
+        facts=schedule.facts(),
         requires=[Requirement(**r) for r in art["requires"]],
     )
 

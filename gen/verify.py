@@ -6,7 +6,7 @@
     The tensor-core instruction the (arch, op) must use is present (`EXPECTED_MMA`, the one table
     of them): a kernel that compiled to something else (e.g. HMMA fallbacks) fails.
 ``wgmma_pipeline``
-    A main loop with a ring of D WGMMA accumulators (the manifest's ``wgmma_accumulators``) has a
+    A main loop with a ring of D WGMMA accumulators (the manifest's fact ``wgmma_accumulators``) has a
     WGMMA wait that leaves D-1 groups in flight: all-zero waits mean ptxas serialised the WGMMAs.
 ``local_memory``
     No local-memory traffic (``LDL``/``STL``): register spills.
@@ -135,7 +135,7 @@ def verify_kernel(kernel_dir: Path, manifest: KernelManifest | None = None) -> K
         checks.append(Check("mma", False, f"expected {want} for {manifest.arch} {manifest.op}, found {found}"))
 
     # WGMMA pipeline: a ring of D accumulators must wait with D-1 groups in flight somewhere.
-    ring = int(manifest.wgmma_accumulators)
+    ring = int(manifest.facts.get("wgmma_accumulators", 1))
     if ring > 1:
         waits = summary.get("wgmma_waits")
         if waits is None:

@@ -136,7 +136,7 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Any
     with torch.cuda.device(device):
         loaded = kernel_for(OP, m, n, k, device, kernel)
         names = sorted(s.name for s in loaded.manifest.operands)
-        if names != ["a", "b", "d", "m_indices", "sfa", "sfb"]:
+        if names != sorted(_CALL_OPERANDS):
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP}")
         stream = current_stream(a)
         prepared = launch(

@@ -106,7 +106,7 @@ class CostModel:
     # Block-scaled tiles that cycle through a ring of WGMMA accumulators (`wgmma_accumulators` >=
     # 2: the 64-row tiles, 128x112, 128x128) run slower per FLOP than the single-accumulator loop
     # at compute-bound shapes. An empirical factor: the ring's per-block SFB load is not the cause
-    # (the ring with SFB held in warp registers measured 0.95-1.01x, NOTES.md 2026-12-02).
+    # (the ring with SFB held in warp registers measured 0.95-1.01x, NOTES N49).
     # Kernel durations on an H200 at 4096x2112x7168 (tests/data/2026-12-02-h200-fp8-kernel-
     # timings.json): 128x112 in a 2x1 cluster 106.5 µs, 128x192 99.2-100.4 µs, two tiles the
     # model otherwise scores alike. Any factor from 1.04 to 1.15 ranks the 24 timed shapes the
@@ -137,11 +137,10 @@ class CostModel:
     per_row_scale_b_multicast_slowdown: float = 0.96
     # Seconds a block-scaled tile spends per 128-wide K block at least, whatever its size (wait,
     # WGMMA chain, promotion), by the WGMMA accumulators it cycles through: the floor that bounds
-    # small-M tiles. Kernel durations on an H200: 64x16 tiles (four accumulators) at M=64, N=576
-    # take ~100 ns per K block after a fixed ~2.4 µs (K from 512 to 16384). The constants are
-    # fitted, monotonic in the accumulator count, to rank the 21 DeepGEMM shapes' measured kernels
-    # best (an earlier build's timings: in-sample; tests/data/2026-12-02-h200-fp8-kernel-timings.json
-    # holds the current build's).
+    # small-M tiles: 64x16 tiles (four accumulators) at M=64, N=576 take ~100 ns per K block
+    # after a fixed ~2.4 µs (NOTES N18). The constants are fitted, monotonic in the accumulator
+    # count, to rank the 21 DeepGEMM shapes' measured kernels best (an earlier build's timings:
+    # in-sample; tests/data/2026-12-02-h200-fp8-kernel-timings.json holds the current build's).
     block_latency_s: Mapping[int, float] = dataclasses.field(
         default_factory=lambda: {1: 0.18e-6, 2: 0.16e-6, 3: 0.13e-6, 4: 0.1e-6}
     )
@@ -167,9 +166,8 @@ class CostModel:
     grouped_tile_overhead_s: float = 6e-6
     # Two-wave (256-row) tiles whose epilogue stages the whole output tile (`tma_store_whole_tile`,
     # `tma_store_per_warpgroup`) against the same tile moving it through a ring of sub-tiles:
-    # faster where K has at most `whole_tile_max_k_blocks` blocks, slower above (256x128 on an
-    # H200, per-warpgroup stores: 1.04-1.08x at K <= 1024, 1.01-1.02x at K = 1536-2048, 0.97-0.98x
-    # at K >= 7168; docs/perf/NOTES.md).
+    # faster where K has at most `whole_tile_max_k_blocks` blocks, slower above (256x128,
+    # per-warpgroup stores: 1.04-1.08x at K <= 1024, 0.97-0.98x at K >= 7168; NOTES N32).
     whole_tile_max_k_blocks: int = 16
     whole_tile_short_k_factor: float = 0.97
     whole_tile_long_k_factor: float = 1.03
@@ -235,61 +233,43 @@ def _operand_bytes(manifest: KernelManifest, name: str, default: int = 2) -> int
 _RATE_BY_ELEMENT_BYTES = {1: 2.0, 2: 1.0, 4: 0.5}
 
 
-def _per_block_sfb(manifest: KernelManifest) -> bool:
-    """A kernel with one SFB per 128-row block of B (its sfb has an NB extent)."""
-    return any(o.name == "sfb" and "NB" in o.shape for o in manifest.operands)
-
-
-def _straddles_scale_blocks(manifest: KernelManifest, tile_n: int) -> bool:
+def _straddles_scale_blocks(manifest: KernelManifest) -> bool:
     """A kernel with one SFB per 128-row block of B whose tiles can span two of those blocks."""
-    return _per_block_sfb(manifest) and SCALE_BLOCK % tile_n != 0
+    return manifest.fact("straddles_scale_blocks")
 
 
 def _block_scaled_ring(manifest: KernelManifest) -> bool:
     """A kernel with one SFB per 128-row block of B whose main loop cycles through a ring of WGMMA
     accumulators."""
-    return _per_block_sfb(manifest) and manifest.wgmma_accumulators >= 2
+    return manifest.fact("sfb_per_block") and manifest.fact("wgmma_accumulators") >= 2
 
 
 def _per_row_scales(manifest: KernelManifest) -> bool:
-    """A block-scaled kernel with one SFB per row of B (weight gradients: its sfb has no NB extent)."""
-    per_row_sfb = any(o.name == "sfb" and "NB" not in o.shape for o in manifest.operands)
-    return per_row_sfb and manifest.schedule.get("scale", "none") != "none"
-
-
-def _single_wave(manifest: KernelManifest) -> bool:
-    """A tile computed in a single wave of 64 rows per math warpgroup (`Schedule.waves` == 1)."""
-    rows_per_wave = 64 * int(manifest.schedule.get("math_warpgroups", 1) or 1)
-    return manifest.grid.tile_m <= rows_per_wave
+    """A block-scaled kernel with one SFB per row of B (weight gradients)."""
+    return manifest.fact("sfb_per_row")
 
 
 def _single_wave_per_row_scales(manifest: KernelManifest) -> bool:
     """A per-row-scaled kernel whose tile is computed in a single wave per math warpgroup."""
-    return _per_row_scales(manifest) and _single_wave(manifest)
+    return _per_row_scales(manifest) and manifest.fact("single_wave_tile")
 
 
 def _rolled_per_row_loop(manifest: KernelManifest) -> bool:
     """A single-wave per-row-scaled kernel whose main loop reads each K block's column scales
-    after the WGMMA wait, rolled (its manifest's `column_scales_early` is false; the rule is
-    `Schedule.column_scales_early`)."""
-    return _single_wave_per_row_scales(manifest) and not manifest.column_scales_early
-
-
-# The epilogues that stage the whole output tile (`Epilogue.stages_whole_tile`; the runtime reads
-# manifests, not schedule objects).
-WHOLE_TILE_EPILOGUES = ("tma_store_whole_tile", "tma_store_per_warpgroup")
+    after the WGMMA wait, rolled (`Schedule.column_scales_early` false)."""
+    return _single_wave_per_row_scales(manifest) and not manifest.fact("column_scales_early")
 
 
 def _whole_tile_epilogue(manifest: KernelManifest) -> bool:
     """A two-wave tile whose epilogue stages the whole output tile (`tma_store_whole_tile`, or
     `tma_store_per_warpgroup`, which also does for single-wave tiles: those have no ring twin)."""
-    return not _single_wave(manifest) and manifest.schedule.get("epilogue") in WHOLE_TILE_EPILOGUES
+    return not manifest.fact("single_wave_tile") and manifest.fact("epilogue_stages_whole_tile")
 
 
 def splits_tail(manifest: KernelManifest) -> bool:
     """A kernel that shares the K blocks of its last, partial wave's tiles among all its clusters
     (a `tail_split` launch argument: the dense weight gradient)."""
-    return any(p.name == "tail_split" for p in manifest.params)
+    return manifest.fact("splits_tail")
 
 
 def tail_split_pays(tail_tiles: int, clusters: int, k: int) -> bool:
@@ -307,7 +287,7 @@ def tail_split_pays(tail_tiles: int, clusters: int, k: int) -> bool:
 
 def splits_k(manifest: KernelManifest) -> bool:
     """A kernel that shares each tile's K blocks among CTAs (launched with a split count)."""
-    return manifest.schedule.get("epilogue") == "split_k_tma_store"
+    return manifest.fact("splits_k")
 
 
 def normalize_splits(k: int, k_splits: int) -> int:
@@ -387,7 +367,7 @@ def _score(
     active = max(1, min(tiles, clusters_per_wave * cluster_size))
     sm_bandwidth = min(model.operand_bandwidth / active, model.sm_bandwidth_cap)
     compute = 2.0 * tm * tn * k / (model.flops_per_sm * _RATE_BY_ELEMENT_BYTES.get(a_bytes, 1.0))
-    if _straddles_scale_blocks(manifest, tn):
+    if _straddles_scale_blocks(manifest):
         compute *= model.split_scale_block_slowdown
     if _block_scaled_ring(manifest):
         compute *= model.accumulator_ring_slowdown
@@ -402,8 +382,8 @@ def _score(
         compute *= model.whole_tile_short_k_factor if short_k else model.whole_tile_long_k_factor
     memory = tile_bytes / sm_bandwidth
     latency = 0.0
-    if manifest.schedule.get("scale", "none") != "none":
-        ring = manifest.wgmma_accumulators
+    if manifest.fact("block_scaled"):
+        ring = manifest.fact("wgmma_accumulators")
         latency = ceil_div(k, SCALE_BLOCK) * model.block_latency_s.get(ring, model.block_latency_s[1])
     compute_bound = compute >= max(memory, latency)
     latency_bound = waves == 1 and latency > max(compute, memory)
@@ -452,8 +432,8 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     best = min(s.estimated_us for s in scores)
     # Everything within the tolerance of the best is a tie, broken by the stable preferences:
     # the larger tile (fewer bytes in all), except where one wave's K-block latencies bound the
-    # time: there the smaller tile, whose more CTAs each wait for fewer bytes per K block (H200
-    # kernel timings, NOTES.md: 64x7168x576 ran 1.10x faster in 64x64 tiles than in 64x128).
+    # time: there the smaller tile, whose more CTAs each wait for fewer bytes per K block
+    # (64x7168x576 ran 1.10x faster in 64x64 tiles than in 64x128: NOTES N42).
     # Then the cluster that multicasts: where memory or latency bounds the tile, the operand with
     # more bytes in all; where compute does, the larger of the tile's two boxes. H200 kernel
     # durations: 128x192 tiles in 2x1 clusters sharing B ran 1.01-1.09x faster than in 1x2

@@ -49,7 +49,9 @@ import dataclasses
 import json
 from typing import Any
 
-SCHEMA_VERSION = 1
+# 2: the schedule's derived facts under `facts` (they replace `wgmma_accumulators` and
+# `column_scales_early`).
+SCHEMA_VERSION = 2
 
 BINDING_KINDS = ("tma", "shape", "zeros", "scalar", "pointer", "tensor")
 GRID_RULES = ("persistent_clusters", "blocks")
@@ -171,15 +173,11 @@ class KernelManifest:
     schedule: dict[str, Any]
     toolchain: dict[str, str]
     registers: int | None = None
-    # WGMMA accumulators a block-scaled main loop cycles through (1 for other kernels); the
-    # heuristic's per-K-block latency floor depends on it.
-    wgmma_accumulators: int = 1
-    # Per-row-scaled kernels whose main loop reads the column scales while the WGMMAs run
-    # (`Schedule.column_scales_early`); the heuristic charges the others. False in manifests
-    # written before the field existed, whose kernels all read them after the wait.
-    column_scales_early: bool = False
-    # Relations between extent symbols the launch must satisfy (empty in manifests written
-    # before the field existed).
+    # What the schedule implies, derived once by the generator (`Schedule.facts`: waves, WGMMA
+    # accumulators, scale layout, epilogue staging, K splits, modelled shared memory...): the
+    # runtime's heuristic reads these instead of deriving them from `schedule` again.
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Relations between extent symbols the launch must satisfy.
     requires: list[Requirement] = dataclasses.field(default_factory=list)
     schema: int = SCHEMA_VERSION
 
@@ -189,6 +187,12 @@ class KernelManifest:
             return 0
         last = max(self.params, key=lambda p: p.offset)
         return last.offset + last.size
+
+    def fact(self, name: str) -> Any:
+        """The derived schedule fact `name` (see `facts`)."""
+        if name not in self.facts:
+            raise ManifestError(f"kernel {self.name}: its manifest records no fact {name!r}; rebuild the kernel")
+        return self.facts[name]
 
     def operand(self, name: str) -> OperandSpec:
         for op in self.operands:
@@ -228,9 +232,8 @@ class KernelManifest:
                 schedule=dict(data["schedule"]),
                 toolchain=dict(data["toolchain"]),
                 registers=data.get("registers"),
-                wgmma_accumulators=int(data.get("wgmma_accumulators", 1)),
-                column_scales_early=bool(data.get("column_scales_early", False)),
-                requires=[Requirement(**r) for r in data.get("requires", [])],
+                facts=dict(data["facts"]),
+                requires=[Requirement(**r) for r in data["requires"]],
                 schema=schema,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

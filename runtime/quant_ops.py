@@ -71,9 +71,8 @@ H_MULTIPLE = 8
 # The per-token tile width each scale layout prefers. A tile row writes its scales as one run:
 # K-major scales of 1024 columns (8 groups) fill a 32-byte sector, where 512 columns write half
 # sectors in as many L2 requests as rows; MN-major columns of 8 rows fill a sector, so 512
-# columns x 8 rows is the better tile there. On the H200 (NOTES.md, 2026-12-01), K-major
-# 129.0-129.3 -> 126.8-127.0 us with 1024 columns; MN-major 126.9-127.1 us with 512 against
-# 127.9-128.5 with 1024.
+# columns x 8 rows is the better tile there. Measured: K-major 1.02x faster with 1024 columns,
+# MN-major 0.99x with them (NOTES N34).
 PER_TOKEN_TILE_COLS_BY_LAYOUT = {"k-major": 1024, "mn-major-tma-aligned": 512}
 
 _lock = threading.RLock()

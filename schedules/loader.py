@@ -37,7 +37,7 @@ from typing import Any, Iterable
 
 from .naming import procedural_name
 from .predicates import Violation, violations
-from .spec import _FIELD_TYPES, Arch, Op, Schedule
+from .spec import _FIELD_TYPES, QUANT_NEUTRAL, Arch, Op, Schedule
 
 AUTO = "auto"
 AUTO_MAX_STAGES = 8
@@ -220,6 +220,10 @@ def expand_family(
         fields = dict(base)
         for point in combo:
             fields.update(point)
+        if isinstance(fields.get("op"), Op) and fields["op"].is_quantize:
+            # A quantizer's unused fields default to their neutral values (stated ones are checked
+            # by the quant_unused_fields_neutral rule).
+            fields = {**QUANT_NEUTRAL, **({"b_dtype": fields["a_dtype"]} if "a_dtype" in fields else {}), **fields}
         missing = [f for f in FIELDS if f not in fields]
         if missing:
             raise ScheduleFileError(

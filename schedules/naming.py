@@ -1,12 +1,19 @@
 """Procedural kernel names: one readable, CUTLASS-style name per `Schedule`, and its inverse.
 
-A name encodes every field of the schedule, in a fixed order, as 17 parts joined by ``_``::
+A GEMM's name encodes every field of the schedule, in a fixed order, as 17 parts joined by ``_``::
 
     cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8
 
     parts in order: prefix, arch, op, a/b/c/acc dtypes, scale format (nosf, sff32, sfue8m0),
     tile_m x tile_n x tile_k, cluster cMxN, multicast, stages sN, math warpgroups wgN,
     registers rPRODUCERxCONSUMER, epilogue, raster, swizzle group gN.
+
+A quantizer whose unused fields hold their neutral values (`Schedule.quant_neutral`, every valid
+one) is named by the fields it uses, 9 parts::
+
+    cutegen_sm90a_ptquant_bf16_e4m3_sfue8m0_8x512x128_s1_wg2
+
+    prefix, arch, op, input dtype, output dtype, scale format, tile, stages, warpgroups.
 
 Enum fields use the enum's ``tag`` (lower-cased) where it has one, else its value. Integers are
 written in decimal without leading zeros; a negative integer (never valid, but the mapping is
@@ -20,7 +27,7 @@ import enum
 import re
 from typing import Any, Callable
 
-from .spec import _FIELD_TYPES, Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
+from .spec import _FIELD_TYPES, QUANT_NEUTRAL, Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
 
 PREFIX = "cutegen"
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
@@ -70,6 +77,18 @@ def _enum(v: Any, field: str) -> str:
 
 def procedural_name(s: Schedule) -> str:
     """The kernel name of `s`; distinct schedules have distinct names."""
+    if s.quant_neutral:
+        return "_".join([
+            PREFIX,
+            _enum(s.arch, "arch"),
+            _enum(s.op, "op"),
+            _enum(s.a_dtype, "a_dtype"),
+            _enum(s.c_dtype, "c_dtype"),
+            _enum(s.scale, "scale"),
+            f"{_int(s.tile_m, 'tile_m')}x{_int(s.tile_n, 'tile_n')}x{_int(s.tile_k, 'tile_k')}",
+            f"s{_int(s.stages, 'stages')}",
+            f"wg{_int(s.math_warpgroups, 'math_warpgroups')}",
+        ])
     parts = [
         PREFIX,
         _enum(s.arch, "arch"),
@@ -143,6 +162,18 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
 )
 
+# The quantizers' short form (`Schedule.quant_neutral`): the fields a quantize kernel uses.
+_QUANT_PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
+    _tag("arch"),
+    _tag("op"),
+    _tag("a_dtype"),
+    _tag("c_dtype"),
+    _tag("scale"),
+    _PARTS[7],  # the tile
+    _PARTS[10],  # stages
+    _PARTS[11],  # math warpgroups
+)
+
 _EXAMPLE = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
 
 
@@ -153,17 +184,22 @@ def parse_name(name: str) -> Schedule:
     parts = name.split("_")
     if parts[0] != PREFIX:
         raise ValueError(f"{name!r} is not a cutegen kernel name: it must start with '{PREFIX}_' (e.g. {_EXAMPLE})")
-    if len(parts) != 1 + len(_PARTS):
+    grammar = {1 + len(_PARTS): _PARTS, 1 + len(_QUANT_PARTS): _QUANT_PARTS}.get(len(parts))
+    if grammar is None:
         raise ValueError(
             f"{name!r} is not a cutegen kernel name: expected {1 + len(_PARTS)} '_'-separated "
-            f"parts, got {len(parts)} (e.g. {_EXAMPLE})"
+            f"parts (a quantizer: {1 + len(_QUANT_PARTS)}), got {len(parts)} (e.g. {_EXAMPLE})"
         )
     values: dict[str, Any] = {}
-    for i, (part, parser) in enumerate(zip(parts[1:], _PARTS), start=2):
+    for i, (part, parser) in enumerate(zip(parts[1:], grammar), start=2):
         try:
             values.update(parser(part))
         except ValueError as exc:
             raise ValueError(f"{name!r} is not a cutegen kernel name: part {i}: {exc}") from None
+    if grammar is _QUANT_PARTS:
+        if not values["op"].is_quantize:
+            raise ValueError(f"{name!r} is not a cutegen kernel name: the short form names quantizers only")
+        values = {**QUANT_NEUTRAL, "b_dtype": values["a_dtype"], **values}
     s = Schedule(**values)
     if procedural_name(s) != name:  # pragma: no cover - guarded by the grammar above
         raise ValueError(f"{name!r} is not a canonical cutegen kernel name ({procedural_name(s)})")

@@ -164,8 +164,8 @@ class Epilogue(str, enum.Enum):
     ``tma_store_whole_tile``: the same, with the whole tile staged for two-wave (256-row) Hopper
     tiles too, which `tma_store` moves through a ring of sub-tile buffers. Two barriers per tile
     instead of two per sub-tile: faster where K is short (a tile's main loop is then short
-    beside its store), slower at long K (measured on an H200, docs/perf/NOTES.md), so the
-    runtime's cost model prefers it only at short K.
+    beside its store: up to 1.11x at K 512), slower at long K (0.96-0.98x at K >= 7168 in 2-CTA
+    clusters; NOTES N31), so the runtime's cost model prefers it only at short K.
 
     ``tma_store_per_warpgroup``: the whole tile staged too, but each math warpgroup converts,
     synchronises and stores its own 64-row sub-tiles (named barrier per warpgroup, one storing
@@ -216,6 +216,20 @@ class Raster(str, enum.Enum):
         return {"along_m": "rm", "along_n": "rn"}[self.value]
 
 
+# The fields a quantize kernel does not use (no MMA, cluster, producer warpgroup or epilogue), at
+# the values its schedules hold (and b_dtype = a_dtype); its procedural name leaves them out.
+QUANT_NEUTRAL: dict[str, Any] = {
+    "acc_dtype": DType.F32,
+    "cluster_m": 1,
+    "cluster_n": 1,
+    "multicast": Multicast.NONE,
+    "producer_regs": 0,
+    "consumer_regs": 0,
+    "epilogue": Epilogue.TMA_STORE,
+    "raster": Raster.ALONG_M,
+    "group_size": 1,
+}
+
 # Hardware facts used by the validity rules.
 SM90_SMEM_OPT_IN_BYTES = 232448
 SM100_SMEM_OPT_IN_BYTES = 232448
@@ -227,9 +241,8 @@ SMEM_RESERVED_BYTES = 1024
 SMEM_BUFFER_ALIGN_BYTES = 1024
 EPILOGUE_STAGES = 4
 # The epilogue ring of column-wave tiles (`Schedule.column_waves`): two sub-tile buffers leave
-# room for a fourth operand stage of 128x256 (4 x 48.5 KB). On an H200 (docs/perf/NOTES.md,
-# 2026-12-03) that kernel ran 1.00-1.07x the shipped 128x192 one on the contiguous problems at
-# K 7168, where three stages and the whole tile staged ran 0.99-1.04x.
+# room for a fourth operand stage of 128x256 (4 x 48.5 KB): 1.00-1.07x 128x192 at K 7168, where
+# three stages ran 0.99-1.04x (NOTES N66).
 COLUMN_WAVE_EPILOGUE_STAGES = 2
 # Accumulator registers (promoted sum + the ring of WGMMA accumulators) up to which a single-wave
 # block-scaled tile keeps more than one WGMMA accumulator: 128x128 with two math warpgroups
@@ -237,9 +250,8 @@ COLUMN_WAVE_EPILOGUE_STAGES = 2
 DOUBLE_ACCUMULATOR_REGISTERS = 192
 # Deepest accumulator ring, for tiles with at most DEEP_RING_MAX_ACCUMULATORS accumulators per
 # thread (64x16, 64x32): their K loop is bound by each block's latency (stage wait, WGMMAs, wait,
-# promotion), and three blocks in flight instead of one measured 1.12-1.16x faster on an H200
-# (splitting a block's WGMMAs over two accumulators did not help: NOTES.md); the 64x64 tile
-# measured 0.87x with four accumulators, so wider tiles keep two.
+# promotion), and three blocks in flight instead of one measured 1.12-1.16x faster, 64x64 0.87x,
+# so wider tiles keep two (NOTES N16; two accumulators per block did not help, NOTES N21).
 MAX_WGMMA_ACCUMULATORS = 4
 DEEP_RING_MAX_ACCUMULATORS = 16
 # Static-stage rounds (`Schedule.static_stage_rounds`) copy the main loop once per stage; loops
@@ -278,8 +290,8 @@ COLUMN_WAVE_WIDTH = SCALE_BLOCK
 # A tail split (`Op.splits_last_wave`) shares the last wave's K blocks only where it pays: that
 # wave is at most TAIL_SPLIT_MAX_FILL full, and each cluster is spared at least
 # TAIL_SPLIT_MIN_SAVED_BLOCKS of the K blocks a whole tile would have cost it (a piece costs a
-# pipeline fill and a reduce-add of its tile, ~2.5 µs on an H200: splitting 1000x1000x512 (4 K
-# blocks) or 1536x1536x1024 (8) measured 0.84x and 0.96x). The runtime's heuristic mirrors both.
+# pipeline fill and a reduce-add of its tile, ~2.5 µs; splits saving 4 and 8 K blocks measured
+# 0.84x and 0.96x: NOTES N36). The runtime's heuristic mirrors both.
 TAIL_SPLIT_MAX_FILL = (4, 5)
 TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 # A TMA tensor copy's shared-memory destination must be 128-byte aligned, so each stage of a
@@ -382,6 +394,16 @@ class Schedule:
         return self.scale != ScaleFormat.NONE
 
     @property
+    def quant_neutral(self) -> bool:
+        """A quantize schedule whose unused fields hold their neutral values (`QUANT_NEUTRAL`, and
+        b_dtype = a_dtype): its name is the quantizer's short form."""
+        return (
+            self.op.is_quantize
+            and self.b_dtype == self.a_dtype
+            and all(getattr(self, field) == value for field, value in QUANT_NEUTRAL.items())
+        )
+
+    @property
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline stage: A and B tiles, plus the tile's SFA column when scaled.
         Quantize ops: one shared tile buffer (grouped transposed: tile_m x tile_n inputs; else 0)."""
@@ -434,10 +456,9 @@ class Schedule:
         16-bit outputs of single-wave tiles (tile_m = 64 x math warpgroups), when it fits beside
         this schedule's operand stages. `stages = "auto"` takes the most stages that fit with the
         EPILOGUE_STAGES ring first, so staging the whole tile never costs an operand stage.
-        Measured on an H200 (docs/perf/NOTES.md): 128-row tiles 1.00-1.11x faster with it; 256-row
-        (two-wave) tiles 1.03-1.11x faster at K <= 1024 but 0.96-0.98x at K >= 7168 in 2-CTA
-        clusters, so they keep the ring unless the epilogue is `tma_store_whole_tile` (whose
-        fit the `smem_fits` rule checks)."""
+        Measured: 128-row tiles 1.00-1.11x faster with it; 256-row tiles 0.96-0.98x at long K in
+        2-CTA clusters, so they keep the ring (NOTES N20, N31) unless the epilogue is
+        `tma_store_whole_tile` (whose fit the `smem_fits` rule checks)."""
         if self.arch != Arch.SM90A or self.op.is_quantize or self.c_dtype.bytes != 2:
             return False
         if self.epilogue.stages_whole_tile:
@@ -543,13 +564,11 @@ class Schedule:
         of B) reads each K block's column scales from the stage while the block's WGMMAs run,
         hands the stage back before the promotion and unrolls its K loop twice, instead of
         reading them after the WGMMA wait in a rolled loop. Single-wave tiles in multicast
-        clusters only. Measured on an H200 (docs/perf/NOTES.md): 128x128 in 2x1 and 1x2 clusters
-        1.04-1.08x (dense), 1.11-1.17x (k-grouped); the same code in a 1x1 cluster 0.94x (ptxas
-        schedules that kernel differently); two-wave tiles have no room for a thread's 32 column
-        scales (256x128 spilled unrolled: 8 local loads and stores), and k-grouped tiles not a
-        multiple of 128 wide spilled with them held under 232 registers (2 local loads and
-        stores); with K_GROUPED_EARLY_COLUMNS_MIN_REGS they fit (the k-grouped 128x160 tile, its
-        measurements in hopper_fp8_k_grouped_gemm.toml)."""
+        clusters only. Measured: 128x128 in 2x1 and 1x2 clusters 1.04-1.08x (dense), 1.11-1.17x
+        (k-grouped), 0.94x in a 1x1 cluster, which ptxas schedules differently (NOTES N27).
+        Two-wave tiles have no room for a thread's 32 column scales (256x128 spilled unrolled), and
+        k-grouped tiles not a multiple of 128 wide spilled with them held under 232 registers; with
+        K_GROUPED_EARLY_COLUMNS_MIN_REGS they fit (the k-grouped 128x160 tile, NOTES N57)."""
         k_grouped_crowded = (
             self.op.is_k_grouped
             and self.tile_n % SCALE_BLOCK != 0
@@ -569,15 +588,13 @@ class Schedule:
         stage-0 block on in rounds of one block per stage, each stage's index a constant of the
         code (so its WGMMA descriptors, SFA and barrier addresses are immediates: about 138
         instructions per K block and math warp instead of 184 for 128x192, as in DeepGEMM's
-        kernels), the blocks before and after the rounds with run-time stage indices. Measured
-        on an H200 (docs/perf/NOTES.md, 2026-12-02, forced kernels against the loop without
-        rounds): 128x192 1.01-1.03x, 256x128 1.01-1.05x, contiguous 128x192 1.00-1.02x, weight
-        gradients 128x112 to 128x160 and 256x128 1.01-1.10x. Not for accumulator rings, nor
-        where the loop is already copied per SFB boundary more than STATIC_ROUNDS_MAX_LOOP_COPIES
-        times (112- and 144-wide tiles lost 0.92-0.97x to the code size, 160-wide ones gained
-        nothing), nor for tiles holding their column scales early with more than
+        kernels), the blocks before and after the rounds with run-time stage indices. Measured:
+        1.00-1.05x on 128x192 and 256x128, up to 1.10x on weight gradients (NOTES N50). Not for
+        accumulator rings, nor where the loop is already copied per SFB boundary more than
+        STATIC_ROUNDS_MAX_LOOP_COPIES times (112- and 144-wide tiles lost 0.92-0.97x to the code
+        size), nor for tiles holding their column scales early with more than
         STATIC_ROUNDS_MAX_EARLY_COLUMN_ACCUMULATORS accumulators per thread (128x176 weight
-        gradient: 10 registers spilled, 0.93x)."""
+        gradient spilled, 0.93x)."""
         loop_copies = 1 if self.op.scales_b_per_row else len(sfb_boundaries(self.tile_n))
         early_columns_crowded = (
             self.column_scales_early and self.accumulators_per_thread > STATIC_ROUNDS_MAX_EARLY_COLUMN_ACCUMULATORS
@@ -594,6 +611,50 @@ class Schedule:
     def block_scaled_gemm(self) -> bool:
         """A GEMM with fp32 block scales (promotes per K block), as opposed to a quantize op."""
         return self.block_scaled and not self.op.is_quantize
+
+    @property
+    def sfb_per_block(self) -> bool:
+        """A block-scaled GEMM with one SFB per 128x128 block of B."""
+        return self.block_scaled_gemm and not self.op.scales_b_per_row
+
+    @property
+    def sfb_per_row(self) -> bool:
+        """A block-scaled GEMM with one SFB per row of B and 128 K (the weight gradients)."""
+        return self.block_scaled_gemm and self.op.scales_b_per_row
+
+    @property
+    def straddles_scale_blocks(self) -> bool:
+        """Per-block SFB and tiles that can span two 128-column SFB blocks (`sfb_boundaries`)."""
+        return self.sfb_per_block and SCALE_BLOCK % self.tile_n != 0
+
+    @property
+    def single_wave_tile(self) -> bool:
+        """A tile whose rows the math warpgroups cover in one pass of 64 rows each."""
+        return self.tile_m <= 64 * self.math_warpgroups
+
+    @property
+    def epilogue_stages_whole_tile(self) -> bool:
+        """An epilogue kind that stages the whole output tile (`Epilogue.stages_whole_tile`)."""
+        return self.epilogue.stages_whole_tile
+
+    @property
+    def splits_k(self) -> bool:
+        """Each tile's K blocks shared among CTAs, with a launch-time split count."""
+        return self.epilogue.splits_k
+
+    @property
+    def splits_tail(self) -> bool:
+        """The last partial wave's K blocks shared among all clusters (`Op.splits_last_wave`)."""
+        return self.op.splits_last_wave
+
+    def facts(self) -> dict[str, Any]:
+        """The derived facts a kernel's manifest records (`FACTS`), so that the runtime reads them
+        instead of deriving them again from the schedule's fields."""
+        out: dict[str, Any] = {}
+        for name in FACTS:
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
 
     @property
     def waves(self) -> int:
@@ -647,6 +708,29 @@ class Schedule:
             raise ValueError(f"unknown schedule fields: {sorted(unknown)}")
         return cls(**kwargs)
 
+
+# The derived facts (`Schedule` properties) a manifest records under `facts`.
+FACTS = (
+    "threads_per_cta",
+    "block_scaled",
+    "sfb_per_block",
+    "sfb_per_row",
+    "straddles_scale_blocks",
+    "waves",
+    "column_waves",
+    "single_wave_tile",
+    "wgmma_accumulators",
+    "column_scales_early",
+    "static_stage_rounds",
+    "epi_tile",
+    "epilogue_stages",
+    "epilogue_whole_tile",
+    "epilogue_stages_whole_tile",
+    "splits_k",
+    "splits_tail",
+    "smem_bytes",
+    "tmem_columns",
+)
 
 _FIELD_TYPES: dict[str, Any] = {
     "arch": Arch,

@@ -642,9 +642,9 @@ class BlackwellGemmTemplate(GemmContract):
 
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
-        if self.masked:
+        if schedule.op.is_masked:
             self.kernel = BlackwellMaskedFp8GemmKernel(schedule)
-        elif self.m_grouped:
+        elif schedule.op.is_m_grouped:
             self.kernel = BlackwellMGroupedFp8GemmKernel(schedule)
         else:
             self.kernel = BlackwellFp8GemmNtKernel(schedule)

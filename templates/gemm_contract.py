@@ -11,12 +11,11 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from cutegen.schedules.spec import SCALE_BLOCK, DType, ScaleFormat, Schedule
-from cutegen.templates.dtypes import cute_dtype
+from cutegen.schedules.contract import MANIFEST_FIRST, TENSORMAP_BYTES, Arg, op_contract
+from cutegen.schedules.spec import SCALE_BLOCK, ScaleFormat, Schedule
 
-# A TMA descriptor (CUtensorMap) is 128 bytes; the k-grouped kernels keep two per CTA (A and B)
-# in a global workspace, as 16 Int64 words each.
-TENSORMAP_BYTES = 128
+# The k-grouped kernels keep two TMA descriptors per CTA (A and B) in a global workspace, as 16
+# Int64 words each.
 TENSORMAP_WORDS = TENSORMAP_BYTES // 8
 
 
@@ -81,175 +80,94 @@ def requirement(symbol: str, relation: str, expr: str) -> dict:
     return {"symbol": symbol, "relation": relation, "expr": expr}
 
 
+# A manifest dtype's CuTe DSL type (by name) and bytes.
+_ELEMENTS = {"bf16": ("BFloat16", 2), "f16": ("Float16", 2), "e4m3": ("Float8E4M3FN", 1), "f32": ("Float32", 4),
+             "i32": ("Int32", 4), "i64": ("Int64", 8)}
+
+
 class GemmContract:
     """The generator's view of a GEMM template: fake arguments, operands, grid rule, launch facts
-    and the kernel's parameter bindings. A subclass sets ``self.kernel`` (a traced kernel object
-    with ``smem_bytes`` and ``param_bindings()``)."""
+    and the kernel's parameter bindings, all from the op's contract (`op_contract`). A subclass
+    sets ``self.kernel`` (a traced kernel object with ``smem_bytes`` and ``param_bindings()``)."""
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
-        self.block_scaled = schedule.scale != ScaleFormat.NONE
-        self.m_grouped = schedule.op.is_m_grouped
-        self.masked = schedule.op.is_masked
-        self.sfb_per_row = schedule.op.scales_b_per_row
-        self.k_grouped = schedule.op.is_k_grouped
-        self.split_k = schedule.epilogue.splits_k
-        # UE8M0 scales: four exponent bytes per int32 along K, so the scale tensors have
-        # KW = ⌈KB/4⌉ int32 columns where fp32 scales have KB fp32 columns.
+        self.contract = op_contract(schedule)
         self.ue8m0 = schedule.scale == ScaleFormat.UE8M0
-        self.scale_dtype = "i32" if self.ue8m0 else "f32"
         self.scale_columns = "KW" if self.ue8m0 else "KB"
         self.kernel = None
 
     def fake_arguments(self) -> tuple:
-        """Arguments for `cute.compile`: dynamic M, N, K and leading strides (16-byte aligned)."""
-        from cutlass.cute.runtime import make_fake_tensor
-        from cutlass.runtime import make_fake_stream
-
-        s = self.schedule
-        m = cute.sym_int32(symbol="M")
-        n = cute.sym_int32(symbol="N")
-        k = cute.sym_int32(symbol="K")
-
-        def ld(dtype: DType):
-            return cute.sym_int64(divisibility=16 // dtype.bytes)
-
-        g = cute.sym_int32(symbol="G")
-        if self.k_grouped:
-            return self._k_grouped_fake_arguments(m, n, g, ld)
-        if self.masked:
-            a = make_fake_tensor(
-                cute_dtype(s.a_dtype), (m, k, g), (ld(s.a_dtype), 1, ld(s.a_dtype)), assumed_align=16
-            )
-        else:
-            a = make_fake_tensor(cute_dtype(s.a_dtype), (m, k), (ld(s.a_dtype), 1), assumed_align=16)
-        if self.m_grouped:
-            b = make_fake_tensor(
-                cute_dtype(s.b_dtype), (n, k, g), (ld(s.b_dtype), 1, ld(s.b_dtype)), assumed_align=16
-            )
-        else:
-            b = make_fake_tensor(cute_dtype(s.b_dtype), (n, k), (ld(s.b_dtype), 1), assumed_align=16)
-        if self.masked:
-            d = make_fake_tensor(
-                cute_dtype(s.c_dtype), (m, n, g), (ld(s.c_dtype), 1, ld(s.c_dtype)), assumed_align=16
-            )
-        else:
-            d = make_fake_tensor(cute_dtype(s.c_dtype), (m, n), (ld(s.c_dtype), 1), assumed_align=16)
-        if not self.block_scaled:
-            return (a, b, d, cutlass.Int32(1), make_fake_stream())
-        from cutlass.cute.runtime import make_ptr
-
-        # SFA [M, ⌈K/128⌉] (UE8M0: [M, ⌈K/512⌉] int32 words), MN-major with a 16-byte aligned
-        # column stride (align(M, 4)).
-        kb = cute.sym_int32(symbol=self.scale_columns)
-        scale_type = cutlass.Int32 if self.ue8m0 else cutlass.Float32
-        if self.masked:
-            sfa = make_fake_tensor(
-                scale_type, (m, kb, g), (1, cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4)),
-                assumed_align=16,
-            )
-        else:
-            sfa = make_fake_tensor(scale_type, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-        if self.sfb_per_row:
-            sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-            # The weight gradient's tail-split switch (TAIL_SPLIT) before max_active_clusters.
-            return (a, sfa, b, sfb, d, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
-        sfb = make_ptr(scale_type, 0, cute.AddressSpace.gmem, assumed_align=4)
-        if self.masked:
-            masked_m = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-            return (a, sfa, b, sfb, d, masked_m, cutlass.Int32(1), make_fake_stream())
-        if self.m_grouped:
-            m_indices = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-            return (a, sfa, b, sfb, d, m_indices, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
-        if self.split_k:
-            counters = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-            partials = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=16)
-            return (a, sfa, b, sfb, d, counters, partials, cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
-        return (a, sfa, b, sfb, d, cutlass.Int32(1), make_fake_stream())
-
-    def _k_grouped_fake_arguments(self, m, n, g, ld) -> tuple:
+        """Arguments for `cute.compile`, one per contract argument, then `max_active_clusters` and
+        the stream: dynamic extents (one symbol each) and leading strides (16-byte aligned)."""
         from cutlass.cute.runtime import make_fake_tensor, make_ptr
         from cutlass.runtime import make_fake_stream
 
-        s = self.schedule
-        kt = cute.sym_int32(symbol="KT")
-        kb = cute.sym_int32(symbol="KB")
-        # The flat A and B as [M, KT] and [N, KT] row-major (templates for the per-group maps).
-        a = make_fake_tensor(cute_dtype(s.a_dtype), (m, kt), (kt, 1), assumed_align=16)
-        b = make_fake_tensor(cute_dtype(s.b_dtype), (n, kt), (kt, 1), assumed_align=16)
-        # Scales [Σ blocks, M] and [Σ blocks, N] row-major = (M, KB) and (N, KB) MN-major.
-        sfa = make_fake_tensor(cutlass.Float32, (m, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-        sfb = make_fake_tensor(cutlass.Float32, (n, kb), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
-        d = make_fake_tensor(
-            cute_dtype(s.c_dtype), (m, n, g), (ld(s.c_dtype), 1, ld(s.c_dtype)), assumed_align=16
-        )
-        group_sizes = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-        workspace = make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=TENSORMAP_BYTES)
-        return (a, sfa, b, sfb, d, group_sizes, workspace, cutlass.Int32(1), make_fake_stream())
+        extents: dict[str, object] = {}
+
+        def extent(symbol: str):
+            if symbol not in extents:
+                extents[symbol] = cute.sym_int32(symbol=symbol)
+            return extents[symbol]
+
+        for symbol in ("M", "N", "K", "G"):
+            extent(symbol)
+        out = []
+        for arg in self.contract:
+            ctype = getattr(cutlass, _ELEMENTS[arg.dtype][0])
+            if arg.scalar:
+                out.append(ctype(1))
+            elif arg.pointer:
+                out.append(make_ptr(ctype, 0, cute.AddressSpace.gmem, assumed_align=arg.align_bytes))
+            else:
+                out.append(make_fake_tensor(ctype, *self._kernel_layout(arg, extent), assumed_align=16))
+        return (*out, cutlass.Int32(1), make_fake_stream())
+
+    @staticmethod
+    def _kernel_layout(arg: Arg, extent) -> tuple[tuple, tuple]:
+        """The kernel's (shape, stride) of a tensor operand: torch's dimensions with a leading group
+        moved last; stride 1 along the contiguous dimension, the others free 16-byte aligned
+        strides (or, with `exact_rows`, the row length)."""
+        dims = list(range(len(arg.shape)))
+        if arg.shape[0] == "G":
+            dims = dims[1:] + [0]
+        divisibility = 16 // _ELEMENTS[arg.dtype][1]
+        shape, stride = [], []
+        for dim in dims:
+            shape.append(extent(arg.shape[dim]))
+            if dim == arg.contiguous_mode:
+                stride.append(1)
+            elif arg.exact_rows:
+                stride.append(extent(arg.shape[arg.contiguous_mode]))
+            else:
+                stride.append(cute.sym_int64(divisibility=divisibility))
+        return tuple(shape), tuple(stride)
 
     def operands(self) -> list[dict]:
-        s = self.schedule
-        if self.k_grouped:
-            return [
-                {"name": "a", "dtype": s.a_dtype.value, "shape": ["M", "KT"], "contiguous_mode": 1, "align_bytes": 16},
-                {"name": "b", "dtype": s.b_dtype.value, "shape": ["N", "KT"], "contiguous_mode": 1, "align_bytes": 16},
-                {"name": "sfa", "dtype": "f32", "shape": ["M", "KB"], "contiguous_mode": 0, "align_bytes": 16},
-                {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16},
-                {"name": "d", "dtype": s.c_dtype.value, "shape": ["G", "M", "N"], "contiguous_mode": 2, "align_bytes": 16, "written": True},
-                {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
-                # Two 128-byte TMA descriptors per CTA of the grid (see workspace_words()).
-                {"name": "workspace", "dtype": "i64", "shape": ["W"], "contiguous_mode": 0, "align_bytes": TENSORMAP_BYTES, "written": True},
-            ]
-        kc = self.scale_columns
-        b_shape, sfb_shape = (["G", "N", "K"], ["G", "NB", kc]) if self.m_grouped else (["N", "K"], ["NB", kc])
-        a_shape, sfa_shape, d_shape = (
-            (["G", "M", "K"], ["G", "M", kc], ["G", "M", "N"]) if self.masked else (["M", "K"], ["M", kc], ["M", "N"])
-        )
-        ops = [
-            {"name": "a", "dtype": s.a_dtype.value, "shape": a_shape, "contiguous_mode": len(a_shape) - 1, "align_bytes": 16},
-            {"name": "b", "dtype": s.b_dtype.value, "shape": b_shape, "contiguous_mode": len(b_shape) - 1, "align_bytes": 16},
-        ]
-        if self.block_scaled:
-            ops += [
-                {"name": "sfa", "dtype": self.scale_dtype, "shape": sfa_shape, "contiguous_mode": len(sfa_shape) - 2, "align_bytes": 16},
-                # Row-major and contiguous; the kernel derives its strides from N and K. The
-                # weight-gradient recipe's SFB [N, KB] is MN-major and TMA-aligned like SFA.
-                {"name": "sfb", "dtype": "f32", "shape": ["N", "KB"], "contiguous_mode": 0, "align_bytes": 16}
-                if self.sfb_per_row
-                else {"name": "sfb", "dtype": self.scale_dtype, "shape": sfb_shape, "contiguous_mode": len(sfb_shape) - 1, "align_bytes": 4,
-                      "packed": True},
-            ]
-        ops.append(
-            {"name": "d", "dtype": s.c_dtype.value, "shape": d_shape, "contiguous_mode": len(d_shape) - 1, "align_bytes": 16, "written": True}
-        )
-        if self.masked:
-            ops.append({"name": "masked_m", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4})
-        elif self.m_grouped:
-            ops.append({"name": "m_indices", "dtype": "i32", "shape": ["M"], "contiguous_mode": 0, "align_bytes": 4})
-        if self.split_k:
-            # One counter per CTA tile of the cluster-padded tile grid (zero before a launch, left
-            # zero after it) and K_SPLITS fp32 partial tiles per CTA tile: see
-            # cutegen.runtime.split_k.workspace_extents().
-            ops += [
-                {"name": "split_counters", "dtype": "i32", "shape": ["TILES"], "contiguous_mode": 0, "align_bytes": 4, "written": True},
-                {"name": "split_partials", "dtype": "f32", "shape": ["PARTIALS"], "contiguous_mode": 0, "align_bytes": 16, "written": True},
-            ]
-        return ops
+        """The manifest's operands: the contract's, A and B first (`MANIFEST_FIRST`)."""
+        operands = [arg for arg in self.contract if not arg.scalar]
+        ordered = [a for name in MANIFEST_FIRST for a in operands if a.name == name]
+        ordered += [a for a in operands if a.name not in MANIFEST_FIRST]
+        return [a.manifest_operand() for a in ordered]
+
+    def entry_names(self) -> list[str]:
+        """The parameters a kernel class's `__call__` takes, in order (the stream last)."""
+        return [arg.name for arg in self.contract] + ["max_active_clusters", "stream"]
 
     def requires(self) -> list[dict]:
         """Relations between the operands' extent symbols that the kernel relies on (the
         manifest's ``requires``): the scale tensors' block counts, the workspaces' sizes."""
         s = self.schedule
-        if self.k_grouped:
+        if self.schedule.op.is_k_grouped:
             # A and B are [rows, 128·S], their scales [rows, S]; two descriptors per CTA.
             words = f"{2 * TENSORMAP_WORDS * s.cluster_m * s.cluster_n} * max_active_clusters"
             return [requirement("KT", "==", f"KB * {SCALE_BLOCK}"), requirement("W", ">=", words)]
         out = []
-        if self.block_scaled:
+        if self.schedule.block_scaled:
             out.append(requirement(self.scale_columns, "==", f"ceil_div(K, {SCALE_BLOCK * (4 if self.ue8m0 else 1)})"))
-            if not self.sfb_per_row:
+            if not self.schedule.op.scales_b_per_row:
                 out.append(requirement("NB", "==", f"ceil_div(N, {SCALE_BLOCK})"))
-        if self.split_k:
+        if self.schedule.splits_k:
             # cutegen.runtime.split_k.workspace_extents
             tiles = (
                 f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * {s.cluster_m} * "
@@ -267,14 +185,14 @@ class GemmContract:
         cluster_tiles = (
             f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
         )
-        if self.split_k:
+        if self.schedule.splits_k:
             # K_SPLITS work units per cluster tile.
             units = f"{cluster_tiles} * K_SPLITS"
         elif s.op.splits_last_wave:
             # With TAIL_SPLIT = 1, every cluster the GPU holds (fewer tiles than clusters: the
             # idle ones take shares of the tiles' K blocks), else one per cluster tile.
             units = f"{cluster_tiles} + TAIL_SPLIT * max_active_clusters"
-        elif self.masked or self.k_grouped:
+        elif self.schedule.op.is_masked or self.schedule.op.is_k_grouped:
             # Every group counted full (the host never reads masked_m or the group sizes); idle
             # clusters exit at once. The tile fields feed the heuristic.
             units = f"G * {cluster_tiles}"

@@ -1,4 +1,5 @@
-"""The Hopper GEMM's contiguous M-grouped family: each tile's group from m_indices, pairs of tiles sharing B, padding rows.
+"""The Hopper GEMM's contiguous M-grouped family: each tile's group from m_indices, pairs of
+tiles sharing B, padding rows.
 
 Importing this module imports the CuTe DSL; only the generator does that.
 """

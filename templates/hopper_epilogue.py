@@ -51,12 +51,12 @@ class HopperEpilogue:
         writes when the whole tile is staged: every sub-tile of the tile, or with per-warpgroup
         stores only its warpgroup's, in the order of its accumulator fragment (wave w, column
         block c: row block w · math_warpgroups + warpgroup)."""
-        if not self.epi_per_warpgroup:
+        if not self.schedule.epilogue.per_warpgroup:
             return [(i, i, epi_tile_layout.get_hier_coord(i)) for i in range(epi_tile_num)]
-        cols = self.tile_shape_mnk[1] // self.epi_tile[1]
+        cols = self.tile_shape_mnk[1] // self.schedule.epi_tile[1]
         subtiles = []
-        for i in range(self.row_waves * cols):
-            row_block = (i // cols) * self.num_mma_warpgroups + wg_offset
+        for i in range(self.schedule.waves * cols):
+            row_block = (i // cols) * self.schedule.math_warpgroups + wg_offset
             subtiles.append((i, row_block * cols + i % cols, (row_block, i % cols)))
         return subtiles
 
@@ -82,7 +82,7 @@ class HopperEpilogue:
         )
         epi_mma = tiled_mma
         epi_thread = tidx - THREADS_PER_WARPGROUP
-        if cutlass.const_expr(self.epi_per_warpgroup):
+        if cutlass.const_expr(self.schedule.epilogue.per_warpgroup):
             epi_mma = self._make_tiled_mma((1, 1, 1))
             epi_thread = tidx % THREADS_PER_WARPGROUP
         tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, epi_mma)
@@ -107,7 +107,7 @@ class HopperEpilogue:
         )
         wg_offset = warp_group_idx - 1
         # This math warpgroup's first row in the tile (its one wave of 64 rows).
-        warpgroup_row = wg_offset * (self.tile_shape_mnk[0] // self.num_mma_warpgroups)
+        warpgroup_row = wg_offset * (self.tile_shape_mnk[0] // self.schedule.math_warpgroups)
         warpgroup_barrier = pipeline.NamedBarrier(
             barrier_id=EPILOGUE_BARRIER_ID + wg_offset, num_threads=THREADS_PER_WARPGROUP
         )
@@ -116,16 +116,18 @@ class HopperEpilogue:
         # warp epi_store_warp_id, or with per-warpgroup stores this warpgroup's.
         staged_barrier = epilogue_barrier
         staged_store_warp = self.epi_store_warp_id
-        if cutlass.const_expr(self.epi_per_warpgroup):
+        if cutlass.const_expr(self.schedule.epilogue.per_warpgroup):
             staged_barrier = warpgroup_barrier
             staged_store_warp = wg_store_warp
         store_pipeline = pipeline.PipelineTmaStore.create(
-            num_stages=1 if self.epi_whole_tile else self.epi_stage,
+            num_stages=1 if self.schedule.epilogue_whole_tile else self.schedule.epilogue_stages,
             producer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.num_mma_threads
             ),
         )
-        return EpilogueSync(epilogue_barrier, wg_offset, warpgroup_row, staged_barrier, staged_store_warp, store_pipeline)
+        return EpilogueSync(
+            epilogue_barrier, wg_offset, warpgroup_row, staged_barrier, staged_store_warp, store_pipeline
+        )
 
     @cute.jit
     def _store_tile(
@@ -134,7 +136,7 @@ class HopperEpilogue:
     ):
         """The epilogue of one tile: fp32 → D's type in registers, stmatrix into the sub-tile
         buffers, TMA stores (none where `write_tile` is 0: the barriers and commits still run)."""
-        tCgC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+        tCgC_epi = cute.zipped_divide(gC_tile, self.schedule.epi_tile)
         bSG_sD, bSG_gD = cpasync.tma_partition(
             args.tma_atom_c,
             0,
@@ -149,7 +151,7 @@ class HopperEpilogue:
         convert_args = (epi.tRS_rAcc, epi.tRS_rD, epi.tRS_rD_out, epi.size_tRS_rD)
         # Locals, not fields: an object whose method a run-time branch calls is carried through it.
         store_pipeline = sync.store_pipeline
-        if cutlass.const_expr(self.epi_whole_tile):
+        if cutlass.const_expr(self.schedule.epilogue_whole_tile):
             # The previous tile's stores have read the buffers (issued a main loop ago,
             # so this rarely waits); then every sub-tile goes to its own buffer, one
             # barrier, and one warp issues all the stores as one bulk group (per
@@ -172,7 +174,7 @@ class HopperEpilogue:
         else:
             for epi_idx in cutlass.range_constexpr(epi_tile_num):
                 self._convert_subtile(*convert_args, epi_idx)
-                epi_buffer = (num_prev_epi_tiles + epi_idx) % self.epi_stage
+                epi_buffer = (num_prev_epi_tiles + epi_idx) % self.schedule.epilogue_stages
                 cute.copy(epi.tiled_copy_r2s, epi.tRS_rD_out, epi.tRS_sD[(None, None, None, epi_buffer)])
                 # Make the stmatrix writes visible to the TMA unit before the store.
                 cute.arch.fence_proxy("async.shared", space="cta")

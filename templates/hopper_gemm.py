@@ -12,9 +12,10 @@ varies between op families sits behind a few hooks, each family's code in a modu
 * the fix-up (contiguous padding rows, split-K reduction: `_math_role`);
 * store (`hopper_epilogue`).
 
-What the roles share is set up once per CTA into the named tuples of `hopper_state`. The kernel
-classes at the end bind each op's entry (`gemm_entries`) to this kernel; `HopperGemmTemplate` is
-what the registry builds. Importing this module imports the CuTe DSL; only the generator does that.
+What the roles share is set up once per CTA (`hopper_setup`) into the named tuples of
+`hopper_state`; the host side (shared-memory layouts, TMA atoms, the launch, the parameters'
+bindings) is `hopper_host`. The kernel classes at the end bind each op's entry (`gemm_entries`)
+to this kernel; `HopperGemmTemplate` is what the registry builds. Importing this module imports the CuTe DSL; only the generator does that.
 """
 
 from __future__ import annotations
@@ -23,20 +24,12 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
-from cutlass.tensor_utils import LayoutEnum
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import (
-    GemmContract,
-    scale_vector_tma_binding,
-    shape_binding,
-    tma_binding,
-    with_group_mode,
-)
+from cutegen.templates.gemm_contract import GemmContract
 from cutegen.templates.gemm_entries import (
     Fp8GemmNtEntry,
     Fp8GemmNtSplitKEntry,
@@ -45,9 +38,11 @@ from cutegen.templates.gemm_entries import (
 )
 from cutegen.templates.hopper_contiguous import ContiguousFamily
 from cutegen.templates.hopper_epilogue import HopperEpilogue
+from cutegen.templates.hopper_host import HopperHost
 from cutegen.templates.hopper_k_grouped import KGroupedFamily
 from cutegen.templates.hopper_mainloop import HopperMainloop
 from cutegen.templates.hopper_producer import A_TAIL_SLICE_ROWS, HopperProducer, StageLoads
+from cutegen.templates.hopper_setup import HopperSetup
 from cutegen.templates.hopper_state import (
     ClusterPosition,
     GemmArgs,
@@ -60,20 +55,12 @@ from cutegen.templates.hopper_state import (
 )
 from cutegen.templates.hopper_split_k import SPLIT_K_MAX_READ_BATCH, SPLIT_K_READ_REGISTERS, SplitKFamily
 from cutegen.templates.tile_order import TileOrder
-from cutegen.schedules.spec import (
-    SCALE_BLOCK,
-    THREADS_PER_WARPGROUP,
-    DType,
-    Raster,
-    ScaleFormat,
-    Schedule,
-    scale_stage_elems,
-    sfb_boundaries,
-)
+from cutegen.schedules.spec import SCALE_BLOCK, THREADS_PER_WARPGROUP, Raster, Schedule, sfb_boundaries
 
 
 class HopperGemmKernel(
-    HopperProducer, HopperMainloop, HopperEpilogue, SplitKFamily, KGroupedFamily, ContiguousFamily, TileOrder
+    HopperHost, HopperSetup, HopperProducer, HopperMainloop, HopperEpilogue, SplitKFamily, KGroupedFamily,
+    ContiguousFamily, TileOrder,
 ):
     """Persistent warp-specialised WGMMA GEMM with TMA loads, TMA multicast and a TMA-store epilogue.
 
@@ -188,6 +175,10 @@ class HopperGemmKernel(
     """
 
     def __init__(self, schedule: Schedule):
+        """The kernel of `schedule`. Schedule facts (stages, epilogue, waves, accumulators, the op's
+        family) are read from `self.schedule` where they are used; what is set here is this
+        template's own: CuTe forms of the schedule's shapes and dtypes, and the design rules that
+        choose between the template's code paths."""
         s = schedule
         self.schedule = s
         self.a_dtype = cute_dtype(s.a_dtype)
@@ -197,21 +188,8 @@ class HopperGemmKernel(
         self.tile_shape_mnk = (s.tile_m, s.tile_n, s.tile_k)
         self.cluster_shape_mn = (s.cluster_m, s.cluster_n)
         self.atom_layout_mnk = (s.math_warpgroups, 1, 1)
-        self.num_mma_warpgroups = s.math_warpgroups
         self.num_mma_threads = s.math_warpgroups * THREADS_PER_WARPGROUP
         self.threads_per_cta = s.threads_per_cta
-        self.ab_stage = s.stages
-        self.epi_stage = s.epilogue_stages
-        self.epi_tile = s.epi_tile
-        # A buffer per sub-tile (the whole output tile) or a ring (`Schedule.epilogue_whole_tile`).
-        self.epi_whole_tile = s.epilogue_whole_tile
-        # Each math warpgroup stores its own 64-row sub-tiles, synchronised within itself only
-        # (`Epilogue.TMA_STORE_PER_WARPGROUP`), so the two never wait for each other.
-        self.epi_per_warpgroup = s.epilogue.per_warpgroup
-        self.producer_regs = s.producer_regs
-        self.consumer_regs = s.consumer_regs
-        self.num_mcast_ctas_a = s.cluster_n
-        self.num_mcast_ctas_b = s.cluster_m
         self.is_a_mcast = s.multicast.covers_a and s.cluster_n > 1
         self.is_b_mcast = s.multicast.covers_b and s.cluster_m > 1
         # The contiguous layout (M-grouped, not masked), as the Blackwell template names it.
@@ -224,9 +202,9 @@ class HopperGemmKernel(
         # it, through a second tensor map of A with A_TAIL_SLICE_ROWS-row boxes, skipping the
         # slices that start at or past M; every other tile loads one whole box (multicast where
         # the schedule says). Rows of a box past M are zero-filled by the TMA unit at ~3 ns per
-        # row per box on an H200: with M < 64 every K block paid for up to 63 of them (up to 2.5x
-        # the time of M = 64), while four small boxes instead of one cost 1.15-1.27x on whole
-        # tiles (NOTES.md). Rows of skipped slices keep stale data; they only feed accumulator rows
+        # row per box: with M < 64 every K block paid for up to 63 of them (up to 2.5x the time
+        # of M = 64), while four small boxes instead of one cost 1.15-1.27x on whole tiles
+        # (NOTES N30). Rows of skipped slices keep stale data; they only feed accumulator rows
         # past M, which are never stored. The tail tile's stages arrive with their own byte count
         # in one arrive-and-expect (a peer's multicast B may land before it; see
         # `_produce_tail_tile`). Only 64-row tiles: wider ones serve M of 128 and more, where one
@@ -237,62 +215,23 @@ class HopperGemmKernel(
         # (from max_m, each group's B read by its own tile rows), choose their loads' L2 policies
         # at run time (STREAMED_B_MAX_TILE_ROWS). The contiguous layout measured no gain from them.
         self.hints_streamed_b = (dense or s.op.is_masked) and not s.op.scales_b_per_row
-        self.block_scaled = s.scale != ScaleFormat.NONE
-        # M-grouped (MoE, contiguous layout): B and SFB have a group mode; m_indices maps rows to
-        # groups, and a tile takes the group of its first row (segments are tile-aligned).
-        self.m_grouped = s.op.is_m_grouped
-        # Masked layout: A, SFA and D carry the group mode too; masked_m[g] rows are real and the
-        # scheduler walks each group's tiles (N fastest), skipping everything past masked_m[g].
-        self.masked = s.op.is_masked
-        # Weight-gradient recipe: SFB per 1x128 of B (per row), staged by TMA like SFA, and D
-        # accumulated in fp32 by a TMA reduce-add store.
-        self.sfb_per_row = s.op.scales_b_per_row
-        # k-grouped (MoE weight gradient): groups split K; A_g, B_g are stored one group after
-        # another with row stride 128·⌈k_g/128⌉, so each group needs its own TMA descriptors of A
-        # and B, which the producer writes into this CTA's workspace slot on the GPU. D carries a
-        # group mode; the scales are one [Σ blocks, M|N] tensor indexed by the group's first block.
-        self.k_grouped = s.op.is_k_grouped
-        self.d_grouped = self.masked or self.k_grouped
-        # Split K (fp8_gemm_nt): a tile's K blocks are shared by `k_splits` CTAs (a launch
-        # argument); the last to finish adds the others' fp32 partials (see `_split_k_fixup`).
-        self.split_k = s.epilogue.splits_k
-        # Splits whose partial tiles the fixup's last CTA loads before adding: 8 for 64x16
-        # tiles, 7 for 64x32, 3 for 64x64, 1 for 64x128 and 128x128.
+        # The masked and k-grouped layouts' D carries a group mode.
+        self.d_grouped = s.op.is_masked or s.op.is_k_grouped
+        # Split K: the splits whose partial tiles the fixup's last CTA loads before adding: 8 for
+        # 64x16 tiles, 7 for 64x32, 3 for 64x64, 1 for 64x128 and 128x128.
         partial_regs = s.tile_m * s.tile_n // (THREADS_PER_WARPGROUP * s.math_warpgroups)
         self.split_k_read_batch = max(1, min(SPLIT_K_MAX_READ_BATCH, SPLIT_K_READ_REGISTERS // partial_regs))
-        # Tail split (`Op.splits_last_wave`; the `tail_split` launch argument, 0 = off): the K
-        # blocks of the last, partial wave's cluster tiles are shared evenly by all the clusters
-        # the GPU holds (the grid is all of them), each adding its partial sums into D with the
-        # TMA reduce-add a whole tile uses, so it needs no workspace and no fixup (see
-        # `_tail_plan`). The order of a split tile's fp32 additions then varies between runs.
-        self.tail_split = s.op.splits_last_wave
         # A tile spans one or two 128-column blocks of SFB (see the scale_blocks_per_tile rule).
         self.single_sfb_block = SCALE_BLOCK % s.tile_n == 0
         # The column where a two-block tile's second SFB block begins takes few values (tile j
         # starts at j·tile_n): each gets its own copy of the main loop with the block of every
         # accumulator chunk fixed at compile time (see `_block_scaled_tile`).
         self.sfb_boundaries = sfb_boundaries(s.tile_n)
-        # Block-scaled ops: the tile's rows are computed in waves of 64 per math warpgroup, each
-        # wave's WGMMAs into one accumulator that is promoted before the next wave.
-        # 256-wide tiles are computed in column waves of 128 instead (`Schedule.column_waves`):
-        # `all_waves` counts every wave of the tile, `row_waves` the row blocks alone.
-        self.row_waves = s.waves
-        self.column_waves = s.column_waves
-        self.all_waves = s.all_waves
-        self.wave_columns = s.wave_columns
-        # Single-wave tiles may cycle through a ring of WGMMA accumulators: block kb+D-1's WGMMAs
-        # are issued before block kb is promoted, so D-1 blocks are always in flight.
-        self.wgmma_accumulators = s.wgmma_accumulators
         # The contiguous layout locates its tiles with FastDivmod divisors made once per CTA
-        # (`_make_raster_divisors`): on an H200 1.005-1.028x on DeepGEMM's six problems, most at
-        # K = 2048. Not the others: making the divisors costs each CTA a 64-bit division before
-        # its first tile, and fp8_gemm_nt at M = 64 and 128 (one short tile per CTA) ran
-        # 0.93-0.99x; at M = 4096 it gained under 1%, the weight gradients nothing (NOTES.md).
+        # (`_make_raster_divisors`): 1.005-1.028x on DeepGEMM's six problems. Not the others:
+        # making the divisors costs each CTA a 64-bit division before its first tile, and
+        # fp8_gemm_nt at M = 64 and 128 (one short tile per CTA) ran 0.93-0.99x (NOTES N56).
         self.fast_raster = self.contiguous
-        # Per-row SFB read from the stage while the WGMMAs run (`Schedule.column_scales_early`).
-        self.column_scales_early = s.column_scales_early
-        # Single-accumulator K blocks in rounds of one per stage (`Schedule.static_stage_rounds`).
-        self.static_stage_rounds = s.static_stage_rounds
         # Contiguous layout, one wave per warpgroup: a math warpgroup whose rows of the tile are
         # all padding issues no WGMMAs (it only walks the stages), so the tensor cores run the
         # other warpgroup's alone (`_warpgroup_rows_real`).
@@ -306,125 +245,9 @@ class HopperGemmKernel(
         # Filled while tracing the host function.
         self.smem_bytes: int | None = None
 
-    # ---- layouts ----------------------------------------------------------------------------
-    def _make_smem_layouts(self):
-        tm, tn, tk = self.tile_shape_mnk
-        k_major = LayoutEnum.ROW_MAJOR  # K contiguous for A [M,K] and B [N,K]
-        a_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(k_major, self.a_dtype, tk), self.a_dtype
-        )
-        a_staged = cute.tile_to_shape(a_atom, (tm, tk, self.ab_stage), order=(0, 1, 2))
-        # The same bytes as a_tail_slices slices per stage: slice j of stage i is buffer
-        # i·a_tail_slices + j (the swizzle atom spans 8 rows: a slice is a contiguous run).
-        a_tail_staged = None
-        if self.a_tail_slices:
-            a_tail_staged = cute.tile_to_shape(
-                a_atom, (A_TAIL_SLICE_ROWS, tk, self.a_tail_slices * self.ab_stage), order=(0, 1, 2)
-            )
-        b_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(k_major, self.b_dtype, tk), self.b_dtype
-        )
-        b_staged = cute.tile_to_shape(b_atom, (tn, tk, self.ab_stage), order=(0, 1, 2))
-        em, en = self.epi_tile
-        c_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.c_dtype, en),
-            self.c_dtype,
-        )
-        epi_staged = cute.tile_to_shape(c_atom, (em, en, self.epi_stage), order=(0, 1, 2))
-        return a_staged, a_tail_staged, b_staged, epi_staged
-
-    def _make_tiled_mma(self, atom_layout_mnk=None):
-        """The kernel's tiled WGMMA (its math warpgroups stacked along M; its atom as wide as
-        the tile, or as one column wave), or one over `atom_layout_mnk` warpgroups (the
-        per-warpgroup epilogue's copy takes one)."""
-        return sm90_utils.make_trivial_tiled_mma(
-            self.a_dtype,
-            self.b_dtype,
-            OperandMajorMode.K,
-            OperandMajorMode.K,
-            self.acc_dtype,
-            atom_layout_mnk or self.atom_layout_mnk,
-            tiler_mn=(64, self.wave_columns),
-        )
 
 
-    # ---- launch contract ----------------------------------------------------------------------
-    def param_bindings(self) -> list[dict]:
-        """The kernel's parameters in order, each with the binding the runtime fills it from.
 
-        Valid after tracing (the swizzles are read off the shared-memory layouts the DSL built).
-        One entry per `.param`: TMA atom → 128-byte tensor map; TMA coordinate tensor → its
-        dynamic extents as 32-bit integers.
-        """
-        if self.smem_bytes is None:
-            raise RuntimeError("param_bindings() is only known after the kernel has been traced")
-        tm, tn, tk = self.tile_shape_mnk
-        cm, cn = self.cluster_shape_mn
-        em, en = self.epi_tile
-        s = self.schedule
-
-        def tma(operand: str, dtype: DType, box_rows: int, box_cols: int) -> dict:
-            return tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
-
-        shape = shape_binding
-        scale_vector_tma = scale_vector_tma_binding
-
-        # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
-        a_rows = tm // cn if self.is_a_mcast else tm
-        b_rows = tn // cm if self.is_b_mcast else tn
-        # A [G, max_m, K] (masked) and B [G, N, K] (M-grouped) carry a group mode. The k-grouped
-        # op's flat A and B are viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a
-        # template; the kernel rewrites address, extents and stride per group.
-        k_extent = "KT" if self.k_grouped else "K"
-        params = [
-            {"name": "tma_a", **with_group_mode(tma("a", s.a_dtype, a_rows, tk), self.masked)},
-            {"name": "extents_a", **shape("a", ["M", k_extent], self.masked)},
-            {"name": "tma_b", **with_group_mode(tma("b", s.b_dtype, b_rows, tk), self.m_grouped)},
-            {"name": "extents_b", **shape("b", ["N", k_extent], self.m_grouped)},
-        ]
-        if self.block_scaled:
-            params += [
-                {"name": "tma_sfa", **with_group_mode(scale_vector_tma("sfa", tm), self.masked)},
-                {"name": "extents_sfa", **shape("sfa", ["M", "KB"], self.masked)},
-            ]
-            if self.sfb_per_row:  # SFB [N, KB] per 1x128 of B, staged like SFA
-                params += [
-                    {"name": "tma_sfb", **scale_vector_tma("sfb", tn)},
-                    {"name": "extents_sfb", **shape("sfb", ["N", "KB"])},
-                ]
-            else:
-                params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
-        params += [
-            {"name": "tma_d", **with_group_mode(tma("d", s.c_dtype, em, en), self.d_grouped)},
-            {"name": "extents_d", **shape("d", ["M", "N"], self.d_grouped)},
-        ]
-        if self.masked:
-            params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
-        elif self.k_grouped:
-            params += [
-                {"name": "group_sizes", "kind": "pointer", "operand": "group_sizes"},
-                {"name": "workspace", "kind": "pointer", "operand": "workspace"},
-                # A and B again as plain pointers: the per-group descriptors start from them.
-                {"name": "a_base", "kind": "pointer", "operand": "a"},
-                {"name": "b_base", "kind": "pointer", "operand": "b"},
-            ]
-        elif self.m_grouped:
-            params += [
-                {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
-                {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
-            ]
-        if self.split_k:
-            params += [
-                {"name": "split_counters", "kind": "pointer", "operand": "split_counters"},
-                {"name": "split_partials", "kind": "pointer", "operand": "split_partials"},
-                {"name": "k_splits", "kind": "scalar", "dtype": "i32", "expr": "K_SPLITS"},
-            ]
-        if self.tail_split:
-            params.append({"name": "tail_split", "kind": "scalar", "dtype": "i32", "expr": "TAIL_SPLIT"})
-        if self.a_tail_slices:
-            # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
-            params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
-        return params
 
     # ---- host side --------------------------------------------------------------------------
     @cute.jit
@@ -439,157 +262,11 @@ class HopperGemmKernel(
         """`bf16_gemm_nt`: D = A · Bᵀ."""
         self._launch(a, b, d, None, None, max_active_clusters, stream)
 
-    @cute.jit
-    def _launch(
-        self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
-        masked_m=None, group_sizes=None, workspace=None, split_counters=None, split_partials=None,
-        k_splits=None, tail_split=None,
-    ):
-        tm, tn, tk = self.tile_shape_mnk
-        cm, cn = self.cluster_shape_mn
-        a_staged, a_tail_staged, b_staged, epi_staged = self._make_smem_layouts()
-        self.smem_swizzles = {
-            "a": str(a_staged.inner),
-            "b": str(b_staged.inner),
-            "d": str(epi_staged.inner),
-        }
-
-        a_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_a_mcast else cpasync.CopyBulkTensorTileG2SOp()
-        b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_b_mcast else cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_a_tail = None
-        if cutlass.const_expr(self.a_tail_slices > 0):
-            tma_atom_a_tail, _ = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(),
-                a,
-                cute.slice_(a_tail_staged, (None, None, 0)),
-                (A_TAIL_SLICE_ROWS, tk),
-            )
-        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
-            a_op,
-            a,
-            cute.slice_(a_staged, (None, None, 0)),
-            (tm, tk),
-            num_multicast=cn if self.is_a_mcast else 1,
-        )
-        tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
-            b_op,
-            b,
-            cute.slice_(b_staged, (None, None, 0)),
-            (tn, tk),
-            num_multicast=cm if self.is_b_mcast else 1,
-        )
-        # D += tile (TMA reduce-add) for the weight-gradient recipe, else a plain TMA store.
-        store_op = (
-            cpasync.CopyReduceBulkTensorTileS2GOp()
-            if self.sfb_per_row
-            else cpasync.CopyBulkTensorTileS2GOp()
-        )
-        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
-            store_op,
-            c,
-            cute.slice_(epi_staged, (None, None, 0)),
-            self.epi_tile,
-        )
-        # SFA: one column of tile_m scales per stage, contiguous along M (no swizzle); each stage
-        # starts 128-byte aligned, as a TMA destination must.
-        sfa_stride = scale_stage_elems(tm)
-        sfa_staged = cute.make_layout((tm, 1, self.ab_stage), stride=(1, 0, sfa_stride))
-        tma_atom_sfa = None
-        tma_tensor_sfa = None
-        if cutlass.const_expr(self.block_scaled):
-            tma_atom_sfa, tma_tensor_sfa = self._scale_vector_tma(sfa, tm)
-        sfa_elems = sfa_stride * self.ab_stage if self.block_scaled else 1
-        # SFB per row (weight gradients): 112- or 144-wide tiles pad each stage to 128 bytes.
-        sfb_stride = scale_stage_elems(tn)
-        sfb_staged = cute.make_layout((tn, 1, self.ab_stage), stride=(1, 0, sfb_stride))
-        tma_atom_sfb = None
-        tma_tensor_sfb = None
-        sfb_arg = sfb
-        if cutlass.const_expr(self.sfb_per_row):
-            tma_atom_sfb, tma_tensor_sfb = self._scale_vector_tma(sfb, tn)
-            sfb_arg = None
-        sfb_elems = sfb_stride * self.ab_stage if self.sfb_per_row else 1
-
-        @cute.struct
-        class SharedStorage:
-            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stage * 2]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged)],
-                self.buffer_align_bytes,
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_dtype, cute.cosize(b_staged)],
-                self.buffer_align_bytes,
-            ]
-            sC: cute.struct.Align[
-                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged)],
-                self.buffer_align_bytes,
-            ]
-            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfa_elems], 128]
-            # Without per-row SFB its one word holds the split-K arrival count that a tile's first
-            # math thread read, for the others (split-K kernels only).
-            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfb_elems], 128]
-
-        self.shared_storage = SharedStorage
-        self.smem_bytes = SharedStorage.size_in_bytes()
-
-        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters, k_splits)
-        if cutlass.const_expr(self.tail_split):
-            # Every cluster the GPU holds when the last wave may be split: with fewer tiles than
-            # clusters, the idle ones take shares of the tiles' K blocks.
-            persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
-
-        kernel_call = self.kernel(
-            tma_atom_a,
-            tma_tensor_a,
-            tma_atom_b,
-            tma_tensor_b,
-            tma_atom_sfa,
-            tma_tensor_sfa,
-            sfb_arg,
-            tma_atom_sfb,
-            tma_tensor_sfb,
-            tma_atom_c,
-            tma_tensor_c,
-            m_indices,
-            zero_padding,
-            masked_m,
-            group_sizes,
-            workspace,
-            split_counters,
-            split_partials,
-            k_splits,
-            a.iterator if self.k_grouped else None,
-            b.iterator if self.k_grouped else None,
-            tail_split,
-            tma_atom_a_tail,
-            a_staged,
-            a_tail_staged,
-            b_staged,
-            sfa_staged,
-            sfb_staged,
-            epi_staged,
-        )
-        self._launch_persistent(kernel_call, persistent, stream)
 
     # ---- device side ------------------------------------------------------------------------
 
 
-    def _scale_vector_tma(self, scales, rows: int):
-        """TMA load of one K block's column of `rows` fp32 scales (contiguous along M or N)."""
-        return cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), scales, cute.make_layout((rows, 1)), (rows, 1)
-        )
 
-    @cute.jit
-    def _partition_scale_vector(self, tma_atom, s_staged, m_scales, rows: int):
-        """(stage buffers, global tiles) of a scale vector for its TMA copy; the global side is
-        (TMA, tiles, K blocks[, groups]) — a group mode when the scales have one (masked SFA)."""
-        tiler = (None,) * cute.rank(m_scales)
-        g_tiles = cute.local_tile(m_scales, (rows, 1), tiler)
-        return cpasync.tma_partition(
-            tma_atom, 0, cute.make_layout(1), cute.group_modes(s_staged, 0, 2), cute.group_modes(g_tiles, 0, 2)
-        )
 
     @cute.jit
     def _locate_tile(
@@ -609,18 +286,18 @@ class HopperGemmKernel(
         group = cutlass.Int32(0)
         first_block = cutlass.Int32(0)
         k_blocks = k_tile_cnt
-        if cutlass.const_expr(self.masked):
+        if cutlass.const_expr(self.schedule.op.is_masked):
             group, ctm, ctn = self._masked_locate(t, mMasked, max_m, ct_n)
-        elif cutlass.const_expr(self.k_grouped):
+        elif cutlass.const_expr(self.schedule.op.is_k_grouped):
             group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n, k_tile_cnt)
             ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
-        elif cutlass.const_expr(self.split_k):
+        elif cutlass.const_expr(self.schedule.splits_k):
             tile_t = t // k_splits
             per_split = (k_tile_cnt + k_splits - 1) // k_splits
             first_block = (t - tile_t * k_splits) * per_split
             k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
             ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
-        elif cutlass.const_expr(self.tail_split):
+        elif cutlass.const_expr(self.schedule.splits_tail):
             tail_start, _, share_end = tail
             in_tail = t >= tail_start
             position = cutlass.max(t - tail_start, 0)
@@ -709,255 +386,26 @@ class HopperGemmKernel(
 
         is_producer_wg = warp_group_idx == 0
         if is_producer_wg:
-            cute.arch.setmaxregister_decrease(self.producer_regs)
+            cute.arch.setmaxregister_decrease(self.schedule.producer_regs)
 
         if warp_idx == self.load_warp_id:
             self._producer_role(args, walk, metadata, loads, scales, stage, cluster, mainloop_pipeline)
 
         if not is_producer_wg:
-            cute.arch.setmaxregister_increase(self.consumer_regs)
+            cute.arch.setmaxregister_increase(self.schedule.consumer_regs)
             self._math_role(
                 args, walk, metadata, scales, fragments, tiled_mma, mainloop_pipeline, storage, sC, loads.gC_mn,
                 tidx, warp_idx, warp_group_idx,
             )
 
-    # ---- set-up shared by the roles -------------------------------------------------------------
-    @cute.jit
-    def _prefetch_descriptors(self, args: "GemmArgs"):
-        """Warp 0: bring every TMA descriptor the kernel uses into the descriptor cache."""
-        cpasync.prefetch_descriptor(args.tma_atom_a)
-        cpasync.prefetch_descriptor(args.tma_atom_b)
-        cpasync.prefetch_descriptor(args.tma_atom_c)
-        if cutlass.const_expr(self.a_tail_slices > 0):
-            cpasync.prefetch_descriptor(args.tma_atom_a_tail)
-        if cutlass.const_expr(self.block_scaled):
-            cpasync.prefetch_descriptor(args.tma_atom_sfa)
-        if cutlass.const_expr(self.sfb_per_row):
-            cpasync.prefetch_descriptor(args.tma_atom_sfb)
 
-    @cute.jit
-    def _cluster_position(self) -> "ClusterPosition":
-        """This CTA's place in its cluster and the multicast masks of its A and B loads."""
-        cm, cn = self.cluster_shape_mn
-        cta_layout_mnk = cute.make_layout((cm, cn, 1))
-        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord_mnk = cta_layout_mnk.get_flat_coord(cta_rank_in_cluster)
-        a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=1)
-        b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord_mnk, mode=0)
-        a_mcast_mask = a_mcast_mask if self.is_a_mcast else 0
-        b_mcast_mask = b_mcast_mask if self.is_b_mcast else 0
-        return ClusterPosition(cta_layout_mnk, cta_rank_in_cluster, cluster_coord_mnk, a_mcast_mask, b_mcast_mask)
 
-    def _stage_bytes(self, args: "GemmArgs") -> "StageBytes":
-        """The bytes a stage's TMA loads bring: an A tile, one 16-row A slice, and all operands."""
-        tm, tn, tk = self.tile_shape_mnk
-        a_smem_layout = cute.slice_(args.a_smem_layout_staged, (None, None, 0))
-        b_smem_layout = cute.slice_(args.b_smem_layout_staged, (None, None, 0))
-        a_tile_bytes = cute.size_in_bytes(self.a_dtype, a_smem_layout)
-        a_slice_bytes = A_TAIL_SLICE_ROWS * tk * self.a_dtype.width // 8
-        tma_copy_bytes = a_tile_bytes + cute.size_in_bytes(self.b_dtype, b_smem_layout)
-        if cutlass.const_expr(self.block_scaled):
-            tma_copy_bytes += tm * 4
-        if cutlass.const_expr(self.sfb_per_row):
-            tma_copy_bytes += tn * 4
-        return StageBytes(a_tile_bytes, a_slice_bytes, tma_copy_bytes)
 
-    @cute.jit
-    def _mainloop_pipeline(self, storage, tma_copy_bytes, cta_layout_mnk):
-        """The stages' full and empty barriers: one producer arrive with the stage's transaction
-        bytes; every math warp of every CTA that multicasts into this CTA's stage releases it."""
-        mcast_size = self.num_mcast_ctas_a + self.num_mcast_ctas_b - 1
-        consumer_arrive_cnt = mcast_size * self.num_mma_warpgroups * 4
-        return pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mainloop_barriers.data_ptr(),
-            num_stages=self.ab_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_arrive_cnt),
-            tx_count=tma_copy_bytes,
-            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
-            defer_sync=True,
-        )
 
-    @cute.jit
-    def _scale_tensors(self, args: "GemmArgs", storage) -> "ScaleTensors":
-        """SFA's stage buffers and TMA partition; SFB as a [⌈N/128⌉, ⌈K/128⌉] row-major view (per
-        group: [G, ⌈N/128⌉, ⌈K/128⌉]), or per row of B staged by TMA like SFA (weight gradients)."""
-        tm, tn, _ = self.tile_shape_mnk
-        sSFA = None
-        tSFAsSFA = None
-        tSFAgSFA = None
-        mSFB = None
-        if cutlass.const_expr(self.block_scaled):
-            sSFA = storage.sSFA.get_tensor(args.sfa_smem_layout_staged)
-            tSFAsSFA, tSFAgSFA = self._partition_scale_vector(args.tma_atom_sfa, sSFA, args.mSFA_mk, tm)
-            k_blocks = args.mSFA_mk.shape[1]
-            n_blocks = (args.mC_mn.shape[1] + SCALE_BLOCK - 1) // SCALE_BLOCK
-            if cutlass.const_expr(self.m_grouped):
-                # SFB [G, ⌈N/128⌉, ⌈K/128⌉] row-major, viewed as (n block, k block, group).
-                mSFB = cute.make_tensor(
-                    args.sfb_ptr,
-                    cute.make_layout(
-                        (n_blocks, k_blocks, args.mB_nk.shape[2]),
-                        stride=(k_blocks, 1, n_blocks * k_blocks),
-                    ),
-                )
-            elif cutlass.const_expr(not self.sfb_per_row):
-                mSFB = cute.make_tensor(
-                    args.sfb_ptr, cute.make_layout((n_blocks, k_blocks), stride=(k_blocks, 1))
-                )
-        sSFB = None
-        tSFBsSFB = None
-        tSFBgSFB = None
-        if cutlass.const_expr(self.sfb_per_row):
-            sSFB = storage.sSFB.get_tensor(args.sfb_smem_layout_staged)
-            tSFBsSFB, tSFBgSFB = self._partition_scale_vector(args.tma_atom_sfb, sSFB, args.mSFB_nk, tn)
-        return ScaleTensors(sSFA, tSFAsSFA, tSFAgSFA, mSFB, sSFB, tSFBsSFB, tSFBgSFB)
 
-    @cute.jit
-    def _group_metadata(self, args: "GemmArgs") -> "GroupMetadata":
-        """The grouped layouts' device-side metadata as tensors: m_indices [M] (contiguous),
-        masked_m [G] (masked), group sizes [G] (k-grouped); None where the op has none."""
-        mIdx = None
-        mMasked = None
-        mSizes = None
-        if cutlass.const_expr(self.k_grouped):
-            mSizes = cute.make_tensor(args.group_sizes_ptr, cute.make_layout(args.mC_mn.shape[2]))
-        if cutlass.const_expr(self.masked):
-            mMasked = cute.make_tensor(args.masked_m_ptr, cute.make_layout(args.mB_nk.shape[2]))
-        elif cutlass.const_expr(self.m_grouped):
-            mIdx = cute.make_tensor(args.m_indices_ptr, cute.make_layout(args.mC_mn.shape[0]))
-        return GroupMetadata(mIdx, mMasked, mSizes)
 
-    @cute.jit
-    def _load_partitions(self, args: "GemmArgs", storage, sA, sB, cluster: "ClusterPosition") -> "LoadPartitions":
-        """The operands' tiles ((bM, bK, RestM, RestK), (bN, bK, RestN, RestK), (bM, bN, RestM,
-        RestN), each with a group mode where the op has one) and the TMA partitions of A and B
-        between global and shared memory: A's tail slices, and the peer's half of B for pairs of
-        tiles from two groups, where the schedule has them."""
-        tm, tn, tk = self.tile_shape_mnk
-        cm, _ = self.cluster_shape_mn
-        if cutlass.const_expr(self.masked):
-            gA_mk = cute.local_tile(args.mA_mk, (tm, tk), (None, None, None))
-        else:
-            gA_mk = cute.local_tile(args.mA_mk, (tm, tk), (None, None))
-        if cutlass.const_expr(self.m_grouped):
-            gB_nk = cute.local_tile(args.mB_nk, (tn, tk), (None, None, None))
-        else:
-            gB_nk = cute.local_tile(args.mB_nk, (tn, tk), (None, None))
-        if cutlass.const_expr(self.d_grouped):
-            gC_mn = cute.local_tile(args.mC_mn, (tm, tn), (None, None, None))
-        else:
-            gC_mn = cute.local_tile(args.mC_mn, (tm, tn), (None, None))
 
-        a_cta_layout = cute.make_layout(cute.slice_(cluster.cta_layout_mnk, (0, None, 0)).shape)
-        tAsA, tAgA = cpasync.tma_partition(
-            args.tma_atom_a,
-            cluster.coord_mnk[1],
-            a_cta_layout,
-            cute.group_modes(sA, 0, 2),
-            cute.group_modes(gA_mk, 0, 2),
-        )
-        tAsA_tail = None
-        tAgA_tail = None
-        if cutlass.const_expr(self.a_tail_slices > 0):
-            # (16, bK, RestM16, RestK): the tail tile's slices, never multicast, into sA's bytes.
-            sA_tail = storage.sA.get_tensor(args.a_tail_layout_staged.outer, swizzle=args.a_tail_layout_staged.inner)
-            gA_tail = cute.local_tile(args.mA_mk, (A_TAIL_SLICE_ROWS, tk), (None, None))
-            tAsA_tail, tAgA_tail = cpasync.tma_partition(
-                args.tma_atom_a_tail,
-                0,
-                cute.make_layout(1),
-                cute.group_modes(sA_tail, 0, 2),
-                cute.group_modes(gA_tail, 0, 2),
-            )
-        b_cta_layout = cute.make_layout(cute.slice_(cluster.cta_layout_mnk, (None, 0, 0)).shape)
-        tBsB, tBgB = cpasync.tma_partition(
-            args.tma_atom_b,
-            cluster.coord_mnk[0],
-            b_cta_layout,
-            cute.group_modes(sB, 0, 2),
-            cute.group_modes(gB_nk, 0, 2),
-        )
-        tBsB_other = None
-        tBgB_other = None
-        b_own_mask = None
-        if cutlass.const_expr(self.b_shared_per_tile):
-            # The peer's half of B (its multicast slice), which this CTA loads itself for tiles
-            # whose pair belongs to two groups; a multicast to this CTA alone.
-            tBsB_other, tBgB_other = cpasync.tma_partition(
-                args.tma_atom_b,
-                cm - 1 - cluster.coord_mnk[0],
-                b_cta_layout,
-                cute.group_modes(sB, 0, 2),
-                cute.group_modes(gB_nk, 0, 2),
-            )
-            b_own_mask = cutlass.Int16(1) << cutlass.Int16(cluster.cta_rank)
-        return LoadPartitions(
-            gA_mk, gC_mn, tAsA, tAgA, tAsA_tail, tAgA_tail, tBsB, tBgB, tBsB_other, tBgB_other, b_own_mask
-        )
 
-    @cute.jit
-    def _math_fragments(self, tiled_mma, sA, sB, gC_mn, tidx, warp_group_idx) -> "MathFragments":
-        """A math warpgroup's WGMMA operand fragments and accumulators. The block-scaled path
-        promotes each K block's WGMMA result into `promoted`; the epilogue stores whichever tensor
-        holds the final sum."""
-        tm, tn, _ = self.tile_shape_mnk
-        mma_wg_layout = cute.make_layout(self.num_mma_warpgroups, stride=THREADS_PER_WARPGROUP)
-        thr_mma = tiled_mma.get_slice(mma_wg_layout(warp_group_idx - 1))
-        tCsA = thr_mma.partition_A(sA)
-        tCsB = thr_mma.partition_B(sB)
-        tCrA = tiled_mma.make_fragment_A(tCsA)
-        tCrB = tiled_mma.make_fragment_B(tCsB)
-        tCgC = thr_mma.partition_C(gC_mn)
-        accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
-        promoted = accumulators
-        accs = None
-        tCcC = None
-        if cutlass.const_expr(self.block_scaled):
-            # The ring of WGMMA accumulators of one wave (64 rows per warpgroup); `promoted`
-            # holds the tile's sum.
-            accs = tuple(
-                cute.make_rmem_tensor((tCgC.shape[0], 1, 1), self.acc_dtype)
-                for _ in range(self.wgmma_accumulators)
-            )
-            promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
-            # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
-            # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's).
-            thr_mma_own = tiled_mma.get_slice(tidx - THREADS_PER_WARPGROUP)
-            tCcC = thr_mma_own.partition_C(cute.make_identity_tensor((tm, tn)))
-        return MathFragments(tCrA, tCrB, accumulators, promoted, accs, tCcC)
-
-    @cute.jit
-    def _tile_walk(self, args: "GemmArgs", gA_mk, gC_mn, metadata: "GroupMetadata", cluster_coord_mnk) -> "TileWalk":
-        """The persistent walk both roles take: how many work units there are (cluster tiles;
-        masked: those of each group's rows; k-grouped: over the groups; split K: tiles times
-        splits; tail split: `_tail_plan`'s cursor bound), this cluster's first and the stride."""
-        cm, cn = self.cluster_shape_mn
-        k_tile_cnt = cute.size(gA_mk, mode=[3])
-        tiles_m = cute.size(gC_mn, mode=[2])
-        tiles_n = cute.size(gC_mn, mode=[3])
-        ct_m = (tiles_m + cm - 1) // cm
-        ct_n = (tiles_n + cn - 1) // cn
-        num_cluster_tiles = ct_m * ct_n
-        if cutlass.const_expr(self.fast_raster):
-            # Every role locates its tiles with these divisors (`_cluster_tile_coord`).
-            self.raster_divisors = self._make_raster_divisors(ct_m, ct_n)
-        if cutlass.const_expr(self.masked):
-            num_cluster_tiles = self._masked_total(metadata.mMasked, args.mA_mk.shape[0], ct_n)
-        if cutlass.const_expr(self.k_grouped):
-            num_cluster_tiles = self._k_grouped_total(metadata.mSizes, num_cluster_tiles, k_tile_cnt)
-        if cutlass.const_expr(self.split_k):
-            # Work units: (cluster tile, split), the splits of a tile adjacent.
-            num_cluster_tiles = num_cluster_tiles * args.k_splits
-        _, _, first_tile = cute.arch.block_idx()
-        _, _, tile_stride = cute.arch.grid_dim()
-        tail = None
-        if cutlass.const_expr(self.tail_split):
-            tail, num_cluster_tiles = self._tail_plan(
-                num_cluster_tiles, tile_stride, first_tile, k_tile_cnt, args.tail_split
-            )
-            first_tile = self._first_unit(first_tile, tail)
-        return TileWalk(first_tile, tile_stride, num_cluster_tiles, ct_m, ct_n, k_tile_cnt, cluster_coord_mnk, tail)
 
     @cute.jit
     def _locate(self, args: "GemmArgs", walk: "TileWalk", metadata: "GroupMetadata", t):
@@ -976,13 +424,13 @@ class HopperGemmKernel(
     ):
         """Walk the tiles; per tile, per K block: wait for a free stage and issue its TMA loads."""
         producer_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Producer, self.ab_stage
+            pipeline.PipelineUserType.Producer, self.schedule.stages
         )
         desc_a = None
         desc_b = None
         load_desc_a = None
         load_desc_b = None
-        if cutlass.const_expr(self.k_grouped):
+        if cutlass.const_expr(self.schedule.op.is_k_grouped):
             # Start from the host's descriptors (swizzle, box, dtype); only address, extents
             # and strides change per group.
             desc_a, desc_b, load_desc_a, load_desc_b = self._group_descriptor_slots(
@@ -1000,7 +448,7 @@ class HopperGemmKernel(
         t = walk.first_tile
         while t < walk.num_cluster_tiles:
             group, tile_m, tile_n, first_block, tile_k_tiles = self._locate(args, walk, metadata, t)
-            if cutlass.const_expr(self.k_grouped):
+            if cutlass.const_expr(self.schedule.op.is_k_grouped):
                 if group != current_group:
                     self._point_descriptors_at_group(
                         args.tma_atom_a, args.tma_atom_b, args.a_base_ptr, args.b_base_ptr, args.mC_mn.shape[0],
@@ -1027,10 +475,10 @@ class HopperGemmKernel(
     ):
         """The tile's A partition, its K block count (contiguous: none for a pair of padding tiles)
         and what its stages load besides A (`StageLoads`)."""
-        if cutlass.const_expr(self.masked):
+        if cutlass.const_expr(self.schedule.op.is_masked):
             tAgA_k = loads.tAgA[(None, tile_m, None, group)]
             tBgB_k = loads.tBgB[(None, tile_n, None, group)]
-        elif cutlass.const_expr(self.m_grouped):
+        elif cutlass.const_expr(self.schedule.op.is_m_grouped):
             tAgA_k = loads.tAgA[(None, tile_m, None)]
             group, peer_group = self._contiguous_groups(args, walk, metadata, t)
             # A tile of padding rows only is not loaded (nor computed).
@@ -1044,7 +492,7 @@ class HopperGemmKernel(
             tBgB_k = loads.tBgB[(None, tile_n, None)]
         # A and B are addressed from the unit's first K block, like the scales, except in
         # the k-grouped op, whose descriptors already start at the group's.
-        ab_first_block = cutlass.Int32(0) if self.k_grouped else first_block
+        ab_first_block = cutlass.Int32(0) if self.schedule.op.is_k_grouped else first_block
         stage_loads = StageLoads(
             args.tma_atom_b, tBgB_k, loads.tBsB, cluster.b_mcast_mask, load_desc_b, args.tma_atom_sfa,
             scales.tSFAgSFA, scales.tSFAsSFA, args.tma_atom_sfb, scales.tSFBgSFB, scales.tSFBsSFB, ab_first_block,
@@ -1100,10 +548,10 @@ class HopperGemmKernel(
         """Walk the tiles; per tile: the main loop (WGMMA, with promotion where block-scaled), the
         grouped layouts' padding rows, split K's fix-up, then the epilogue's stores."""
         read_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.ab_stage
+            pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
         release_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.ab_stage
+            pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
         num_k_blocks = cute.size(fragments.tCrA, mode=[2])
         epi = self._epilogue_partitions(tiled_mma, fragments.promoted, sC, tidx)
@@ -1131,7 +579,9 @@ class HopperGemmKernel(
                 # The rows' groups for the padding rows of D are read now too and used after
                 # the main loop.
                 group, peer_group = self._contiguous_groups(args, walk, metadata, t, sync.warpgroup_row)
-                row_groups = self._row_groups(fragments.promoted, fragments.tCcC, metadata.mIdx, args.mB_nk.shape[2], tile_m)
+                row_groups = self._row_groups(
+                    fragments.promoted, fragments.tCcC, metadata.mIdx, args.mB_nk.shape[2], tile_m
+                )
                 tile_k_tiles = walk.k_tile_cnt if group >= 0 else cutlass.Int32(0)
                 sfb_group = cutlass.max(group, 0)
                 if cutlass.const_expr(self.b_shared_per_tile):
@@ -1147,7 +597,7 @@ class HopperGemmKernel(
                 if args.zero_padding != 0:
                     self._zero_padding_rows(fragments.promoted, row_groups)
                 write_tile = cutlass.Int32(1) if (group >= 0) | (args.zero_padding != 0) else cutlass.Int32(0)
-            if cutlass.const_expr(self.split_k):
+            if cutlass.const_expr(self.schedule.splits_k):
                 write_tile = self._split_k_fixup(
                     fragments.promoted, t % args.k_splits, tile_m * (walk.ct_n * self.cluster_shape_mn[1]) + tile_n,
                     args.k_splits, args.split_counters_ptr, args.split_partials_ptr,
@@ -1171,10 +621,10 @@ class HopperGemmKernel(
         contiguous: none for padding tiles). Returns the advanced (read, release) states."""
         promoted = fragments.promoted  # a local: the run-time branch below fills it
         tile_sfb = scales.mSFB
-        if cutlass.const_expr(self.split_k):
+        if cutlass.const_expr(self.schedule.splits_k):
             # SFB columns from the split's first K block on (stride 1 along K).
             tile_sfb = cute.make_tensor(scales.mSFB.iterator + first_block, scales.mSFB.layout)
-        if cutlass.const_expr(self.block_scaled):
+        if cutlass.const_expr(self.schedule.block_scaled):
             tile_args = (
                 fragments.accs, promoted, fragments.tCrA, fragments.tCrB, fragments.tCcC, scales.sSFA,
                 tile_sfb, mainloop_pipeline,
@@ -1264,17 +714,17 @@ class HopperGemmTemplate(GemmContract):
 
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
-        if self.k_grouped:
+        if schedule.op.is_k_grouped:
             self.kernel = HopperKGroupedFp8GemmKernel(schedule)
-        elif self.sfb_per_row:
+        elif schedule.op.scales_b_per_row:
             self.kernel = HopperFp8WgradKernel(schedule)
-        elif self.masked:
+        elif schedule.op.is_masked:
             self.kernel = HopperMaskedFp8GemmKernel(schedule)
-        elif self.m_grouped:
+        elif schedule.op.is_m_grouped:
             self.kernel = HopperMGroupedFp8GemmKernel(schedule)
-        elif self.split_k:
+        elif schedule.splits_k:
             self.kernel = HopperSplitKFp8GemmKernel(schedule)
-        elif self.block_scaled:
+        elif schedule.block_scaled:
             self.kernel = HopperFp8GemmKernel(schedule)
         else:
             self.kernel = HopperGemmKernel(schedule)

@@ -1,4 +1,5 @@
-"""The Hopper GEMM's math main loops: plain WGMMA accumulation and the block-scaled promotion (waves, accumulator rings, SFB in registers).
+"""The Hopper GEMM's math main loops: plain WGMMA accumulation and the block-scaled promotion
+(waves, accumulator rings, SFB in registers).
 
 Importing this module imports the CuTe DSL; only the generator does that.
 """
@@ -103,7 +104,7 @@ class HopperMainloop:
         # chunk c (`chunk0`, `chunk1` for the second scale block) and of the next (`ahead0`,
         # `ahead1`), loaded a chunk ahead; a block's value is one shuffle. A global load per
         # block, with the address arithmetic ptxas redoes for it each time, made 256x128 tiles
-        # at M = 4096 2.5-3% slower and 128x192 ones 8% (NOTES.md).
+        # at M = 4096 2.5-3% slower and 128x192 ones 8% (NOTES N46).
         rows = self._sfb_rows(mSFB, nb0, nb1, group)
         chunk0, chunk1 = self._lane_sfb(rows, 0, k_tile_cnt)
         ahead0, ahead1 = self._lane_sfb(rows, SFB_CHUNK_BLOCKS, k_tile_cnt)
@@ -113,8 +114,8 @@ class HopperMainloop:
         # SFB (weight gradients) is read from the stage by the promotion, after the wait, unless
         # the schedule reads it while the WGMMAs run (`Schedule.column_scales_early`); only then
         # is the stage done with before the promotion and the loop unrolled.
-        early_columns = self.column_scales_early
-        stage_done_before_promotion = not self.sfb_per_row or early_columns
+        early_columns = self.schedule.column_scales_early
+        stage_done_before_promotion = not self.schedule.op.scales_b_per_row or early_columns
         unroll = 2 if stage_done_before_promotion else 1
         if cutlass.const_expr(rows is None):  # per-row SFB comes from the stages: one chunk
             read_state, mma_state, next_stage_ready = self._mainloop_chunk(
@@ -155,7 +156,7 @@ class HopperMainloop:
         round and those after the last round run the loop with run-time stage indices."""
         args = (acc, promoted, tCrA, tCrB, tCcC, sSFA, sSFB, pipe)
         rest = (first, k_tile_cnt, num_k_blocks, chunk0, chunk1, boundary, early_columns, stage_done_before_promotion)
-        if cutlass.const_expr(not self.static_stage_rounds):
+        if cutlass.const_expr(not self.schedule.static_stage_rounds):
             read_state, mma_state, next_stage_ready = self._mainloop_blocks(
                 tiled_mma, *args, read_state, mma_state, next_stage_ready, 0, blocks, unroll, *rest
             )
@@ -215,7 +216,7 @@ class HopperMainloop:
         Returns (read_state, mma_state, next_stage_ready)."""
         k_tile = first + j
         sfb0, sfb1 = self._chunk_sfb(chunk0, chunk1, j)
-        for wave in cutlass.range_constexpr(self.all_waves):
+        for wave in cutlass.range_constexpr(self.schedule.all_waves):
             mma_state = self._issue_wave(
                 tiled_mma, acc, tCrA, tCrB, pipe, mma_state, num_k_blocks, wave, next_stage_ready
             )
@@ -224,7 +225,7 @@ class HopperMainloop:
             if cutlass.const_expr(early_columns):
                 sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
             warpgroup.wait_group(0)
-            last_wave = wave == self.all_waves - 1
+            last_wave = wave == self.schedule.all_waves - 1
             if cutlass.const_expr(last_wave and stage_done_before_promotion):
                 read_state, next_stage_ready = self._release_and_probe(
                     pipe, read_state, None, k_tile, k_tile_cnt
@@ -276,7 +277,7 @@ class HopperMainloop:
         constant, each accumulator chunk's scale is fixed at compile time; a run-time boundary
         costs a compare and a select per chunk and row in every promotion, which made 112- to
         192-wide tiles slower than 128-wide ones. Returns the advanced pipeline state."""
-        if cutlass.const_expr(self.single_sfb_block or self.sfb_per_row):
+        if cutlass.const_expr(self.single_sfb_block or self.schedule.op.scales_b_per_row):
             read_state = self._block_scaled_tile_at(
                 tiled_mma, accs, promoted, tCrA, tCrB, tCcC, sSFA, mSFB, pipe, read_state,
                 k_tile_cnt, num_k_blocks, tile_n, group, sSFB, may_be_empty, None,
@@ -358,7 +359,7 @@ class HopperMainloop:
         n0 = tile_n * self.tile_shape_mnk[1]
         nb0 = n0 // SCALE_BLOCK
         nb1 = nb0
-        if cutlass.const_expr(not self.sfb_per_row):
+        if cutlass.const_expr(not self.schedule.op.scales_b_per_row):
             nb0 = cutlass.min(nb0, mSFB.shape[0] - 1)
             nb1 = cutlass.min(nb0 + 1, mSFB.shape[0] - 1)
         # Columns of this tile before `boundary` belong to scale block nb0, the rest to nb1.
@@ -390,7 +391,7 @@ class HopperMainloop:
         # promotion (SFB from global memory, its two SFA rows from the stage), so neither
         # latency is on the promotion's path: slot b % D holds (sfb0, sfb1, sfa row, row + 8).
         # SFB is not held in warp registers as in `_mainloop_block_scaled`: its load is already
-        # off the critical path here, and a per-block chunk check measured 0.95-0.99x (NOTES.md).
+        # off the critical path here, and a per-block chunk check measured 0.95-0.99x (NOTES N49).
         scales = cute.make_rmem_tensor(4 * depth, cutlass.Float32)
         rows = self._sfb_rows(mSFB, nb0, nb1, group)
         for j in cutlass.range_constexpr(depth - 1):
@@ -405,7 +406,7 @@ class HopperMainloop:
         # the probing promotion hands the stage back before promoting, and per-row SFB is read
         # from the stage by the promotion (the default catalogue has no per-row ring; a
         # schedule that had one computed wrong sums with the probe).
-        probe_next_stage = depth == 2 and self.single_sfb_block and not self.sfb_per_row
+        probe_next_stage = depth == 2 and self.single_sfb_block and not self.schedule.op.scales_b_per_row
         next_stage_ready = cutlass.Boolean(False)
         for _ in range((k_tile_cnt - (depth - 1)) // depth):
             for j in cutlass.range_constexpr(depth):
@@ -546,8 +547,8 @@ class HopperMainloop:
         """The tile's SFB rows over K (scale blocks nb0 and nb1, of `group` in the grouped
         layouts); None when SFB is per row (those scales come from the stage)."""
         rows = None
-        if cutlass.const_expr(not self.sfb_per_row):
-            if cutlass.const_expr(self.m_grouped):
+        if cutlass.const_expr(not self.schedule.op.scales_b_per_row):
+            if cutlass.const_expr(self.schedule.op.is_m_grouped):
                 rows = (mSFB[(nb0, None, group)], mSFB[(nb1, None, group)])
             else:
                 rows = (mSFB[(nb0, None)], mSFB[(nb1, None)])
@@ -570,7 +571,7 @@ class HopperMainloop:
         """(sfb0, sfb1) of the block `in_chunk` of the current chunk: lane in_chunk's values."""
         sfb0 = chunk0
         sfb1 = chunk1
-        if cutlass.const_expr(not self.sfb_per_row):
+        if cutlass.const_expr(not self.schedule.op.scales_b_per_row):
             sfb0 = cute.arch.shuffle_sync(chunk0, in_chunk)
             sfb1 = sfb0
             if cutlass.const_expr(not self.single_sfb_block):
@@ -587,7 +588,7 @@ class HopperMainloop:
 
     def _wave_rc(self, wave: int) -> tuple[int, int]:
         """(row block, column block) of wave `wave` in a math warpgroup's accumulator fragment."""
-        if self.column_waves > 1:
+        if self.schedule.column_waves > 1:
             return 0, wave
         return wave, 0
 
@@ -614,7 +615,7 @@ class HopperMainloop:
             cute.gemm(tiled_mma, acc, a_frag, b_frag, acc)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
-        if cutlass.const_expr(wave == self.all_waves - 1):
+        if cutlass.const_expr(wave == self.schedule.all_waves - 1):
             mma_state.advance()
         return mma_state
 
@@ -651,7 +652,7 @@ class HopperMainloop:
             else:
                 # Read ahead by the accumulator ring: row r for elements 0, 1 (mod 4), r + 8 else.
                 sfa = sfa_rows[(i // 2) % 2]
-            if cutlass.const_expr(self.sfb_per_row):
+            if cutlass.const_expr(self.schedule.op.scales_b_per_row):
                 p0[i] = sfa
             else:
                 # _opaque: formed here, once per row; without it the compiler sinks the
@@ -684,23 +685,23 @@ class HopperMainloop:
         row, col = self._wave_rc(wave)
         promoted_w = promoted[(None, row, col)]
         # A column wave's elements start at its first column of the tile.
-        wave_col0 = col * self.wave_columns
-        if cutlass.const_expr(self.sfb_per_row and sfb_col is None):
+        wave_col0 = col * self.schedule.wave_columns
+        if cutlass.const_expr(self.schedule.op.scales_b_per_row and sfb_col is None):
             # One scale per column (row of B); identical columns share one load. Read after the
             # wait: two-wave tiles have no room to hold a thread's 32 column scales across it.
             sfb_col = self._stage_sfb_columns(tCcC, sSFB, read_state, wave)
-        if cutlass.const_expr(wave == self.all_waves - 1 and not released):
+        if cutlass.const_expr(wave == self.schedule.all_waves - 1 and not released):
             pipe.consumer_release(read_state)
             read_state.advance()
         # WGMMA accumulator layout (PTX ISA, m64nNk32 D fragment): element i of a thread is column
         # c0 + 8*(i//4) + i%2 with c0 = coords[0] even and < 8; the SFB boundary is a multiple of
         # 16, so element i lies before it exactly when its 8-column chunk does: 8*(i//4) <
         # boundary, which `_block_scaled_tile` makes a compile-time constant.
-        if cutlass.const_expr(not self.single_sfb_block and not self.sfb_per_row):
+        if cutlass.const_expr(not self.single_sfb_block and not self.schedule.op.scales_b_per_row):
             assert isinstance(boundary, int), "two-block tiles promote with a constant boundary"
         for i in cutlass.range_constexpr(cute.size(acc)):
             scale = p0[i]
-            if cutlass.const_expr(self.sfb_per_row):
+            if cutlass.const_expr(self.schedule.op.scales_b_per_row):
                 scale = p0[i] * sfb_col[i]
             elif cutlass.const_expr(not self.single_sfb_block):
                 scale = p0[i] if cutlass.const_expr(wave_col0 + 8 * (i // 4) < boundary) else p1[i]

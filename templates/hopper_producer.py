@@ -27,9 +27,8 @@ L2_EVICT_LAST = 0x14F0000000000000
 # from every tile row at about the same time and never again. Their B loads are marked
 # evict-first and their A loads evict-last, so that streaming B replaces B's own earlier lines,
 # not A and not what other kernels left in L2 (dirty lines there would be written back during
-# the GEMM). On an H200: M <= 128 ran 1.00-1.13x faster; masked groups of max_m 256 and 512 ran
-# 1.01-1.06x faster; M = 4096, where later tile rows read every B tile again, lost 1.5% with the
-# same policies (NOTES.md).
+# the GEMM). Measured: M <= 128 1.00-1.13x faster, masked groups of max_m 256-512 1.01-1.06x;
+# M = 4096, where later tile rows read every B tile again, lost up to 1.5% with them (NOTES N40).
 STREAMED_B_MAX_TILE_ROWS = 2
 
 
@@ -162,13 +161,13 @@ class HopperProducer:
                     loads.tma_atom_b, loads.tBgB_other_k[(None, b_block)], loads.tBsB_other[(None, state.index)],
                     tma_bar_ptr=barrier, mcast_mask=loads.own_mask,
                 )
-        if cutlass.const_expr(self.block_scaled):
-            if cutlass.const_expr(self.masked):
+        if cutlass.const_expr(self.schedule.block_scaled):
+            if cutlass.const_expr(self.schedule.op.is_masked):
                 sfa_src = loads.tSFAgSFA[(None, loads.tile_m, state.count, loads.group)]
             else:
                 sfa_src = loads.tSFAgSFA[(None, loads.tile_m, loads.first_block + state.count)]
             cute.copy(loads.tma_atom_sfa, sfa_src, loads.tSFAsSFA[(None, state.index)], tma_bar_ptr=barrier)
-        if cutlass.const_expr(self.sfb_per_row):
+        if cutlass.const_expr(self.schedule.op.scales_b_per_row):
             cute.copy(
                 loads.tma_atom_sfb,
                 loads.tSFBgSFB[(None, loads.tile_n, loads.first_block + state.count)],

@@ -64,7 +64,7 @@ MIN_CTAS_PER_SM = {"per_token": 4, "per_token_staged": 3, "grouped": 3, "per_blo
 # min_blocks_per_mp > 1 (it is a host-side launch hint; the runtime does not set it).
 SMEM_CARVEOUT_PERCENT = 100
 # The grouped kernel claims tiles from its counter when it has more than this many per CTA, and
-# otherwise walks bidx, bidx + grid, ... (2 and 8 measured alike on the H200: NOTES.md).
+# otherwise walks bidx, bidx + grid, ... (2 and 8 measured alike: NOTES N33).
 DYNAMIC_TILES_PER_CTA = 2
 
 

@@ -21,7 +21,8 @@ SPLIT_K_MAX_READ_BATCH = 8
 
 
 class SplitKFamily:
-    """Split K (a tile's K blocks over several CTAs, reduced by the last to arrive) and the tail split (the last wave's K blocks shared by every cluster, reduce-added into D)."""
+    """Split K (a tile's K blocks over several CTAs, reduced by the last to arrive) and the tail
+    split (the last wave's K blocks shared by every cluster, reduce-added into D)."""
 
     @cute.jit
     def _tail_plan(self, cluster_tiles, clusters, cluster, k_tile_cnt, enabled):

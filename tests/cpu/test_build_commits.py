@@ -128,7 +128,7 @@ def test_cache_entry_counts_only_when_whole(tmp_path):
         "smem_bytes": 1024, "pdl": False, "cooperative": False,
         "grid": {"kind": "persistent_clusters", "tile_m": 128, "tile_n": 128, "cluster_m": 1, "cluster_n": 1,
                  "extent_m": "M", "extent_n": "N"},
-        "operands": [], "params": [], "schedule": {}, "toolchain": {},
+        "operands": [], "params": [], "schedule": {}, "toolchain": {}, "facts": {}, "requires": [],
     }
     (entry / build.MANIFEST_FILE).write_text(json.dumps(manifest))
     (entry / build.META_FILE).write_text(json.dumps({"sha256": digest}))

@@ -1173,9 +1173,9 @@ def test_verify_expected_mma_table():
         ({}, {"schedule": {"consumer_regs": 264}}, "registers", ["consumer_regs=264"]),
         ({"static_smem_bytes": 2048}, {"smem_bytes": 231424}, "smem", ["231424 dynamic + 2048 static"]),
         ({}, {"op": "mystery_op"}, "mma", ["no expected MMA opcode", "EXPECTED_MMA"]),
-        ({"wgmma_waits": {"0": 17}}, {"wgmma_accumulators": 2}, "wgmma_pipeline", ["serialised", "need 1"]),
-        ({"wgmma_waits": {"0": 5, "1": 4}}, {"wgmma_accumulators": 4}, "wgmma_pipeline", ["leaves 1", "need 3"]),
-        ({}, {"wgmma_accumulators": 2}, "wgmma_pipeline", ["does not count the WGMMA waits"]),
+        ({"wgmma_waits": {"0": 17}}, {"facts": {"wgmma_accumulators": 2}}, "wgmma_pipeline", ["serialised", "need 1"]),
+        ({"wgmma_waits": {"0": 5, "1": 4}}, {"facts": {"wgmma_accumulators": 4}}, "wgmma_pipeline", ["leaves 1", "need 3"]),
+        ({}, {"facts": {"wgmma_accumulators": 2}}, "wgmma_pipeline", ["does not count the WGMMA waits"]),
     ],
 )
 def test_verify_detects_each_failure(tmp_path, sass, manifest_change, check, words):

@@ -21,6 +21,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from cutegen.runtime import heuristics
 from cutegen.runtime.grouped_ops import contiguous_alignment
 from cutegen.runtime.params import align
@@ -67,8 +69,7 @@ def manifest_from_name(name: str) -> KernelManifest:
         params=[TAIL_SPLIT_PARAM] if s.op.splits_last_wave else [],
         schedule=s.to_dict(),
         toolchain={},
-        wgmma_accumulators=s.wgmma_accumulators,
-        column_scales_early=s.column_scales_early,
+        facts=s.facts(),
     )
 
 
@@ -271,12 +272,20 @@ def test_ties_go_to_the_multicast_of_the_larger_operand():
     assert "_c2x1_mcb_" in contiguous[0].name
 
 
-def test_whole_tile_epilogues_mirror_the_schedules():
-    """The heuristic's list of the epilogues that stage the whole output tile is the schedule
-    vocabulary's (`Epilogue.stages_whole_tile`), by value."""
-    from cutegen.schedules.spec import Epilogue
+def test_the_heuristic_reads_facts_that_every_manifest_records():
+    """Every fact the heuristic reads is one the generator records (`spec.FACTS`), and a manifest
+    without one is refused with the fact's name, never scored on a guess."""
+    import re
 
-    assert set(heuristics.WHOLE_TILE_EPILOGUES) == {e.value for e in Epilogue if e.stages_whole_tile}
+    from cutegen.runtime.manifest import ManifestError
+    from cutegen.schedules.spec import FACTS
+
+    read = set(re.findall(r'fact\("(\w+)"\)', Path(heuristics.__file__).read_text()))
+    assert read and read <= set(FACTS), read - set(FACTS)
+    name = "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s5_wg2_r40x232_epitma_rm_g8"
+    bare = dataclasses.replace(manifest_from_name(name), facts={})
+    with pytest.raises(ManifestError, match="records no fact 'splits_k'"):
+        heuristics.score(bare, 128, 4096, 7168)
 
 
 def test_tail_split_rule_mirrors_the_kernels():

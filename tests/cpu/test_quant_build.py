@@ -29,11 +29,11 @@ QUANT = [s for s in default_schedules() if s.op.is_quantize]
 NAMES = sorted(procedural_name(s) for s in QUANT)
 # One tile per batch: double-buffered in registers for 16-bit inputs, one buffer for fp32; tiles
 # of 8 rows x 512 columns (MN-major scales) and 4 rows x 1024 columns (K-major scales).
-PER_TOKEN = "cutegen_sm90a_ptquant_{dt}_{dt}_e4m3_f32_{sf}_8x512x128_c1x1_mc0_s{st}_wg2_r0x0_epitma_rm_g1"
+PER_TOKEN = "cutegen_sm90a_ptquant_{dt}_e4m3_{sf}_8x512x128_s{st}_wg2"
 PER_TOKEN_WIDE = PER_TOKEN.replace("_8x512x128_", "_4x1024x128_")
 PER_TOKEN_STAGES = {"bf16": 1, "f16": 1, "f32": 1}
-PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_{dt}_e4m3_f32_sff32_128x128x128_c1x1_mc0_s1_wg2_r0x0_epitma_rm_g1"
-GROUPED = "cutegen_sm90a_gtquant_bf16_bf16_e4m3_f32_sff32_128x64x128_c1x1_mc0_s2_wg2_r0x0_epitma_rm_g1"
+PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_e4m3_sff32_128x128x128_s1_wg2"
+GROUPED = "cutegen_sm90a_gtquant_bf16_e4m3_sff32_128x64x128_s2_wg2"
 # Registers the occupancy design assumes: per-token 4 CTAs of 256 threads per SM, grouped 3
 # (its .minnctapersm), per-block 2.
 MAX_REGISTERS = {"ptquant": 64, "gtquant": 85, "pbquant": 128}
@@ -93,7 +93,7 @@ def test_ptx_uses_the_specified_numerics(built, name):
     assert "ld.global.v4" in ptx  # 128-bit loads
     if "_gtquant_" in name:
         assert "st.global.v4" in ptx  # 128-bit stores of q
-    if "_ptquant_" in name and "_f32_f32_" not in name:
+    if "_ptquant_" in name and "_ptquant_f32_" not in name:
         assert "st.global.v2.b32" in ptx  # a lane's 8 q bytes per 16-byte input piece
 
 

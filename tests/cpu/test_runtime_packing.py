@@ -128,7 +128,18 @@ def make_manifest(
         params=gemm_params() if params is None else params,
         schedule={"tile_m": tile_m, "tile_n": tile_n, "multicast": multicast},
         toolchain={"cutlass_dsl": "4.8.1"},
+        facts=bf16_facts(tile_m, tile_n, cluster_m, cluster_n, multicast, arch),
     )
+
+
+def bf16_facts(tile_m: int, tile_n: int, cluster_m: int, cluster_n: int, multicast: str, arch: str) -> dict:
+    """The derived facts a bf16 GEMM kernel of this tile and cluster records (`Schedule.facts`)."""
+    from cutegen.schedules import parse_name
+
+    mc = {"none": "0", "a": "a", "b": "b", "ab": "ab"}[multicast]
+    name = (f"cutegen_{arch.replace('_', '')}_gemm_bf16_bf16_bf16_f32_nosf_{tile_m}x{tile_n}x64_c{cluster_m}x{cluster_n}"
+            f"_mc{mc}_s4_wg2_r40x232_epitma_rm_g8")
+    return parse_name(name).facts()
 
 
 def operands(m: int = 1000, n: int = 2000, k: int = 512) -> dict[str, OperandInfo]:

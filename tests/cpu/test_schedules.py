@@ -855,3 +855,28 @@ def test_column_scales_early_where_they_fit():
     assert early[("k_grouped_fp8_gemm_nt_contiguous", 128, 160, 2, 1, 240)]
     assert not early[("k_grouped_fp8_gemm_nt_contiguous", 128, 112, 2, 1, 232)]
     assert early[("fp8_wgrad_gemm_nt", 128, 112, 2, 1, 232)]
+
+
+def test_quantizers_are_named_by_the_fields_they_use():
+    """A quantizer with its unused fields neutral takes the 9-part short form, which `parse_name`
+    inverts; its 17-part spelling is not canonical; a quantizer with a non-neutral unused field
+    (never valid) keeps the long form, so the mapping stays total and one-to-one."""
+    import dataclasses
+
+    from cutegen.schedules.naming import parse_name, procedural_name
+    from cutegen.schedules.predicates import violations
+
+    quant = [s for s in default_schedules() if s.op.is_quantize]
+    assert quant and all(s.quant_neutral for s in quant)
+    for s in quant:
+        name = procedural_name(s)
+        assert len(name.split("_")) == 9 and parse_name(name) == s
+    s = quant[0]
+    long_form = "cutegen_sm90a_ptquant_bf16_bf16_e4m3_f32_sff32_8x512x128_c1x1_mc0_s1_wg2_r0x0_epitma_rm_g1"
+    with pytest.raises(ValueError, match="not a canonical"):
+        parse_name(long_form)
+    odd = dataclasses.replace(s, cluster_m=2)
+    assert len(procedural_name(odd).split("_")) == 17 and parse_name(procedural_name(odd)) == odd
+    assert any(v.name == "quant_unused_fields_neutral" for v in violations(odd))
+    with pytest.raises(ValueError, match="names quantizers only"):
+        parse_name("cutegen_sm90a_fp8gemm_e4m3_bf16_sff32_128x128x128_s4_wg2")

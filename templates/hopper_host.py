@@ -1,0 +1,293 @@
+"""The Hopper GEMM's host side: shared-memory layouts, the tiled MMA, the TMA atoms and the launch,
+and the binding of each kernel parameter for the manifest.
+
+Importing this module imports the CuTe DSL; only the generator does that.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from cutegen.schedules.spec import DType, scale_stage_elems
+from cutegen.templates.gemm_contract import (
+    scale_vector_tma_binding,
+    shape_binding,
+    tma_binding,
+    with_group_mode,
+)
+from cutegen.templates.hopper_producer import A_TAIL_SLICE_ROWS
+
+
+class HopperHost:
+    """What the host function builds before the launch, and what the manifest says of each
+    parameter."""
+
+    def _make_smem_layouts(self):
+        tm, tn, tk = self.tile_shape_mnk
+        k_major = LayoutEnum.ROW_MAJOR  # K contiguous for A [M,K] and B [N,K]
+        a_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(k_major, self.a_dtype, tk), self.a_dtype
+        )
+        a_staged = cute.tile_to_shape(a_atom, (tm, tk, self.schedule.stages), order=(0, 1, 2))
+        # The same bytes as a_tail_slices slices per stage: slice j of stage i is buffer
+        # i·a_tail_slices + j (the swizzle atom spans 8 rows: a slice is a contiguous run).
+        a_tail_staged = None
+        if self.a_tail_slices:
+            a_tail_staged = cute.tile_to_shape(
+                a_atom, (A_TAIL_SLICE_ROWS, tk, self.a_tail_slices * self.schedule.stages), order=(0, 1, 2)
+            )
+        b_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(k_major, self.b_dtype, tk), self.b_dtype
+        )
+        b_staged = cute.tile_to_shape(b_atom, (tn, tk, self.schedule.stages), order=(0, 1, 2))
+        em, en = self.schedule.epi_tile
+        c_atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.c_dtype, en),
+            self.c_dtype,
+        )
+        epi_staged = cute.tile_to_shape(c_atom, (em, en, self.schedule.epilogue_stages), order=(0, 1, 2))
+        return a_staged, a_tail_staged, b_staged, epi_staged
+
+    def _make_tiled_mma(self, atom_layout_mnk=None):
+        """The kernel's tiled WGMMA (its math warpgroups stacked along M; its atom as wide as
+        the tile, or as one column wave), or one over `atom_layout_mnk` warpgroups (the
+        per-warpgroup epilogue's copy takes one)."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype,
+            self.b_dtype,
+            OperandMajorMode.K,
+            OperandMajorMode.K,
+            self.acc_dtype,
+            atom_layout_mnk or self.atom_layout_mnk,
+            tiler_mn=(64, self.schedule.wave_columns),
+        )
+
+    def param_bindings(self) -> list[dict]:
+        """The kernel's parameters in order, each with the binding the runtime fills it from.
+
+        Valid after tracing (the swizzles are read off the shared-memory layouts the DSL built).
+        One entry per `.param`: TMA atom → 128-byte tensor map; TMA coordinate tensor → its
+        dynamic extents as 32-bit integers.
+        """
+        if self.smem_bytes is None:
+            raise RuntimeError("param_bindings() is only known after the kernel has been traced")
+        tm, tn, tk = self.tile_shape_mnk
+        cm, cn = self.cluster_shape_mn
+        em, en = self.schedule.epi_tile
+        s = self.schedule
+
+        def tma(operand: str, dtype: DType, box_rows: int, box_cols: int) -> dict:
+            return tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
+
+        shape = shape_binding
+        scale_vector_tma = scale_vector_tma_binding
+
+        # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
+        a_rows = tm // cn if self.is_a_mcast else tm
+        b_rows = tn // cm if self.is_b_mcast else tn
+        # A [G, max_m, K] (masked) and B [G, N, K] (M-grouped) carry a group mode. The k-grouped
+        # op's flat A and B are viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a
+        # template; the kernel rewrites address, extents and stride per group.
+        k_extent = "KT" if self.schedule.op.is_k_grouped else "K"
+        params = [
+            {"name": "tma_a", **with_group_mode(tma("a", s.a_dtype, a_rows, tk), self.schedule.op.is_masked)},
+            {"name": "extents_a", **shape("a", ["M", k_extent], self.schedule.op.is_masked)},
+            {"name": "tma_b", **with_group_mode(tma("b", s.b_dtype, b_rows, tk), self.schedule.op.is_m_grouped)},
+            {"name": "extents_b", **shape("b", ["N", k_extent], self.schedule.op.is_m_grouped)},
+        ]
+        if self.schedule.block_scaled:
+            params += [
+                {"name": "tma_sfa", **with_group_mode(scale_vector_tma("sfa", tm), self.schedule.op.is_masked)},
+                {"name": "extents_sfa", **shape("sfa", ["M", "KB"], self.schedule.op.is_masked)},
+            ]
+            if self.schedule.op.scales_b_per_row:  # SFB [N, KB] per 1x128 of B, staged like SFA
+                params += [
+                    {"name": "tma_sfb", **scale_vector_tma("sfb", tn)},
+                    {"name": "extents_sfb", **shape("sfb", ["N", "KB"])},
+                ]
+            else:
+                params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
+        params += [
+            {"name": "tma_d", **with_group_mode(tma("d", s.c_dtype, em, en), self.d_grouped)},
+            {"name": "extents_d", **shape("d", ["M", "N"], self.d_grouped)},
+        ]
+        if self.schedule.op.is_masked:
+            params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
+        elif self.schedule.op.is_k_grouped:
+            params += [
+                {"name": "group_sizes", "kind": "pointer", "operand": "group_sizes"},
+                {"name": "workspace", "kind": "pointer", "operand": "workspace"},
+                # A and B again as plain pointers: the per-group descriptors start from them.
+                {"name": "a_base", "kind": "pointer", "operand": "a"},
+                {"name": "b_base", "kind": "pointer", "operand": "b"},
+            ]
+        elif self.schedule.op.is_m_grouped:
+            params += [
+                {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
+                {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
+            ]
+        if self.schedule.splits_k:
+            params += [
+                {"name": "split_counters", "kind": "pointer", "operand": "split_counters"},
+                {"name": "split_partials", "kind": "pointer", "operand": "split_partials"},
+                {"name": "k_splits", "kind": "scalar", "dtype": "i32", "expr": "K_SPLITS"},
+            ]
+        if self.schedule.splits_tail:
+            params.append({"name": "tail_split", "kind": "scalar", "dtype": "i32", "expr": "TAIL_SPLIT"})
+        if self.a_tail_slices:
+            # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
+            params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
+        return params
+
+    @cute.jit
+    def _launch(
+        self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
+        masked_m=None, group_sizes=None, workspace=None, split_counters=None, split_partials=None,
+        k_splits=None, tail_split=None,
+    ):
+        tm, tn, tk = self.tile_shape_mnk
+        cm, cn = self.cluster_shape_mn
+        a_staged, a_tail_staged, b_staged, epi_staged = self._make_smem_layouts()
+        self.smem_swizzles = {
+            "a": str(a_staged.inner),
+            "b": str(b_staged.inner),
+            "d": str(epi_staged.inner),
+        }
+
+        a_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_a_mcast else cpasync.CopyBulkTensorTileG2SOp()
+        b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if self.is_b_mcast else cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_a_tail = None
+        if cutlass.const_expr(self.a_tail_slices > 0):
+            tma_atom_a_tail, _ = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(),
+                a,
+                cute.slice_(a_tail_staged, (None, None, 0)),
+                (A_TAIL_SLICE_ROWS, tk),
+            )
+        tma_atom_a, tma_tensor_a = cpasync.make_tiled_tma_atom(
+            a_op,
+            a,
+            cute.slice_(a_staged, (None, None, 0)),
+            (tm, tk),
+            num_multicast=cn if self.is_a_mcast else 1,
+        )
+        tma_atom_b, tma_tensor_b = cpasync.make_tiled_tma_atom(
+            b_op,
+            b,
+            cute.slice_(b_staged, (None, None, 0)),
+            (tn, tk),
+            num_multicast=cm if self.is_b_mcast else 1,
+        )
+        # D += tile (TMA reduce-add) for the weight-gradient recipe, else a plain TMA store.
+        store_op = (
+            cpasync.CopyReduceBulkTensorTileS2GOp()
+            if self.schedule.op.scales_b_per_row
+            else cpasync.CopyBulkTensorTileS2GOp()
+        )
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            store_op,
+            c,
+            cute.slice_(epi_staged, (None, None, 0)),
+            self.schedule.epi_tile,
+        )
+        # SFA: one column of tile_m scales per stage, contiguous along M (no swizzle); each stage
+        # starts 128-byte aligned, as a TMA destination must.
+        sfa_stride = scale_stage_elems(tm)
+        sfa_staged = cute.make_layout((tm, 1, self.schedule.stages), stride=(1, 0, sfa_stride))
+        tma_atom_sfa = None
+        tma_tensor_sfa = None
+        if cutlass.const_expr(self.schedule.block_scaled):
+            tma_atom_sfa, tma_tensor_sfa = self._scale_vector_tma(sfa, tm)
+        sfa_elems = sfa_stride * self.schedule.stages if self.schedule.block_scaled else 1
+        # SFB per row (weight gradients): 112- or 144-wide tiles pad each stage to 128 bytes.
+        sfb_stride = scale_stage_elems(tn)
+        sfb_staged = cute.make_layout((tn, 1, self.schedule.stages), stride=(1, 0, sfb_stride))
+        tma_atom_sfb = None
+        tma_tensor_sfb = None
+        sfb_arg = sfb
+        if cutlass.const_expr(self.schedule.op.scales_b_per_row):
+            tma_atom_sfb, tma_tensor_sfb = self._scale_vector_tma(sfb, tn)
+            sfb_arg = None
+        sfb_elems = sfb_stride * self.schedule.stages if self.schedule.op.scales_b_per_row else 1
+
+        @cute.struct
+        class SharedStorage:
+            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.schedule.stages * 2]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged)],
+                self.buffer_align_bytes,
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(b_staged)],
+                self.buffer_align_bytes,
+            ]
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged)],
+                self.buffer_align_bytes,
+            ]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfa_elems], 128]
+            # Without per-row SFB its one word holds the split-K arrival count that a tile's first
+            # math thread read, for the others (split-K kernels only).
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfb_elems], 128]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+
+        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters, k_splits)
+        if cutlass.const_expr(self.schedule.splits_tail):
+            # Every cluster the GPU holds when the last wave may be split: with fewer tiles than
+            # clusters, the idle ones take shares of the tiles' K blocks.
+            persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
+
+        kernel_call = self.kernel(
+            tma_atom_a,
+            tma_tensor_a,
+            tma_atom_b,
+            tma_tensor_b,
+            tma_atom_sfa,
+            tma_tensor_sfa,
+            sfb_arg,
+            tma_atom_sfb,
+            tma_tensor_sfb,
+            tma_atom_c,
+            tma_tensor_c,
+            m_indices,
+            zero_padding,
+            masked_m,
+            group_sizes,
+            workspace,
+            split_counters,
+            split_partials,
+            k_splits,
+            a.iterator if self.schedule.op.is_k_grouped else None,
+            b.iterator if self.schedule.op.is_k_grouped else None,
+            tail_split,
+            tma_atom_a_tail,
+            a_staged,
+            a_tail_staged,
+            b_staged,
+            sfa_staged,
+            sfb_staged,
+            epi_staged,
+        )
+        self._launch_persistent(kernel_call, persistent, stream)
+
+    def _scale_vector_tma(self, scales, rows: int):
+        """TMA load of one K block's column of `rows` fp32 scales (contiguous along M or N)."""
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), scales, cute.make_layout((rows, 1)), (rows, 1)
+        )
+
+    @cute.jit
+    def _partition_scale_vector(self, tma_atom, s_staged, m_scales, rows: int):
+        """(stage buffers, global tiles) of a scale vector for its TMA copy; the global side is
+        (TMA, tiles, K blocks[, groups]) — a group mode when the scales have one (masked SFA)."""
+        tiler = (None,) * cute.rank(m_scales)
+        g_tiles = cute.local_tile(m_scales, (rows, 1), tiler)
+        return cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(s_staged, 0, 2), cute.group_modes(g_tiles, 0, 2)
+        )

@@ -1,0 +1,72 @@
+"""CPU tier: each GEMM op's contract (`gemm_contract.op_contract`) is the one statement of its
+interface: the manifest's operands and the traced fake arguments derive from it, and every
+kernel class's entry point takes exactly its arguments, in its order."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from cutegen.schedules.contract import op_contract  # noqa: E402
+from cutegen.schedules.loader import default_schedules  # noqa: E402
+from cutegen.templates.registry import load_template  # noqa: E402
+
+GEMMS = {(s.arch, s.op, s.scale, s.epilogue.splits_k): s for s in default_schedules() if not s.op.is_quantize}
+
+
+@pytest.mark.parametrize("schedule", list(GEMMS.values()), ids=lambda s: f"{s.arch.value}-{s.op.value}-{s.scale.value}")
+def test_entry_points_take_the_contract_in_order(schedule):
+    template = load_template(schedule)
+    call = inspect.unwrap(type(template.kernel).__call__)
+    names = [p for p in inspect.signature(call).parameters if p != "self"]
+    assert names == template.entry_names()
+    fakes = template.fake_arguments()
+    assert len(fakes) == len(names)
+    operands = [o["name"] for o in template.operands()]
+    assert operands[:2] == ["a", "b"] and set(operands) <= set(names)
+
+
+def test_operands_state_what_the_kernel_takes_as_an_address():
+    """A multi-dimensional operand the kernel takes as a bare pointer is `packed` in the manifest;
+    every written operand is marked so."""
+    for schedule in GEMMS.values():
+        template = load_template(schedule)
+        by_name = {o["name"]: o for o in template.operands()}
+        assert by_name["d"].get("written") is True
+        for arg in template.contract:
+            if not arg.scalar:
+                assert by_name[arg.name].get("packed", False) == (arg.pointer and len(arg.shape) > 1)
+
+
+def test_the_runtime_passes_each_op_its_contract_operands():
+    """The runtime's per-op operand lists (what a call binds, in entry order; the workspaces it
+    supplies itself left out) are the contract's."""
+    pytest.importorskip("torch")
+    from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops
+
+    supplied = {"split_counters", "split_partials", "workspace"}
+
+    def passed(schedule):
+        return tuple(a.name for a in op_contract(schedule) if not a.scalar and a.name not in supplied)
+
+    def operands(schedule):
+        return sorted(a.name for a in op_contract(schedule) if not a.scalar)
+
+    expected = {
+        "fp8_gemm_nt": fp8_ops._CALL_OPERANDS,
+        "fp8_wgrad_gemm_nt": fp8_ops._CALL_OPERANDS,
+        "m_grouped_fp8_gemm_nt_contiguous": grouped_ops._CALL_OPERANDS,
+        "m_grouped_fp8_gemm_nt_masked": grouped_ops._MASKED_OPERANDS,
+        "k_grouped_fp8_gemm_nt_contiguous": k_grouped_ops._CALL_OPERANDS,
+    }
+    seen = set()
+    for (_, op, _, splits), schedule in GEMMS.items():
+        if op.value in expected:
+            assert passed(schedule) == expected[op.value], op
+            seen.add(op.value)
+        if op.value == "fp8_gemm_nt":
+            assert operands(schedule) == (fp8_ops._SPLIT_K_OPERANDS if splits else fp8_ops._OPERANDS)
+    assert seen == set(expected)
