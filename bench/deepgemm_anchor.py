@@ -1,7 +1,7 @@
 """DeepGEMM's own Hopper FP8 GEMM kernels as an anchor measured in the same run as cutegen's.
 
 DeepGEMM (deepseek-ai/DeepGEMM, MIT) compiles its kernels at run time from CUDA C++ headers. This
-module compiles four of its SM90 kernels ahead of time with nvcc, from a DeepGEMM checkout and a
+module compiles five of its SM90 kernels ahead of time with nvcc, from a DeepGEMM checkout and a
 CUTLASS checkout the user names, one cubin per benchmark problem in the configuration DeepGEMM's
 own heuristic picks (`choose_config`), and launches those cubins through cuda-python beside
 cutegen's kernels (`DeepGemmKernel` lists them):
@@ -10,6 +10,8 @@ cutegen's kernels (`DeepGemmKernel` lists them):
   scales, bf16 D), beside `fp8_gemm_nt`;
 - the same kernel over the contiguous grouped layout (`m_indices`), beside
   `m_grouped_fp8_gemm_nt_contiguous`;
+- the same kernel over the masked grouped layout (`masked_m`, each group's rows in a buffer of
+  max_m), beside `m_grouped_fp8_gemm_nt_masked`;
 - the dense 1D1D kernel (`sm90_fp8_gemm_1d1d_impl`: 1x128 scales on both operands, fp32 D
   accumulated in place), beside `fp8_wgrad_gemm_nt`;
 - the same kernel over k-grouped operands (each group's tokens in 128-token blocks, one group
@@ -81,6 +83,7 @@ class DeepGemmKernel(enum.Enum):
 
     DENSE_1D2D = "1d2d"
     CONTIGUOUS_1D2D = "contiguous_1d2d"
+    MASKED_1D2D = "masked_1d2d"
     WGRAD_1D1D = "1d1d"
     K_GROUPED_1D1D = "k_grouped_1d1d"
 
@@ -88,7 +91,8 @@ class DeepGemmKernel(enum.Enum):
     def op(self) -> str:
         """The cutegen op it is timed beside."""
         return {"1d2d": "fp8_gemm_nt", "contiguous_1d2d": "m_grouped_fp8_gemm_nt_contiguous",
-                "1d1d": "fp8_wgrad_gemm_nt", "k_grouped_1d1d": "k_grouped_fp8_gemm_nt_contiguous"}[self.value]
+                "masked_1d2d": "m_grouped_fp8_gemm_nt_masked", "1d1d": "fp8_wgrad_gemm_nt",
+                "k_grouped_1d1d": "k_grouped_fp8_gemm_nt_contiguous"}[self.value]
 
     @property
     def is_1d1d(self) -> bool:
@@ -98,7 +102,13 @@ class DeepGemmKernel(enum.Enum):
     @property
     def is_grouped(self) -> bool:
         """Several groups in one launch (its configurations and names carry the group count)."""
-        return self in (DeepGemmKernel.CONTIGUOUS_1D2D, DeepGemmKernel.K_GROUPED_1D1D)
+        return self in (DeepGemmKernel.CONTIGUOUS_1D2D, DeepGemmKernel.MASKED_1D2D, DeepGemmKernel.K_GROUPED_1D1D)
+
+    @property
+    def counts_every_group(self) -> bool:
+        """Its heuristic counts the tiles of every group, each of the problem's M (the masked layout:
+        the expected rows per group; the k-grouped one: every group's tiles)."""
+        return self in (DeepGemmKernel.MASKED_1D2D, DeepGemmKernel.K_GROUPED_1D1D)
 
     @property
     def symbol(self) -> str:
@@ -110,7 +120,7 @@ class DeepGemmKernel(enum.Enum):
 
     @property
     def gemm_type(self) -> str:
-        return {DeepGemmKernel.CONTIGUOUS_1D2D: "MGroupedContiguous",
+        return {DeepGemmKernel.CONTIGUOUS_1D2D: "MGroupedContiguous", DeepGemmKernel.MASKED_1D2D: "MGroupedMasked",
                 DeepGemmKernel.K_GROUPED_1D1D: "KGroupedContiguous"}.get(self, "Normal")
 
     @property
@@ -136,7 +146,9 @@ def swizzle_bytes(block: int, elem_bytes: int) -> int:
 class DeepGemmConfig:
     """One DeepGEMM kernel instantiation for one problem: its tile, cluster and pipeline. For the
     contiguous layout M is the total row count (every group's rows and padding) over `groups`; for
-    the k-grouped one K is the largest group's tokens (DeepGEMM's expected K), in 128-token blocks."""
+    the masked one the expected rows per group (DeepGEMM's `expected_m`: its buffers' max_m is a
+    run-time value); for the k-grouped one K is the largest group's tokens (DeepGEMM's expected K),
+    in 128-token blocks."""
 
     m: int
     n: int
@@ -223,6 +235,8 @@ def pipeline(m: int, n: int, k: int, block_m: int, block_n: int,
 def _block_ms(m: int, kernel: DeepGemmKernel) -> list[int]:
     if kernel is DeepGemmKernel.CONTIGUOUS_1D2D:
         return [CONTIGUOUS_ALIGNMENT]
+    if kernel is DeepGemmKernel.MASKED_1D2D:
+        return [64, 128]
     small = ([16] if m <= 16 else []) + ([32] if m <= 32 else [])
     # 256-row tiles only with a bf16 D (registers).
     return [64, 128] + small + ([256] if kernel.d_bytes == 2 else [])
@@ -243,7 +257,8 @@ def _sfb_unroll_allows(block_n: int) -> bool:
 def candidates(m: int, n: int, k: int, sms: int, kernel: DeepGemmKernel = DeepGemmKernel.DENSE_1D2D,
                groups: int = 1) -> list[DeepGemmConfig]:
     """The tiles DeepGEMM's SM90 heuristic considers, in its order (no clusters for more than
-    K_GROUPED_MULTICAST_MAX_GROUPS k-grouped groups)."""
+    K_GROUPED_MULTICAST_MAX_GROUPS k-grouped groups; the masked layout multicasts only where the
+    cluster divides its N tiles)."""
     out = []
     extents = (1,) if kernel is DeepGemmKernel.K_GROUPED_1D1D and groups > K_GROUPED_MULTICAST_MAX_GROUPS else (1, 2)
     for cluster_m in extents:
@@ -256,6 +271,8 @@ def candidates(m: int, n: int, k: int, sms: int, kernel: DeepGemmKernel = DeepGe
                         continue
                     if block_m > 128 and block_n > 128:  # registers
                         continue
+                    if kernel is DeepGemmKernel.MASKED_1D2D and ceil_div(n, block_n) % (cluster_m * cluster_n):
+                        continue
                     stages, smem = pipeline(m, n, k, block_m, block_n, kernel)
                     if stages < 3 or (block_m * block_n < 128 * 192 and stages < 4):
                         continue
@@ -267,10 +284,10 @@ def candidates(m: int, n: int, k: int, sms: int, kernel: DeepGemmKernel = DeepGe
 def modelled_cycles(c: DeepGemmConfig, sms: int) -> int:
     """DeepGEMM's SM90 cost model: L1 and L2 bytes over their per-cycle bandwidths, divided by the
     wave efficiency; clusters are never chosen for a single wave. (The contiguous layout counts
-    its total rows as one problem, as DeepGEMM does; the k-grouped one every group's tiles, each
-    with the largest group's K.)"""
+    its total rows as one problem, as DeepGEMM does; the masked one every group's tiles of the
+    expected rows; the k-grouped one every group's tiles, each with the largest group's K.)"""
     blocks = ceil_div(c.m, c.block_m) * ceil_div(c.n, c.block_n)
-    if c.kernel is DeepGemmKernel.K_GROUPED_1D1D:
+    if c.kernel.counts_every_group:
         blocks *= c.groups
     waves = ceil_div(blocks, sms)
     if c.cluster_size > 1 and waves <= 1:
@@ -298,7 +315,8 @@ def choose_config(m: int, n: int, k: int, sms: int = 132, kernel: DeepGemmKernel
 
 @dataclasses.dataclass(frozen=True)
 class DeepGemmProblem:
-    """One problem to build a DeepGEMM kernel for; for the contiguous layout M is the total rows."""
+    """One problem to build a DeepGEMM kernel for; for the contiguous layout M is the total rows,
+    for the masked layout the expected rows per group."""
 
     kernel: DeepGemmKernel
     m: int
@@ -447,10 +465,12 @@ def _fp8_k_major_map(t: Any, rows: int, k: int, box_rows: int) -> TmaArgs:
                    l2_promotion="256B")
 
 
-def _scale_map(sf: Any, rows: int, k: int, box_rows: int) -> TmaArgs:
+def _scale_map(sf: Any, rows: int, k: int, box_rows: int, groups: int = 1) -> TmaArgs:
+    """An MN-major, TMA-aligned scale tensor: columns of align(rows, 4) scales, one per K block (and
+    group, the groups' columns one after another)."""
     aligned = align(rows, 4)
-    return TmaArgs("f32", 2, sf.data_ptr(), (aligned, ceil_div(k, BLOCK_K)), (4 * aligned,), (box_rows, 1), (1, 1),
-                   l2_promotion="256B")
+    return TmaArgs("f32", 2, sf.data_ptr(), (aligned, ceil_div(k, BLOCK_K) * groups), (4 * aligned,), (box_rows, 1),
+                   (1, 1), l2_promotion="256B")
 
 
 def _key(kernel: str, m: int, n: int, k: int, groups: int) -> tuple:
@@ -524,18 +544,40 @@ class DeepGemmAnchor:
         e = self._entry(m, n, k, DeepGemmKernel.CONTIGUOUS_1D2D, groups)
         return self._launch_1d2d(e, a, sfa, b, sfb, d, m, n, k, groups=groups, m_indices=m_indices)
 
-    def _launch_1d2d(self, e, a, sfa, b, sfb, d, m, n, k, groups, m_indices) -> Callable[[], None]:
+    def masked_launcher(self, a: Any, sfa: Any, b: Any, sfb: Any, masked_m: Any, d: Any,
+                        expected_m: int) -> Callable[[], None]:
+        """The masked grouped layout with DeepGEMM's 1D2D kernel: A e4m3 [G, max_m, K], SFA fp32
+        [G, max_m, ⌈K/128⌉] MN-major and TMA-aligned (one column of align(max_m, 4) scales per
+        group and K block), B e4m3 [G, N, K], SFB fp32 [G, ⌈N/128⌉, ⌈K/128⌉], `masked_m` int32 [G]
+        (the real rows of each group), D bf16 [G, max_m, N]; its kernel is the one built for
+        `expected_m` rows per group, as DeepGEMM's heuristic chooses it. Rows of D past a group's
+        masked_m are not written."""
+        groups, max_m, k = a.shape
+        n = b.shape[1]
+        aligned = align(max_m, 4)
+        if sfa.stride(1) != 1 or sfa.stride(2) != aligned or sfa.stride(0) != aligned * sfa.shape[2]:
+            raise ValueError("DeepGEMM takes the masked SFA MN-major and TMA-aligned, group after group")
+        e = self._entry(expected_m, n, k, DeepGemmKernel.MASKED_1D2D, groups)
+        return self._launch_1d2d(e, a, sfa, b, sfb, d, max_m, n, k, groups=groups, m_indices=masked_m,
+                                 masked=True)
+
+    def _launch_1d2d(self, e, a, sfa, b, sfb, d, m, n, k, groups, m_indices, masked=False) -> Callable[[], None]:
+        """DeepGEMM's 1D2D kernel on these operands: for the masked layout, A, D and SFA hold
+        `groups` buffers of `m` rows one after another (its maps span them all) and `m_indices` is
+        masked_m."""
         import ctypes
 
-        if sfa.stride(0) != 1 or sfa.stride(1) != align(m, 4) or not sfb.is_contiguous():
+        if not sfb.is_contiguous() or (not masked and (sfa.stride(0) != 1 or sfa.stride(1) != align(m, 4))):
             raise ValueError("DeepGEMM takes SFA MN-major TMA-aligned and SFB contiguous")
         bm, bn, sd = e["block_m"], e["block_n"], e["swizzle_d"]
         swizzle = {16: "none", 32: "32B", 64: "64B", 128: "128B"}
+        rows = m * groups if masked else m
         maps = [
-            _fp8_k_major_map(a, m, k, bm),
+            _fp8_k_major_map(a, rows, k, bm),
             _fp8_k_major_map(b, n * groups, k, bn),
-            TmaArgs("bf16", 2, d.data_ptr(), (n, m), (2 * n,), (sd // 2, bm), (1, 1), swizzle=swizzle[sd], l2_promotion="256B"),
-            _scale_map(sfa, m, k, bm),
+            TmaArgs("bf16", 2, d.data_ptr(), (n, rows), (2 * n,), (sd // 2, bm), (1, 1), swizzle=swizzle[sd],
+                    l2_promotion="256B"),
+            _scale_map(sfa, m, k, bm, groups if masked else 1),
         ]
         grouped = ctypes.c_uint64(m_indices.data_ptr() if m_indices is not None else 0)
         scalars = [ctypes.c_uint64(sfb.data_ptr()), grouped, ctypes.c_uint32(m), ctypes.c_uint32(n), ctypes.c_uint32(k)]

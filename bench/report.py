@@ -399,6 +399,14 @@ def k_grouped_points(entry: Any) -> list[GemmPoint]:
     return points
 
 
+def _masked_conditions(r: dict) -> str:
+    """How a masked row's groups were filled, for its label: ragged in buffers of max_m rows (DeepGEMM's
+    test conditions) or every group full; nothing for rows without conditions."""
+    if r.get("conditions") == "ragged":
+        return f" (ragged in max_m {r.get('max_m', NA)})"
+    return " (full)" if r.get("conditions") == "full" else ""
+
+
 def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
     """Grouped rows; `approx_rows`: group sizes vary around rows_per_group (contiguous layout)."""
     points = []
@@ -409,7 +417,8 @@ def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
         tilde = "~" if approx_rows else ""
         if known:
             g, rows, n, k = int(g), int(rows), int(n), int(k)  # type: ignore[arg-type]
-            total = g * rows
+            # Masked rows state their real rows (ragged groups); the others have g x rows.
+            total = int(positive(r.get("real_rows")) or g * rows)
             flops = positive(2 * total * n * k)
             nbytes = (
                 total * k + 4 * total * _cdiv(k, 128) + g * (n * k + 4 * _cdiv(n, 128) * _cdiv(k, 128)) + 2 * total * n
@@ -428,7 +437,7 @@ def grouped_points(entry: Any, approx_rows: bool) -> list[GemmPoint]:
         points.append(
             _point(
                 r,
-                [f"{text(g)} x {tilde}{text(rows)}", f"{text(n)}, {text(k)}"],
+                [f"{text(g)} x {tilde}{text(rows)}{_masked_conditions(r)}", f"{text(n)}, {text(k)}"],
                 f"{text(g)}x{tilde}{text(rows)}\nN{text(n)} K{text(k)}",
                 flops,
                 nbytes,
@@ -784,9 +793,15 @@ def _method(
     if has_deepgemm:
         lines.append(
             "- † not measured in this run: DeepGEMM's own benchmark on this project's H200 (the numbers in "
-            "`cutegen.bench.run`), under that benchmark's conditions, which are not always this run's (its "
-            "masked problems have ragged groups in max_m = 4096 where this benchmark's are full): a historical "
-            "column, not a comparison; the summary leaves it out."
+            "`cutegen.bench.run`), under that benchmark's conditions, which are not always this run's: a "
+            "historical column, not a comparison; the summary leaves it out."
+        )
+    if any(sec.op == "m_grouped_fp8_gemm_nt_masked" for sec in sections):
+        lines.append(
+            "- Masked grouped GEMM: each problem runs twice, as DeepGEMM's tests fill the groups (ragged: "
+            "masked_m drawn 0.7-1.3x the expected rows in buffers of max_m = 4096 rows) and with every group "
+            "full (max_m = masked_m = the expected rows); TFLOPS count the real rows. The † column is "
+            "DeepGEMM's figure for the ragged case."
         )
     which = {
         "fp8_gemm_nt": "its dense 1D2D kernel for `fp8_gemm_nt`",

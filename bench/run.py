@@ -350,6 +350,9 @@ def deepgemm_problems(ops, all_shapes: bool = False) -> list:
         for groups, expected, n, k in DEEPGEMM_GROUPED_CONTIGUOUS:
             total = sum(contiguous_group_sizes(groups, expected, n)[1])
             problems.append(DeepGemmProblem(DeepGemmKernel.CONTIGUOUS_1D2D, total, n, k, groups))
+    if "m_grouped_fp8_gemm_nt_masked" in ops:
+        problems += [DeepGemmProblem(DeepGemmKernel.MASKED_1D2D, expected, n, k, groups)
+                     for groups, expected, n, k in DEEPGEMM_GROUPED_MASKED]
     if "fp8_wgrad_gemm_nt" in ops:
         problems += [DeepGemmProblem(DeepGemmKernel.WGRAD_1D1D, m, n, k)
                      for (m, n) in DEEPGEMM_WGRAD for k in WGRAD_KS]
@@ -438,56 +441,100 @@ def _in_run_cells(r: dict) -> str:
 
 def render_grouped(rows: list[dict], env: dict, op: str = "m_grouped_fp8_gemm_nt_contiguous") -> str:
     in_run = any(r.get("deepgemm_run_us") for r in rows)
+    conditions = any(r.get("conditions") for r in rows)
     extra = f" {IN_RUN_LABEL} TFLOPS | vs it | outputs |" if in_run else ""
     lines = [
         f"# {op} on {env['gpu']} ({env['date']}); TFLOPS count real rows only",
         "",
-        "| groups x rows | N, K | TFLOPS | cuBLAS loop TFLOPS | DeepGEMM TFLOPS | vs DeepGEMM |" + extra,
-        "| --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if in_run else ""),
+        "| groups x rows |" + (" groups |" if conditions else "")
+        + " N, K | TFLOPS | cuBLAS loop TFLOPS | DeepGEMM † TFLOPS | vs DeepGEMM † |" + extra,
+        "| --- | --- | --- | --- | --- | --- |" + (" --- |" if conditions else "")
+        + (" --- | --- | --- |" if in_run else ""),
     ]
     for r in rows:
-        cb = r["cublas_loop_tflops"]
+        cb, dg = r["cublas_loop_tflops"], r.get("deepgemm_tflops")
+        ratio = r["ours_tflops"] / dg if dg else None
+        groups = ""
+        if conditions:
+            groups = (f" ragged in max_m {r['max_m']}: {r['real_rows']} rows |" if r.get("conditions") == "ragged"
+                      else " full |")
         lines.append(
-            f"| {r['groups']} x ~{r['rows_per_group']} | {r['n']}, {r['k']} | {r['ours_tflops']:.0f} | "
-            f"{cb and f'{cb:.0f}' or 'n/a'} | {r['deepgemm_tflops']} | {r['ours_tflops'] / r['deepgemm_tflops']:.2f} |"
+            f"| {r['groups']} x ~{r['rows_per_group']} |{groups} {r['n']}, {r['k']} | {r['ours_tflops']:.0f} | "
+            f"{cb and f'{cb:.0f}' or 'n/a'} | {dg or 'n/a'} | {f'{ratio:.2f}' if ratio else 'n/a'} |"
             + (_in_run_cells(r) if in_run else "")
         )
+    lines += ["", "† DeepGEMM's own benchmark on this H200, not this run (a historical figure, other conditions)."]
     return "\n".join(lines) + "\n"
 
 
-# DeepGEMM's grouped masked numbers on our H200, TFLOPS counting real rows (groups, rows, N, K).
+# DeepGEMM's grouped masked numbers on our H200, TFLOPS counting real rows (groups, expected rows,
+# N, K), from its own test: groups ragged in buffers of MASKED_MAX_M rows.
 DEEPGEMM_GROUPED_MASKED = {
     (1, 1024, 4096, 7168): 778, (1, 1024, 7168, 2048): 820,
     (2, 512, 4096, 7168): 686, (2, 512, 7168, 2048): 647,
     (4, 256, 4096, 7168): 607, (4, 256, 7168, 2048): 697,
 }
+# DeepGEMM's masked test conditions (`generate_m_grouped_masked`): every group's buffer holds
+# MASKED_MAX_M rows, of which masked_m[g] are real, drawn uniformly in MASKED_SPREAD x the
+# expected rows.
+MASKED_MAX_M = 4096
+MASKED_SPREAD = (0.7, 1.3)
+# The two conditions each masked problem runs under: ragged groups as above, and every group full
+# (max_m = masked_m = the expected rows).
+MASKED_CONDITIONS = ("ragged", "full")
 
 
-def bench_grouped_masked() -> list[dict]:
-    """m_grouped_fp8_gemm_nt_masked (every group full) beside a loop of cuBLAS blockwise calls."""
+def masked_group_sizes(groups: int, expected: int, seed: int = 0) -> list[int]:
+    """masked_m of a ragged problem: `expected` x U(MASKED_SPREAD) per group, truncated as DeepGEMM's
+    test does, from a seed fixed per problem (every run times the same sizes)."""
+    import random
+
+    rng = random.Random(f"{seed}:{groups}:{expected}")
+    return [int(expected * rng.uniform(*MASKED_SPREAD)) for _ in range(groups)]
+
+
+def bench_grouped_masked(deepgemm=None) -> list[dict]:
+    """m_grouped_fp8_gemm_nt_masked under both `MASKED_CONDITIONS` beside a loop of cuBLAS blockwise
+    calls over each group's real rows and, with `deepgemm` (a `DeepGemmAnchor`), DeepGEMM's own
+    masked kernel on the same operands."""
     import torch
 
+    from cutegen.bench.deepgemm_anchor import DeepGemmKernel
     from cutegen.runtime import grouped_ops
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
     rows = []
-    for (groups, m, n, k), anchor in DEEPGEMM_GROUPED_MASKED.items():
-        fresh_allocations()
-        a = torch.randn(groups, m, k, device="cuda").to(torch.float8_e4m3fn)
-        b = torch.randn(groups, n, k, device="cuda").to(torch.float8_e4m3fn)
-        sfa_rows = torch.rand(groups, m, k // 128, device="cuda") + 0.5
-        sfa = to_mn_major_tma_aligned(sfa_rows)
-        sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
-        masked_m = torch.full((groups,), m, dtype=torch.int32, device="cuda")
-        out = torch.empty(groups, m, n, device="cuda", dtype=torch.bfloat16)
-        rows.append(
-            _grouped_row(
-                (groups, m, n, k), groups * m, anchor,
-                lambda: grouped_ops.m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, m, out=out),
-                lambda: [_cublas_blockwise(a[g], sfa_rows[g], b[g], sfb[g]) for g in range(groups)],
+    for (groups, expected, n, k), anchor in DEEPGEMM_GROUPED_MASKED.items():
+        for condition in MASKED_CONDITIONS:
+            ragged = condition == "ragged"
+            sizes = masked_group_sizes(groups, expected) if ragged else [expected] * groups
+            max_m = MASKED_MAX_M if ragged else expected
+            fresh_allocations()
+            a = torch.randn(groups, max_m, k, device="cuda").to(torch.float8_e4m3fn)
+            b = torch.randn(groups, n, k, device="cuda").to(torch.float8_e4m3fn)
+            sfa_rows = torch.rand(groups, max_m, k // 128, device="cuda") + 0.5
+            sfa = to_mn_major_tma_aligned(sfa_rows)
+            sfb = torch.rand(groups, -(-n // 128), k // 128, device="cuda") + 0.5
+            masked_m = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+            out = torch.empty(groups, max_m, n, device="cuda", dtype=torch.bfloat16)
+            row = _grouped_row(
+                (groups, expected, n, k), sum(sizes), anchor if ragged else None,
+                lambda: grouped_ops.m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, expected, out=out),
+                lambda: [_cublas_blockwise(a[g, :size], sfa_rows[g, :size], b[g], sfb[g])
+                         for g, size in enumerate(sizes) if size],
             )
-        )
-        del a, b, sfa_rows, sfa, sfb, masked_m, out
+            row.update(conditions=condition, max_m=max_m, masked_m=sizes, real_rows=sum(sizes))
+            entry = (deepgemm.config(expected, n, k, DeepGemmKernel.MASKED_1D2D, groups)
+                     if deepgemm is not None else None)
+            if entry is not None:  # `out` holds cutegen's result from the timed calls
+                real = torch.arange(max_m, device="cuda")[None, :] < masked_m[:, None]
+                row.update(_deepgemm_in_run_timed(
+                    entry,
+                    lambda d: deepgemm.masked_launcher(a, sfa, b, sfb, masked_m, d, expected),
+                    torch.full((groups, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16),
+                    out, 2.0 * sum(sizes) * n * k, rows_mask=real))
+            rows.append(row)
+            del a, b, sfa_rows, sfa, sfb, masked_m, out
     return rows
 
 
@@ -739,7 +786,7 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         print(render_grouped(rows, env))
         results["m_grouped_fp8_gemm_nt_contiguous"] = rows
     if "m_grouped_fp8_gemm_nt_masked" in ops and "m_grouped_fp8_gemm_nt_masked" in available:
-        rows = bench_grouped_masked()
+        rows = bench_grouped_masked(deepgemm=deepgemm)
         print(render_grouped(rows, env, "m_grouped_fp8_gemm_nt_masked"))
         results["m_grouped_fp8_gemm_nt_masked"] = rows
     for op, bench_op, title in (

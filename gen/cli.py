@@ -946,7 +946,7 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     dg.add_argument("--sms", type=int, default=132, help="SMs of the GPU the kernels are for (H200/H100 SXM: 132)")
     dg.add_argument("--op", action="append", choices=[k.op for k in DeepGemmKernel],
-                    help="only the DeepGEMM counterpart of this op (repeatable; default: all four)")
+                    help="only the DeepGEMM counterpart of this op (repeatable; default: every one)")
     dg.add_argument("--all-shapes", action="store_true",
                     help="also the (N, K) = (576, 7168) shapes DeepGEMM published no numbers for")
     dg.set_defaults(func=cmd_deepgemm_build)

@@ -304,7 +304,7 @@ def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel) -> Launche
         OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps, scale_layout
     )
     # The kernel's view of the scales starts at their address: a relaunch passes them as they are.
-    return Launched(loaded, prepared, ("x", "q", "sf"), extra=cols)
+    return Launched(loaded, prepared, _PER_TOKEN_OPERANDS, extra=cols)
 
 
 _per_token_calls = CallCache(OP_PER_TOKEN)
@@ -426,7 +426,7 @@ def _per_block_run(w, eps, q, sf, kernel) -> Launched | None:
     _check_ptr(OP_PER_BLOCK, "out", q)
     _check_ptr(OP_PER_BLOCK, "out_scales", sf, 4)
     loaded, prepared = _launch(OP_PER_BLOCK, IN_DTYPES[w.dtype], "fp32", kernel, w, {"w": w, "q": q, "sf": sf}, eps)
-    return Launched(loaded, prepared, ("w", "q", "sf"), extra=tuple(sf.shape))
+    return Launched(loaded, prepared, _PER_BLOCK_OPERANDS, extra=tuple(sf.shape))
 
 
 _per_block_calls = CallCache(OP_PER_BLOCK)
@@ -565,6 +565,9 @@ def _grouped_run(x, group_sizes, eps, q, sf, kernel) -> Launched | None:
 # Calls are remembered with their stream's tile counter.
 _grouped_calls = CallCache(OP_GROUPED, stream_scratch.capturing)
 _GROUPED_OPERANDS = ("x", "group_sizes", "q", "sf")
+# What the per-token and per-block calls bind, in entry order (`schedules.contract` states it).
+_PER_TOKEN_OPERANDS = ("x", "q", "sf")
+_PER_BLOCK_OPERANDS = ("w", "q", "sf")
 
 
 def _grouped_impl(x, group_sizes, eps, num_blocks, kernel):

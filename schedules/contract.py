@@ -1,4 +1,4 @@
-"""Each GEMM op's contract: the arguments of its entry point in order, each operand with its dtype,
+"""Each op's contract: the arguments of its entry point in order, each operand with its dtype,
 extent symbols, contiguous dimension, alignment and whether the kernel writes it or takes only its
 address. The one statement of an op's interface: the templates derive the manifest's operands and
 the fake arguments a kernel is traced with from it, and the CPU tier checks every kernel class's
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cutegen.schedules.spec import ScaleFormat, Schedule
+from cutegen.schedules.spec import Op, ScaleFormat, Schedule
 
 # A TMA descriptor (CUtensorMap) is 128 bytes.
 TENSORMAP_BYTES = 128
@@ -24,11 +24,12 @@ class Arg:
     name: str
     dtype: str  # the manifest's dtype ("bf16", "e4m3", "f32", "i32", "i64")
     shape: tuple[str, ...] = ()  # extent symbols in torch order; () for a scalar
-    contiguous_mode: int = 0  # the torch dimension of stride 1
+    contiguous_mode: int = 0  # the torch dimension of stride 1 (-1: any strides)
     align_bytes: int = 16
     pointer: bool = False  # the kernel takes only its address
     written: bool = False  # no two elements may share memory
     exact_rows: bool = False  # row-major with rows exactly as long as the contiguous extent
+    wide: tuple[str, ...] = ()  # extent symbols that are 64-bit (a flat operand past 2^31 elements)
 
     @property
     def scalar(self) -> bool:
@@ -51,10 +52,12 @@ class Arg:
 
 
 def op_contract(schedule: Schedule) -> list[Arg]:
-    """The entry arguments of the schedule's GEMM op, in order, before `max_active_clusters` and the
+    """The entry arguments of the schedule's op, in order, before `max_active_clusters` and the
     stream: the one statement of the op's interface, shared by every architecture."""
     s = schedule
     op = s.op
+    if op.is_quantize:
+        return _quantizer_contract(s)
     # UE8M0 scales: four exponent bytes per int32 along K, so the scale tensors have KW = ⌈KB/4⌉
     # int32 columns where fp32 scales have KB fp32 columns.
     ue8m0 = s.scale == ScaleFormat.UE8M0
@@ -109,3 +112,30 @@ def op_contract(schedule: Schedule) -> list[Arg]:
 # The manifest lists an op's operands A, B first, then the others in entry order (the exported C
 # launcher takes them in this order).
 MANIFEST_FIRST = ("a", "b")
+
+
+def _quantizer_contract(s: Schedule) -> list[Arg]:
+    """The quantizers: an input matrix (x per token, w per block) to q e4m3 and a scale matrix whose
+    strides are run-time values; the grouped transposed one from x [T, H] and device-side group
+    sizes to q of the S 128-token blocks and scales [S, H], with a tile counter it leaves zero."""
+    eps = Arg("eps", "f32")
+    if s.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
+        return [
+            Arg("x", s.a_dtype.value, ("T", "H"), 1),
+            Arg("group_sizes", "i32", ("G",), 0, 4),
+            Arg("q", "e4m3", ("Q",), 0, written=True, wide=("Q",)),
+            Arg("sf", "f32", ("S", "H"), 1, 8, written=True),
+            Arg("tile_counter", "i32", ("1",), 0, 4, pointer=True, written=True),
+            eps,
+        ]
+    per_token = s.op == Op.PER_TOKEN_QUANT_FP8
+    name, rows = ("x", "M") if per_token else ("w", "N")
+    scale_shape = ("SM", "SG") if per_token else ("SN", "SK")
+    # UE8M0 scales: four per int32, packed along the groups of a row.
+    scale = "i32" if per_token and s.scale == ScaleFormat.UE8M0 else "f32"
+    return [
+        Arg(name, s.a_dtype.value, (rows, "K"), 1),
+        Arg("q", "e4m3", (rows, "K"), 1, written=True),
+        Arg("sf", scale, scale_shape, -1, 4, written=True),
+        eps,
+    ]

@@ -85,6 +85,67 @@ _ELEMENTS = {"bf16": ("BFloat16", 2), "f16": ("Float16", 2), "e4m3": ("Float8E4M
              "i32": ("Int32", 4), "i64": ("Int64", 8)}
 
 
+def contract_fake_arguments(contract: list[Arg]) -> tuple:
+    """Arguments for `cute.compile`, one per contract argument, then `max_active_clusters` and the
+    stream: one symbol per extent (made first, in order of appearance; a digit is a constant), free
+    strides aligned as the operand is, bare pointers where the kernel takes only an address."""
+    from cutlass.cute.runtime import make_fake_tensor, make_ptr
+    from cutlass.runtime import make_fake_stream
+
+    extents: dict[str, object] = {}
+    for arg in contract:
+        for symbol in arg.shape if not arg.pointer else ():
+            if symbol not in extents:
+                extents[symbol] = (
+                    int(symbol) if symbol.isdigit()
+                    else cute.sym_int64(symbol=symbol) if symbol in arg.wide
+                    else cute.sym_int32(symbol=symbol)
+                )
+    out = []
+    for arg in contract:
+        ctype = getattr(cutlass, _ELEMENTS[arg.dtype][0])
+        if arg.scalar:
+            out.append(ctype(1e-4) if arg.dtype == "f32" else ctype(1))
+        elif arg.pointer:
+            out.append(make_ptr(ctype, 0, cute.AddressSpace.gmem, assumed_align=arg.align_bytes))
+        else:
+            out.append(make_fake_tensor(ctype, *_kernel_layout(arg, extents), assumed_align=arg.align_bytes))
+    return (*out, cutlass.Int32(1), make_fake_stream())
+
+
+def _kernel_layout(arg: Arg, extents: dict[str, object]) -> tuple[tuple, tuple]:
+    """The kernel's (shape, stride) of a tensor operand: torch's dimensions with a leading group
+    moved last; stride 1 along the contiguous dimension, the others free strides of the operand's
+    alignment (or, with `exact_rows`, the row length)."""
+    dims = list(range(len(arg.shape)))
+    if arg.shape[0] == "G" and len(dims) > 1:
+        dims = dims[1:] + [0]
+    divisibility = max(1, arg.align_bytes // _ELEMENTS[arg.dtype][1])
+    shape, stride = [], []
+    for dim in dims:
+        shape.append(extents[arg.shape[dim]])
+        if dim == arg.contiguous_mode:
+            stride.append(1)
+        elif arg.exact_rows:
+            stride.append(extents[arg.shape[arg.contiguous_mode]])
+        else:
+            stride.append(cute.sym_int64(divisibility=divisibility))
+    return tuple(shape), tuple(stride)
+
+
+def contract_entry_names(contract: list[Arg]) -> list[str]:
+    """The parameters a kernel class's `__call__` takes, in order (the stream last)."""
+    return [arg.name for arg in contract] + ["max_active_clusters", "stream"]
+
+
+def contract_operands(contract: list[Arg]) -> list[dict]:
+    """The manifest's operands: the contract's, A and B first (`MANIFEST_FIRST`)."""
+    operands = [arg for arg in contract if not arg.scalar]
+    ordered = [a for name in MANIFEST_FIRST for a in operands if a.name == name]
+    ordered += [a for a in operands if a.name not in MANIFEST_FIRST]
+    return [a.manifest_operand() for a in ordered]
+
+
 class GemmContract:
     """The generator's view of a GEMM template: fake arguments, operands, grid rule, launch facts
     and the kernel's parameter bindings, all from the op's contract (`op_contract`). A subclass
@@ -98,61 +159,11 @@ class GemmContract:
         self.kernel = None
 
     def fake_arguments(self) -> tuple:
-        """Arguments for `cute.compile`, one per contract argument, then `max_active_clusters` and
-        the stream: dynamic extents (one symbol each) and leading strides (16-byte aligned)."""
-        from cutlass.cute.runtime import make_fake_tensor, make_ptr
-        from cutlass.runtime import make_fake_stream
-
-        extents: dict[str, object] = {}
-
-        def extent(symbol: str):
-            if symbol not in extents:
-                extents[symbol] = cute.sym_int32(symbol=symbol)
-            return extents[symbol]
-
-        for symbol in ("M", "N", "K", "G"):
-            extent(symbol)
-        out = []
-        for arg in self.contract:
-            ctype = getattr(cutlass, _ELEMENTS[arg.dtype][0])
-            if arg.scalar:
-                out.append(ctype(1))
-            elif arg.pointer:
-                out.append(make_ptr(ctype, 0, cute.AddressSpace.gmem, assumed_align=arg.align_bytes))
-            else:
-                out.append(make_fake_tensor(ctype, *self._kernel_layout(arg, extent), assumed_align=16))
-        return (*out, cutlass.Int32(1), make_fake_stream())
-
-    @staticmethod
-    def _kernel_layout(arg: Arg, extent) -> tuple[tuple, tuple]:
-        """The kernel's (shape, stride) of a tensor operand: torch's dimensions with a leading group
-        moved last; stride 1 along the contiguous dimension, the others free 16-byte aligned
-        strides (or, with `exact_rows`, the row length)."""
-        dims = list(range(len(arg.shape)))
-        if arg.shape[0] == "G":
-            dims = dims[1:] + [0]
-        divisibility = 16 // _ELEMENTS[arg.dtype][1]
-        shape, stride = [], []
-        for dim in dims:
-            shape.append(extent(arg.shape[dim]))
-            if dim == arg.contiguous_mode:
-                stride.append(1)
-            elif arg.exact_rows:
-                stride.append(extent(arg.shape[arg.contiguous_mode]))
-            else:
-                stride.append(cute.sym_int64(divisibility=divisibility))
-        return tuple(shape), tuple(stride)
+        return contract_fake_arguments(self.contract)
 
     def operands(self) -> list[dict]:
-        """The manifest's operands: the contract's, A and B first (`MANIFEST_FIRST`)."""
-        operands = [arg for arg in self.contract if not arg.scalar]
-        ordered = [a for name in MANIFEST_FIRST for a in operands if a.name == name]
-        ordered += [a for a in operands if a.name not in MANIFEST_FIRST]
-        return [a.manifest_operand() for a in ordered]
+        return contract_operands(self.contract)
 
-    def entry_names(self) -> list[str]:
-        """The parameters a kernel class's `__call__` takes, in order (the stream last)."""
-        return [arg.name for arg in self.contract] + ["max_active_clusters", "stream"]
 
     def requires(self) -> list[dict]:
         """Relations between the operands' extent symbols that the kernel relies on (the

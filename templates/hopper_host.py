@@ -20,6 +20,7 @@ from cutegen.templates.gemm_contract import (
     with_group_mode,
 )
 from cutegen.templates.hopper_producer import A_TAIL_SLICE_ROWS
+from cutegen.templates.hopper_state import GemmArgs
 
 
 class HopperHost:
@@ -243,37 +244,40 @@ class HopperHost:
             # clusters, the idle ones take shares of the tiles' K blocks.
             persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
 
-        kernel_call = self.kernel(
-            tma_atom_a,
-            tma_tensor_a,
-            tma_atom_b,
-            tma_tensor_b,
-            tma_atom_sfa,
-            tma_tensor_sfa,
-            sfb_arg,
-            tma_atom_sfb,
-            tma_tensor_sfb,
-            tma_atom_c,
-            tma_tensor_c,
-            m_indices,
-            zero_padding,
-            masked_m,
-            group_sizes,
-            workspace,
-            split_counters,
-            split_partials,
-            k_splits,
-            a.iterator if self.schedule.op.is_k_grouped else None,
-            b.iterator if self.schedule.op.is_k_grouped else None,
-            tail_split,
-            tma_atom_a_tail,
-            a_staged,
-            a_tail_staged,
-            b_staged,
-            sfa_staged,
-            sfb_staged,
-            epi_staged,
+        # The kernel's parameters as one named structure (the kernel's own signature lists them
+        # flat: the entry symbol of every cubin is named after it).
+        args = GemmArgs(
+            tma_atom_a=tma_atom_a,
+            mA_mk=tma_tensor_a,
+            tma_atom_b=tma_atom_b,
+            mB_nk=tma_tensor_b,
+            tma_atom_sfa=tma_atom_sfa,
+            mSFA_mk=tma_tensor_sfa,
+            sfb_ptr=sfb_arg,
+            tma_atom_sfb=tma_atom_sfb,
+            mSFB_nk=tma_tensor_sfb,
+            tma_atom_c=tma_atom_c,
+            mC_mn=tma_tensor_c,
+            m_indices_ptr=m_indices,
+            zero_padding=zero_padding,
+            masked_m_ptr=masked_m,
+            group_sizes_ptr=group_sizes,
+            workspace_ptr=workspace,
+            split_counters_ptr=split_counters,
+            split_partials_ptr=split_partials,
+            k_splits=k_splits,
+            a_base_ptr=a.iterator if self.schedule.op.is_k_grouped else None,
+            b_base_ptr=b.iterator if self.schedule.op.is_k_grouped else None,
+            tail_split=tail_split,
+            tma_atom_a_tail=tma_atom_a_tail,
+            a_smem_layout_staged=a_staged,
+            a_tail_layout_staged=a_tail_staged,
+            b_smem_layout_staged=b_staged,
+            sfa_smem_layout_staged=sfa_staged,
+            sfb_smem_layout_staged=sfb_staged,
+            epi_smem_layout_staged=epi_staged,
         )
+        kernel_call = self.kernel(*args)
         self._launch_persistent(kernel_call, persistent, stream)
 
     def _scale_vector_tma(self, scales, rows: int):

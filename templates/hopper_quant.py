@@ -32,7 +32,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import requirement
+from cutegen.schedules.contract import op_contract
+from cutegen.templates.gemm_contract import contract_fake_arguments, contract_operands, requirement
 from cutegen.templates.gmem_vec import VEC_BYTES, vec16_at
 from cutegen.schedules.spec import (
     PER_TOKEN_WARP_COLS,
@@ -1028,7 +1029,14 @@ class _QuantTemplateBase:
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
+        self.contract = op_contract(schedule)
         self.kernel = self.kernel_class(schedule)
+
+    def fake_arguments(self) -> tuple:
+        return contract_fake_arguments(self.contract)
+
+    def operands(self) -> list[dict]:
+        return contract_operands(self.contract)
 
     def launch_facts(self) -> dict:
         s = self.schedule
@@ -1065,10 +1073,6 @@ class _QuantTemplateBase:
 EPS_RANGE = (1e-30, 3.4028234663852886e38)
 
 
-def _sym64(divisibility: int = 1):
-    return cute.sym_int64(divisibility=divisibility)
-
-
 class _MatrixQuantTemplate(_QuantTemplateBase):
     """The per-token and per-block templates: one matrix [ROWS, K] in, q e4m3 [ROWS, K] and a
     scale matrix out (its strides are run-time values). Subclasses name the symbols."""
@@ -1081,31 +1085,6 @@ class _MatrixQuantTemplate(_QuantTemplateBase):
 
     def _scale_dtype(self) -> str:
         return "f32"
-
-    def fake_arguments(self) -> tuple:
-        from cutlass.cute.runtime import make_fake_tensor
-        from cutlass.runtime import make_fake_stream
-
-        s = self.schedule
-        rows = cute.sym_int32(symbol=self.rows)
-        k = cute.sym_int32(symbol="K")
-        s_rows, s_cols = (cute.sym_int32(symbol=name) for name in self.scale_shape)
-        in_vec = VEC_BYTES // s.a_dtype.bytes
-        x = make_fake_tensor(cute_dtype(s.a_dtype), (rows, k), (_sym64(in_vec), 1), assumed_align=16)
-        q = make_fake_tensor(cutlass.Float8E4M3FN, (rows, k), (_sym64(16), 1), assumed_align=16)
-        sf_dtype = Int32 if self._scale_dtype() == "i32" else Float32
-        sf = make_fake_tensor(sf_dtype, (s_rows, s_cols), (_sym64(), _sym64()), assumed_align=4)
-        return (x, q, sf, Float32(1e-4), Int32(1), make_fake_stream())
-
-    def operands(self) -> list[dict]:
-        s = self.schedule
-        matrix = [self.rows, "K"]
-        return [
-            {"name": self.input_name, "dtype": s.a_dtype.value, "shape": matrix, "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "q", "dtype": "e4m3", "shape": matrix, "contiguous_mode": 1, "align_bytes": 16, "written": True},
-            {"name": "sf", "dtype": self._scale_dtype(), "shape": list(self.scale_shape), "contiguous_mode": -1,
-             "align_bytes": 4, "written": True},
-        ]
 
     def grid_rule(self) -> dict:
         s = self.schedule
@@ -1161,32 +1140,6 @@ class PerBlockQuantTemplate(_MatrixQuantTemplate):
 
 class GroupedTransposedQuantTemplate(_QuantTemplateBase):
     kernel_class = GroupedTransposedQuantKernel
-
-    def fake_arguments(self) -> tuple:
-        from cutlass.cute.runtime import make_fake_tensor, make_ptr
-        from cutlass.runtime import make_fake_stream
-
-        t = cute.sym_int32(symbol="T")
-        h = cute.sym_int32(symbol="H")
-        g = cute.sym_int32(symbol="G")
-        qn = cute.sym_int64(symbol="Q")
-        s = cute.sym_int32(symbol="S")
-        x = make_fake_tensor(cutlass.BFloat16, (t, h), (_sym64(8), 1), assumed_align=16)
-        gs = make_fake_tensor(Int32, (g,), (1,), assumed_align=4)
-        q = make_fake_tensor(cutlass.Float8E4M3FN, (qn,), (1,), assumed_align=16)
-        sf = make_fake_tensor(Float32, (s, h), (_sym64(2), 1), assumed_align=8)
-        counter = make_ptr(Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
-        return (x, gs, q, sf, counter, Float32(1e-4), Int32(1), make_fake_stream())
-
-    def operands(self) -> list[dict]:
-        return [
-            {"name": "x", "dtype": "bf16", "shape": ["T", "H"], "contiguous_mode": 1, "align_bytes": 16},
-            {"name": "group_sizes", "dtype": "i32", "shape": ["G"], "contiguous_mode": 0, "align_bytes": 4},
-            {"name": "q", "dtype": "e4m3", "shape": ["Q"], "contiguous_mode": 0, "align_bytes": 16, "written": True},
-            {"name": "sf", "dtype": "f32", "shape": ["S", "H"], "contiguous_mode": 1, "align_bytes": 8, "written": True},
-            # Zero before a launch, zero after it (see the kernel's docstring).
-            {"name": "tile_counter", "dtype": "i32", "shape": ["1"], "contiguous_mode": 0, "align_bytes": 4, "written": True},
-        ]
 
     def grid_rule(self) -> dict:
         s = self.schedule

@@ -110,10 +110,11 @@ def test_build_compiles_deepgemms_kernel(tmp_path):
     pytest.importorskip("cutegen.gen.sass")
     problems = [(4096, 7168, 16384), dga.DeepGemmProblem(dga.DeepGemmKernel.CONTIGUOUS_1D2D, 30720, 4096, 7168, 4),
                 dga.DeepGemmProblem(dga.DeepGemmKernel.WGRAD_1D1D, 7168, 2112, 4096),
-                dga.DeepGemmProblem(dga.DeepGemmKernel.K_GROUPED_1D1D, 2048, 7168, 5248, 8)]
+                dga.DeepGemmProblem(dga.DeepGemmKernel.K_GROUPED_1D1D, 2048, 7168, 5248, 8),
+                dga.DeepGemmProblem(dga.DeepGemmKernel.MASKED_1D2D, 256, 4096, 7168, 4)]
     entries = dga.build(problems, Path(os.environ["CUTEGEN_TEST_DEEPGEMM"]),
                         Path(os.environ["CUTEGEN_TEST_CUTLASS"]), tmp_path, jobs=2)
-    assert [e["kernel"] for e in entries] == ["1d2d", "contiguous_1d2d", "1d1d", "k_grouped_1d1d"]
+    assert [e["kernel"] for e in entries] == ["1d2d", "contiguous_1d2d", "1d1d", "k_grouped_1d1d", "masked_1d2d"]
     for e in entries:
         assert (tmp_path / e["cubin"]).stat().st_size > 0 and dga.DeepGemmKernel(e["kernel"]).symbol in e["entry"]
     meta = json.loads((tmp_path / dga.CONFIG_FILE).read_text())
@@ -241,3 +242,44 @@ def test_entry_name_is_read_from_the_cubins_section_names(tmp_path):
     cubin.write_bytes(b"\x7fELF\x00.text._Z5otherv\x00")
     with pytest.raises(DeepGemmBuildError, match="expected one sm90_fp8_gemm_1d2d_impl entry"):
         _entry_name(cubin)
+
+
+def test_masked_choices_and_source():
+    """DeepGEMM's masked 1D2D kernel: 64- or 128-row tiles, a cluster only where it divides the N
+    tiles, every group's tiles of the expected rows counted; the source compiles N, K and the
+    group count in (M, the buffers' max_m, at run time), MGroupedMasked."""
+    from cutegen.bench.run import DEEPGEMM_GROUPED_MASKED, deepgemm_problems
+
+    masked = dga.DeepGemmKernel.MASKED_1D2D
+    assert masked.op == "m_grouped_fp8_gemm_nt_masked" and masked.is_grouped and masked.counts_every_group
+    assert not masked.is_1d1d and masked.gemm_type == "MGroupedMasked"
+    problems = deepgemm_problems(["m_grouped_fp8_gemm_nt_masked"])
+    assert [(p.groups, p.m, p.n, p.k) for p in problems] == list(DEEPGEMM_GROUPED_MASKED)
+    for p in problems:
+        cands = dga.candidates(p.m, p.n, p.k, 132, masked, p.groups)
+        assert {c.block_m for c in cands} <= {64, 128}
+        assert all(-(-p.n // c.block_n) % c.cluster_size == 0 for c in cands)
+        c = p.config()
+        assert c in cands and c.smem_bytes <= dga.SMEM_CAPACITY
+        assert dga.modelled_cycles(c, 132) == min(dga.modelled_cycles(x, 132) for x in cands)
+    one = dga.DeepGemmConfig(256, 4096, 7168, 128, 128, 1, 1, 5, 0, masked, 4)
+    dense = dataclasses.replace(one, m=1024, kernel=dga.DeepGemmKernel.DENSE_1D2D, groups=1)
+    assert dga.modelled_cycles(one, 132) == dga.modelled_cycles(dense, 132)  # 4 groups x 2 tiles = 8 tiles
+    c = dga.choose_config(256, 4096, 7168, 132, masked, 4)
+    src = dga.kernel_source(c)
+    assert "cute::UMMA::Major::K, 0, 4096, 7168, 4," in src and "GemmType::MGroupedMasked" in src
+    assert c.name.startswith("deepgemm_masked_1d2d_g4_256x4096x7168_")
+
+
+def test_masked_benchmark_draws_groups_as_deepgemms_test():
+    """Ragged groups: masked_m drawn 0.7-1.3x the expected rows (truncated), the same every run,
+    within the max_m buffers; the full-group condition runs beside it."""
+    from cutegen.bench import run
+
+    assert run.MASKED_CONDITIONS == ("ragged", "full") and run.MASKED_MAX_M == 4096
+    for groups, expected, _, _ in run.DEEPGEMM_GROUPED_MASKED:
+        sizes = run.masked_group_sizes(groups, expected)
+        assert sizes == run.masked_group_sizes(groups, expected) and len(sizes) == groups
+        assert all(int(0.7 * expected) <= s <= int(1.3 * expected) <= run.MASKED_MAX_M for s in sizes)
+    many = run.masked_group_sizes(64, 1000)
+    assert len(set(many)) > 32  # drawn, not constant

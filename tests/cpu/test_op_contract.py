@@ -1,4 +1,4 @@
-"""CPU tier: each GEMM op's contract (`gemm_contract.op_contract`) is the one statement of its
+"""CPU tier: each op's contract (`schedules.contract.op_contract`) is the one statement of its
 interface: the manifest's operands and the traced fake arguments derive from it, and every
 kernel class's entry point takes exactly its arguments, in its order."""
 
@@ -12,21 +12,25 @@ pytest.importorskip("cutlass")
 
 from cutegen.schedules.contract import op_contract  # noqa: E402
 from cutegen.schedules.loader import default_schedules  # noqa: E402
+from cutegen.templates.gemm_contract import contract_entry_names  # noqa: E402
 from cutegen.templates.registry import load_template  # noqa: E402
 
 GEMMS = {(s.arch, s.op, s.scale, s.epilogue.splits_k): s for s in default_schedules() if not s.op.is_quantize}
+EVERY_OP = {(s.arch, s.op, s.scale, s.epilogue.splits_k): s for s in default_schedules()}
 
 
-@pytest.mark.parametrize("schedule", list(GEMMS.values()), ids=lambda s: f"{s.arch.value}-{s.op.value}-{s.scale.value}")
+@pytest.mark.parametrize("schedule", list(EVERY_OP.values()), ids=lambda s: f"{s.arch.value}-{s.op.value}-{s.scale.value}")
 def test_entry_points_take_the_contract_in_order(schedule):
     template = load_template(schedule)
     call = inspect.unwrap(type(template.kernel).__call__)
     names = [p for p in inspect.signature(call).parameters if p != "self"]
-    assert names == template.entry_names()
+    assert names == contract_entry_names(template.contract)
     fakes = template.fake_arguments()
     assert len(fakes) == len(names)
     operands = [o["name"] for o in template.operands()]
-    assert operands[:2] == ["a", "b"] and set(operands) <= set(names)
+    assert set(operands) <= set(names)
+    if not schedule.op.is_quantize:
+        assert operands[:2] == ["a", "b"]
 
 
 def test_operands_state_what_the_kernel_takes_as_an_address():
@@ -45,9 +49,9 @@ def test_the_runtime_passes_each_op_its_contract_operands():
     """The runtime's per-op operand lists (what a call binds, in entry order; the workspaces it
     supplies itself left out) are the contract's."""
     pytest.importorskip("torch")
-    from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops
+    from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, quant_ops
 
-    supplied = {"split_counters", "split_partials", "workspace"}
+    supplied = {"split_counters", "split_partials", "workspace", "tile_counter"}
 
     def passed(schedule):
         return tuple(a.name for a in op_contract(schedule) if not a.scalar and a.name not in supplied)
@@ -61,9 +65,12 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "m_grouped_fp8_gemm_nt_contiguous": grouped_ops._CALL_OPERANDS,
         "m_grouped_fp8_gemm_nt_masked": grouped_ops._MASKED_OPERANDS,
         "k_grouped_fp8_gemm_nt_contiguous": k_grouped_ops._CALL_OPERANDS,
+        "grouped_transposed_quant_fp8": quant_ops._GROUPED_OPERANDS,
+        "per_token_quant_fp8": quant_ops._PER_TOKEN_OPERANDS,
+        "per_block_quant_fp8": quant_ops._PER_BLOCK_OPERANDS,
     }
     seen = set()
-    for (_, op, _, splits), schedule in GEMMS.items():
+    for (_, op, _, splits), schedule in EVERY_OP.items():
         if op.value in expected:
             assert passed(schedule) == expected[op.value], op
             seen.add(op.value)

@@ -639,3 +639,22 @@ def test_deepgemm_in_run_on_grouped_and_weight_gradient_rows(tmp_path):
     assert "| 1.07 | calc_diff 2.0e-16 |" in printed
     # Rows without the in-run anchor print as before.
     assert "in this run" not in bench.render_vs_deepgemm([dict(wgrad[0], deepgemm_run_us=None)], "t", "M, N, K")
+
+
+def test_masked_rows_name_their_conditions_and_count_real_rows(tmp_path):
+    """Masked rows run ragged (DeepGEMM's test conditions) and full: each row's label says which,
+    and its TFLOPS and cuBLAS ratio count the real rows it states, not groups x expected rows."""
+    ragged = {**grouped_row(2, 512, 4096, 7168, 100.0, 400.0, 686), "conditions": "ragged", "max_m": 4096,
+              "masked_m": [480, 600], "real_rows": 1080, "ours_tflops": _gemm_tflops(1080, 4096, 7168, 100.0)}
+    full = {**grouped_row(2, 512, 4096, 7168, 90.0, 300.0, None), "conditions": "full", "max_m": 512,
+            "masked_m": [512, 512], "real_rows": 1024}
+    results = {"environment": dict(ENV), "m_grouped_fp8_gemm_nt_masked": [ragged, full]}
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    assert main(["report", str(tmp_path / "r.json"), "-o", str(tmp_path), "--no-plots"]) == 0
+    text = (tmp_path / "2026-12-03-nvidia-h200.md").read_text()
+    rows = table(text, "masked layout")
+    assert [r["groups x rows"] for r in rows] == ["2 x 512 (ragged in max_m 4096)", "2 x 512 (full)"]
+    assert rows[0]["vs cuBLAS loop"] == f"{_gemm_tflops(1080, 4096, 7168, 100.0) / 400:.3f}"
+    assert rows[0]["cutegen TFLOPS"] == f"{_gemm_tflops(1080, 4096, 7168, 100.0):.0f}"
+    assert rows[1]["vs DeepGEMM †"] == "n/a"
+    assert "ragged: masked_m drawn 0.7-1.3x" in text

@@ -1,0 +1,160 @@
+"""Block-scaled (MX) numerics and scale layouts of Blackwell's block-scaled tensor-core MMA, in torch.
+
+The executable specification that sm_100a block-scaled kernels are checked against, runnable on
+CPU and GPU tensors (torch only):
+
+* **UE8M0** scale bytes: ``2^(e - 127)``; byte ``0xFF`` is NaN (the quantizers write it for a
+  poisoned group, `quant_reference`);
+* **FP4 E2M1** elements, two per byte, element ``2i`` in the low nibble: sign bit 3, exponent bits
+  2-1 (bias 1), mantissa bit 0: ``0, 0.5, 1, 1.5, 2, 3, 4, 6`` and their negatives;
+* the **MX block**: one UE8M0 scale per ``MX_VEC`` (32) consecutive elements along K
+  (``kind::mxf8f6f4``); a coarser recipe (DeepGEMM's 1x128 activation scales, 128x128 weight
+  scales) is the same scale repeated over its 32-element vectors (`expand_scales`);
+* the **blocked scale layout** the MMA reads (PTX's scale-factor layout, CUTLASS's
+  ``BlockScaledBasicChunk``, cuBLAS's ``to_blocked``): 512-byte atoms of 128 rows x 4 scales, the
+  atoms of a row block along K one after another; inside an atom, row ``r`` and scale ``j`` sit at
+  byte ``(r % 32) * 16 + (r // 32) * 4 + j``;
+* **DeepGEMM's SM100 layout** (its ``get_mn_major_tma_aligned_packed_ue8m0_tensor``): int32 words
+  [MN, ⌈blocks/4⌉], MN-major with columns of align(MN, 4) words, byte ``j`` of word ``w`` the scale
+  of block ``4w + j`` (`quant_reference.pack_ue8m0`); `deepgemm_sf_to_blocked` converts it.
+
+`mx_gemm_ref` is the float64 product these define: D = Σ_k (a · sfa) (b · sfb).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .params import ceil_div
+
+# Elements per MX scale along K.
+MX_VEC = 32
+# The MMA's scale atom: 128 rows by 4 scales, 512 bytes.
+ATOM_ROWS = 128
+ATOM_SCALES = 4
+ATOM_BYTES = ATOM_ROWS * ATOM_SCALES
+UE8M0_NAN = 0xFF
+# FP4 E2M1 magnitudes by their three low bits.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def ue8m0_to_float(e: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes (uint8) -> their fp32 scales 2^(e - 127), exactly (e = 0 is 2^-127, an fp32
+    subnormal); 0xFF -> NaN."""
+    if e.dtype != torch.uint8:
+        raise TypeError(f"UE8M0 scales are uint8 bytes, got {e.dtype}")
+    ints = e.to(torch.int32)
+    normal = (ints << 23).view(torch.float32)
+    subnormal = torch.tensor(2.0**-127, dtype=torch.float32, device=e.device)
+    out = torch.where(ints == 0, subnormal, normal)
+    return torch.where(ints == UE8M0_NAN, torch.tensor(float("nan"), device=e.device), out)
+
+
+def float_to_ue8m0(s: torch.Tensor) -> torch.Tensor:
+    """fp32 scales that are powers of two (2^-127 to 2^127) or NaN -> their UE8M0 bytes; anything
+    else is refused (a block-scaled MMA cannot hold it exactly)."""
+    s = s.to(torch.float32)
+    nan = torch.isnan(s)
+    bits = s.view(torch.int32)
+    exponent, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    sub = (exponent == 0) & (mantissa == 1 << 22)  # 2^-127
+    ok = nan | sub | ((mantissa == 0) & (bits >= 0) & (exponent > 0) & (exponent < 0xFF))
+    if not bool(ok.all()):
+        raise ValueError("UE8M0 holds only positive powers of two from 2^-127 to 2^127 (and NaN)")
+    out = torch.where(sub, torch.zeros_like(exponent), exponent)
+    return torch.where(nan, torch.full_like(out, UE8M0_NAN), out).to(torch.uint8)
+
+
+def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
+    """FP4 E2M1 codes (uint8 values 0-15) -> fp32."""
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"E2M1 codes are uint8 values 0-15, got {codes.dtype}")
+    if bool((codes > 15).any()):
+        raise ValueError("an E2M1 code is 4 bits: values 0-15")
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    magnitude = table[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Packed FP4 [..., K/2] (uint8, element 2i in the low nibble) -> codes [..., K]."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed FP4 is uint8, got {packed.dtype}")
+    low, high = packed & 0xF, packed >> 4
+    return torch.stack((low, high), dim=-1).flatten(-2)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [..., K] (K even) -> packed FP4 [..., K/2], element 2i in the low nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"FP4 packs two elements per byte: the last extent ({codes.shape[-1]}) must be even")
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+
+
+def expand_scales(sf: torch.Tensor, granularity: int, vec: int = MX_VEC) -> torch.Tensor:
+    """Scales [MN, blocks] of `granularity` elements each along K -> one per `vec` elements
+    [MN, blocks * granularity / vec], each repeated over the vectors its block covers."""
+    if granularity % vec:
+        raise ValueError(f"a block of {granularity} elements is not a whole number of {vec}-element vectors")
+    return sf.repeat_interleave(granularity // vec, dim=-1)
+
+
+def blocked_offset(row: int, scale: int, scales: int) -> int:
+    """The byte of scale `scale` of row `row` in the blocked layout of a [rows, scales] matrix."""
+    atoms_k = ceil_div(scales, ATOM_SCALES)
+    atom = (row // ATOM_ROWS) * atoms_k + scale // ATOM_SCALES
+    return atom * ATOM_BYTES + (row % 32) * 16 + ((row // 32) % 4) * 4 + scale % ATOM_SCALES
+
+
+def to_blocked(sf: torch.Tensor) -> torch.Tensor:
+    """Scale bytes [rows, scales] (uint8) -> the MMA's blocked layout, flat uint8 of
+    ⌈rows/128⌉ · ⌈scales/4⌉ · 512 bytes; rows and scales past the matrix are zero."""
+    if sf.dtype != torch.uint8 or sf.dim() != 2:
+        raise TypeError(f"scales must be a uint8 matrix, got {sf.dtype} of rank {sf.dim()}")
+    rows, scales = sf.shape
+    rb, kb = ceil_div(rows, ATOM_ROWS), ceil_div(scales, ATOM_SCALES)
+    padded = torch.zeros(rb * ATOM_ROWS, kb * ATOM_SCALES, dtype=torch.uint8, device=sf.device)
+    padded[:rows, :scales] = sf
+    # (row block, 4 row quarters of 32, 32 rows, scale block, 4 scales) -> atom order
+    # (row block, scale block, row in 32, quarter, scale).
+    atoms = padded.view(rb, 4, 32, kb, ATOM_SCALES).permute(0, 3, 2, 1, 4)
+    return atoms.contiguous().flatten()
+
+
+def from_blocked(blocked: torch.Tensor, rows: int, scales: int) -> torch.Tensor:
+    """The inverse of `to_blocked`: the [rows, scales] scale bytes a blocked buffer holds."""
+    rb, kb = ceil_div(rows, ATOM_ROWS), ceil_div(scales, ATOM_SCALES)
+    if blocked.numel() != rb * kb * ATOM_BYTES:
+        raise ValueError(f"a blocked [{rows}, {scales}] scale matrix has {rb * kb * ATOM_BYTES} bytes, "
+                         f"got {blocked.numel()}")
+    atoms = blocked.reshape(rb, kb, 32, 4, ATOM_SCALES).permute(0, 3, 2, 1, 4)
+    return atoms.reshape(rb * ATOM_ROWS, kb * ATOM_SCALES)[:rows, :scales].contiguous()
+
+
+def deepgemm_sf_to_blocked(words: torch.Tensor, rows: int, blocks: int, granularity: int = 128,
+                           vec: int = MX_VEC) -> torch.Tensor:
+    """DeepGEMM's SM100 scales (int32 words [rows, ⌈blocks/4⌉], any strides: MN-major and
+    TMA-aligned as DeepGEMM makes them) of `blocks` scales of `granularity` elements along K per
+    row -> the MMA's blocked layout of one scale per `vec` elements."""
+    if words.dtype != torch.int32 or words.dim() != 2 or words.shape[0] != rows:
+        raise ValueError(f"DeepGEMM's packed scales are int32 [{rows}, ⌈blocks/4⌉], got {words.dtype} "
+                         f"{tuple(words.shape)}")
+    if words.shape[1] * 4 < blocks:
+        raise ValueError(f"{words.shape[1]} words per row hold {4 * words.shape[1]} scales, fewer than {blocks}")
+    sf = words.contiguous().view(torch.uint8).reshape(rows, -1)[:, :blocks]
+    return to_blocked(expand_scales(sf, granularity, vec))
+
+
+def mx_dequant(values: torch.Tensor, sf: torch.Tensor, vec: int = MX_VEC) -> torch.Tensor:
+    """Elements [MN, K] (any float dtype, or E2M1 codes decoded first) times their UE8M0 scales
+    [MN, ⌈K/vec⌉], in float64."""
+    scales = ue8m0_to_float(sf).double().repeat_interleave(vec, dim=-1)[:, : values.shape[-1]]
+    return values.double() * scales
+
+
+def mx_gemm_ref(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                vec: int = MX_VEC) -> torch.Tensor:
+    """D [M, N] = Σ_k (a[m, k] · sfa[m, k/vec]) (b[n, k] · sfb[n, k/vec]), in float64: what a
+    block-scaled MMA accumulates, before its fp32 rounding."""
+    return mx_dequant(a, sfa, vec) @ mx_dequant(b, sfb, vec).T

@@ -1,0 +1,96 @@
+"""CPU tier: the block-scaled (MX) references, bit for bit: UE8M0 and FP4 E2M1 decoding, the MMA's
+blocked scale layout (against the byte formula and against cuBLAS's `to_blocked` recipe), DeepGEMM's
+SM100 packed layout converted into it, and the float64 reference product."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cutegen.runtime import mx_reference as mx  # noqa: E402
+from cutegen.runtime.quant_reference import pack_ue8m0  # noqa: E402
+
+
+def test_ue8m0_decodes_every_byte_exactly():
+    e = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    s = mx.ue8m0_to_float(e)
+    for byte in range(255):
+        assert float(s[byte]) == math.ldexp(1.0, byte - 127), byte
+    assert math.isnan(float(s[255]))
+    assert torch.equal(mx.float_to_ue8m0(s), e)
+    with pytest.raises(ValueError, match="powers of two"):
+        mx.float_to_ue8m0(torch.tensor([3.0]))
+    with pytest.raises(ValueError, match="powers of two"):
+        mx.float_to_ue8m0(torch.tensor([-2.0]))
+
+
+def test_e2m1_codes_and_packing():
+    codes = torch.arange(16, dtype=torch.uint8)
+    want = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    got = mx.e2m1_to_float(codes)
+    assert got.tolist() == want and all(math.copysign(1, g) == math.copysign(1, w) for g, w in zip(got.tolist(), want))
+    packed = mx.pack_e2m1(codes.view(2, 8))
+    assert packed.shape == (2, 4) and packed[0, 0] == 0x10 and packed[1, 3] == 0xFE  # element 2i low
+    assert torch.equal(mx.unpack_e2m1(packed), codes.view(2, 8))
+    with pytest.raises(ValueError, match="0-15"):
+        mx.e2m1_to_float(torch.tensor([16], dtype=torch.uint8))
+    with pytest.raises(ValueError, match="even"):
+        mx.pack_e2m1(torch.zeros(3, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("rows, scales", [(1, 1), (128, 4), (130, 7), (300, 9)])
+def test_blocked_layout_matches_the_byte_formula_and_cublas_recipe(rows, scales):
+    sf = torch.randint(1, 255, (rows, scales), dtype=torch.uint8, generator=torch.Generator().manual_seed(rows))
+    blocked = mx.to_blocked(sf)
+    rb, kb = -(-rows // 128), -(-scales // 4)
+    assert blocked.numel() == rb * kb * 512
+    for r in range(rows):
+        for j in range(scales):
+            assert blocked[mx.blocked_offset(r, j, scales)] == sf[r, j]
+    assert int(blocked.to(torch.int64).sum()) == int(sf.to(torch.int64).sum())  # padding is zero
+    # cuBLAS's recipe (torch's scaled_mm tests): view(RM,128,RK,4).permute(0,2,1,3).reshape(-1,4,32,4)
+    # .transpose(1,2).reshape(-1,32,16).
+    padded = torch.zeros(rb * 128, kb * 4, dtype=torch.uint8)
+    padded[:rows, :scales] = sf
+    cublas = padded.view(rb, 128, kb, 4).permute(0, 2, 1, 3).reshape(-1, 4, 32, 4).transpose(1, 2).reshape(-1, 32, 16)
+    assert torch.equal(blocked, cublas.flatten())
+    assert torch.equal(mx.from_blocked(blocked, rows, scales), sf)
+
+
+def test_deepgemm_sm100_scales_convert_to_the_blocked_layout():
+    """DeepGEMM's packed UE8M0 words (MN-major, TMA-aligned) of 1x128 scales become one scale per
+    32 elements: every 32-element vector of a 128-element block carries the block's scale."""
+    rows, k = 200, 1536
+    blocks = k // 128
+    rng = random.Random(7)
+    s = torch.tensor([[2.0 ** rng.randint(-20, 20) for _ in range(blocks)] for _ in range(rows)])
+    words = pack_ue8m0(s)  # DeepGEMM's layout
+    assert words.stride(0) == 1 and words.stride(1) == 200
+    blocked = mx.deepgemm_sf_to_blocked(words, rows, blocks)
+    per_vec = mx.from_blocked(blocked, rows, k // 32)
+    want = mx.float_to_ue8m0(s).repeat_interleave(4, dim=1)
+    assert torch.equal(per_vec, want)
+    with pytest.raises(ValueError, match="fewer than"):
+        mx.deepgemm_sf_to_blocked(words, rows, 13)
+    with pytest.raises(ValueError, match="whole number"):
+        mx.expand_scales(want, 48)
+
+
+def test_reference_product_is_the_scaled_dot_product():
+    g = torch.Generator().manual_seed(3)
+    m, n, k = 5, 6, 96
+    a = torch.randn(m, k, generator=g).to(torch.float8_e4m3fn)
+    b_codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    b = mx.e2m1_to_float(b_codes)
+    sfa = torch.randint(120, 134, (m, k // 32), dtype=torch.uint8, generator=g)
+    sfb = torch.randint(120, 134, (n, k // 32), dtype=torch.uint8, generator=g)
+    d = mx.mx_gemm_ref(a, sfa, b, sfb)
+    for i in range(m):
+        for j in range(n):
+            want = sum(float(a[i, kk].float()) * 2.0 ** (int(sfa[i, kk // 32]) - 127)
+                       * float(b[j, kk]) * 2.0 ** (int(sfb[j, kk // 32]) - 127) for kk in range(k))
+            assert float(d[i, j]) == pytest.approx(want, rel=1e-12, abs=1e-30)
