@@ -75,20 +75,14 @@ def _enum(v: Any, field: str) -> str:
     return _enum_tag(member)
 
 
+# The quantizers' short form (`Schedule.quant_neutral`): the parts of the fields a quantize kernel
+# uses, by their place in the full name (prefix, arch, op, a_dtype, c_dtype, scale, tile, stages,
+# math warpgroups).
+_QUANT_PARTS_AT = (0, 1, 2, 3, 5, 7, 8, 11, 12)
+
+
 def procedural_name(s: Schedule) -> str:
     """The kernel name of `s`; distinct schedules have distinct names."""
-    if s.quant_neutral:
-        return "_".join([
-            PREFIX,
-            _enum(s.arch, "arch"),
-            _enum(s.op, "op"),
-            _enum(s.a_dtype, "a_dtype"),
-            _enum(s.c_dtype, "c_dtype"),
-            _enum(s.scale, "scale"),
-            f"{_int(s.tile_m, 'tile_m')}x{_int(s.tile_n, 'tile_n')}x{_int(s.tile_k, 'tile_k')}",
-            f"s{_int(s.stages, 'stages')}",
-            f"wg{_int(s.math_warpgroups, 'math_warpgroups')}",
-        ])
     parts = [
         PREFIX,
         _enum(s.arch, "arch"),
@@ -108,6 +102,8 @@ def procedural_name(s: Schedule) -> str:
         _enum(s.raster, "raster"),
         f"g{_int(s.group_size, 'group_size')}",
     ]
+    if s.quant_neutral:
+        parts = [parts[i] for i in _QUANT_PARTS_AT]
     return "_".join(parts)
 
 
@@ -162,17 +158,8 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
 )
 
-# The quantizers' short form (`Schedule.quant_neutral`): the fields a quantize kernel uses.
-_QUANT_PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
-    _tag("arch"),
-    _tag("op"),
-    _tag("a_dtype"),
-    _tag("c_dtype"),
-    _tag("scale"),
-    _PARTS[7],  # the tile
-    _PARTS[10],  # stages
-    _PARTS[11],  # math warpgroups
-)
+# The short form's parsers (`_QUANT_PARTS_AT`).
+_QUANT_PARTS = tuple(_PARTS[i - 1] for i in _QUANT_PARTS_AT[1:])
 
 _EXAMPLE = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
 
