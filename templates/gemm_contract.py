@@ -133,6 +133,28 @@ def _kernel_layout(arg: Arg, extents: dict[str, object]) -> tuple[tuple, tuple]:
     return tuple(shape), tuple(stride)
 
 
+def plain_binding(arg: Arg, value_range: tuple[float, float] | None = None) -> dict:
+    """How a kernel that takes `arg` as it is (no TMA descriptor) receives it: a tensor as its
+    address, extents (64-bit where the contract says `wide`) and run-time strides (every
+    dimension but the contiguous one, by torch dimension); a pointer as its address; a scalar as
+    its value, within `value_range` when given."""
+    if arg.scalar:
+        out = {"name": arg.name, "kind": "scalar", "dtype": arg.dtype, "expr": arg.name}
+        return {**out, "range": list(value_range)} if value_range is not None else out
+    if arg.pointer:
+        return {"name": arg.name, "kind": "pointer", "operand": arg.name}
+    strides = [d for d in range(len(arg.shape)) if d != arg.contiguous_mode]
+    return {
+        "name": arg.name,
+        "kind": "tensor",
+        "operand": arg.name,
+        "shape": list(arg.shape),
+        "shape_widths": [64 if symbol in arg.wide else 32 for symbol in arg.shape],
+        "strides": strides,
+        "stride_widths": [64] * len(strides),
+    }
+
+
 def contract_entry_names(contract: list[Arg]) -> list[str]:
     """The parameters a kernel class's `__call__` takes, in order (the stream last)."""
     return [arg.name for arg in contract] + ["max_active_clusters", "stream"]

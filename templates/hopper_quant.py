@@ -33,7 +33,7 @@ from cutlass.memory import SmemAllocator
 
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.schedules.contract import op_contract
-from cutegen.templates.gemm_contract import contract_fake_arguments, contract_operands, requirement
+from cutegen.templates.gemm_contract import contract_fake_arguments, contract_operands, plain_binding, requirement
 from cutegen.templates.gmem_vec import VEC_BYTES, vec16_at
 from cutegen.schedules.spec import (
     PER_TOKEN_WARP_COLS,
@@ -1038,6 +1038,11 @@ class _QuantTemplateBase:
     def operands(self) -> list[dict]:
         return contract_operands(self.contract)
 
+    def param_bindings(self) -> list[dict]:
+        """Every argument taken as it is (`plain_binding`): tensors with run-time strides, the
+        tile counter as a pointer, eps within `EPS_RANGE`."""
+        return [plain_binding(arg, EPS_RANGE if arg.name == "eps" else None) for arg in self.contract]
+
     def launch_facts(self) -> dict:
         s = self.schedule
         smem = self.kernel.smem_bytes
@@ -1051,22 +1056,6 @@ class _QuantTemplateBase:
             "cooperative": False,
         }
 
-    @staticmethod
-    def _tensor(name: str, shape: list[str], strides: list[int], shape_width: int = 32) -> dict:
-        return {
-            "name": name,
-            "kind": "tensor",
-            "operand": name,
-            "shape": shape,
-            "shape_widths": [shape_width] * len(shape),
-            "strides": strides,
-            "stride_widths": [64] * len(strides),
-        }
-
-    @staticmethod
-    def _eps() -> dict:
-        return {"name": "eps", "kind": "scalar", "dtype": "f32", "expr": "eps", "range": list(EPS_RANGE)}
-
 
 # The eps the kernels take: from the smallest that keeps eps/448 a normal fp32 (so that 1/scale
 # is finite) to fp32's largest.
@@ -1075,16 +1064,11 @@ EPS_RANGE = (1e-30, 3.4028234663852886e38)
 
 class _MatrixQuantTemplate(_QuantTemplateBase):
     """The per-token and per-block templates: one matrix [ROWS, K] in, q e4m3 [ROWS, K] and a
-    scale matrix out (its strides are run-time values). Subclasses name the symbols."""
+    scale matrix out (its strides are run-time values), as their contract names them; subclasses
+    give the rows the grid covers and the scale rows the kernel writes."""
 
-    input_name: str  # the input operand
-    rows: str  # its row extent's symbol
-    scale_shape: tuple[str, str]  # the scale matrix's extent symbols
     grid_rows: str  # rows the grid covers (an expression over the symbols)
     scale_rows: str  # scale rows the kernel writes at least (an expression over the symbols)
-
-    def _scale_dtype(self) -> str:
-        return "f32"
 
     def grid_rule(self) -> dict:
         s = self.schedule
@@ -1100,40 +1084,24 @@ class _MatrixQuantTemplate(_QuantTemplateBase):
     def requires(self) -> list[dict]:
         """Room in the scale matrix for every row's (or block row's) scales: the kernel writes
         ⌈K/128⌉ (packed UE8M0: ⌈K/512⌉) columns of `scale_rows` rows."""
-        rows, cols = self.scale_shape
-        per_column = QUANT_GROUP * (4 if self._scale_dtype() == "i32" else 1)
+        sf = next(arg for arg in self.contract if arg.name == "sf")
+        rows, cols = sf.shape
+        per_column = QUANT_GROUP * (4 if sf.dtype == "i32" else 1)
         return [
             requirement(rows, ">=", self.scale_rows),
             requirement(cols, ">=", f"ceil_div(K, {per_column})"),
         ]
 
-    def param_bindings(self) -> list[dict]:
-        return [
-            self._tensor(self.input_name, [self.rows, "K"], [0]),
-            self._tensor("q", [self.rows, "K"], [0]),
-            self._tensor("sf", list(self.scale_shape), [0, 1]),
-            self._eps(),
-        ]
-
 
 class PerTokenQuantTemplate(_MatrixQuantTemplate):
     kernel_class = PerTokenQuantKernel
-    input_name = "x"
-    rows = "M"
-    scale_shape = ("SM", "SG")
     scale_rows = "M"
     # The TMA-aligned MN-major scale layout may have more rows than x (padding rows get written).
     grid_rows = "max(M, SM)"
 
-    def _scale_dtype(self) -> str:
-        return "i32" if self.schedule.scale == ScaleFormat.UE8M0 else "f32"
-
 
 class PerBlockQuantTemplate(_MatrixQuantTemplate):
     kernel_class = PerBlockQuantKernel
-    input_name = "w"
-    rows = "N"
-    scale_shape = ("SN", "SK")
     scale_rows = f"ceil_div(N, {QUANT_GROUP})"
     grid_rows = "N"
 
@@ -1152,12 +1120,3 @@ class GroupedTransposedQuantTemplate(_QuantTemplateBase):
         """q holds the S blocks of 128 tokens by H columns."""
         return [requirement("Q", ">=", f"{QUANT_GROUP} * H * S")]
 
-    def param_bindings(self) -> list[dict]:
-        return [
-            self._tensor("x", ["T", "H"], [0]),
-            self._tensor("group_sizes", ["G"], []),
-            self._tensor("q", ["Q"], [], shape_width=64),
-            self._tensor("sf", ["S", "H"], [0]),
-            {"name": "tile_counter", "kind": "pointer", "operand": "tile_counter"},
-            self._eps(),
-        ]
