@@ -1,6 +1,18 @@
 """The Hopper GEMM's contiguous M-grouped family: each tile's group from m_indices, pairs of
 tiles sharing B, padding rows.
 
+Contiguous layout (`m_grouped_fp8_gemm_nt_contiguous`) in 2x1 clusters with B multicast: the
+two CTAs hold M tiles that may belong to two groups. Both read both tiles' groups at the
+tile's start; where they are one group, each loads its half of B and multicasts it to the pair;
+otherwise each loads both halves of its own group's B, multicast to itself alone. The pair
+loads and computes unless both tiles are padding, so both CTAs walk the same stages (each
+CTA's consumers release the other's); a padding tile computed beside its pair's tile has its
+rows zeroed, or is not written with the opt-out. A math warpgroup whose 64 rows of the tile
+are all padding (padding being a tile's tail, exactly when its first row is) issues no
+WGMMAs: it waits for each stage and releases it, and its rows are written as zeros, so the
+tensor cores run the other warpgroup's WGMMAs alone (DeepGEMM's kernel skips such
+warpgroups too).
+
 Importing this module imports the CuTe DSL; only the generator does that.
 """
 

@@ -93,55 +93,9 @@ class HopperGemmKernel(
         its own bulk group) only its sub-tiles, so the two warpgroups never wait for each other
         and one's epilogue overlaps the other's main loop.
 
-    Block-scaled path (`fp8_gemm_nt` and the grouped / weight-gradient ops, scale = f32; tile_k =
-    128, one scale block; `fp8_gemm_nt` also takes K not a multiple of 128: its last K block reads
-    zeros past K and its own, partial scale block): each stage also holds the tile's column of
-    SFA (tile_m fp32, loaded by TMA with A from the MN-major, TMA-aligned SFA [M, ⌈K/128⌉]; each
-    stage's column starts 128-byte aligned); SFB [⌈N/128⌉, ⌈K/128⌉] is read from global memory by the math threads (one
-    or two values per K block: a tile spans at most two 128-column scale blocks, and the main
-    loop is compiled once per column where the second block can begin, so that each accumulator
-    chunk's scale is fixed at compile time), or, for the weight gradient, staged per row of B by
-    TMA like SFA. The tile's rows are computed in `waves` of 64 rows per math warpgroup
-    (tile_m=256 with two warpgroups: two waves), or a 256-wide tile's columns in two waves of 128
-    (`Schedule.column_waves`: each wave's WGMMAs take its half of B and the same A, and its
-    promotion its own SFB block). Per K
-    block and wave a math warpgroup issues its WGMMAs into one accumulator from zero
-    (ACCUMULATE=False on the first), reads its rows' SFA from the stage while they run, waits for
-    them and promotes: final[wave] += acc · sfa[row] · sfb[col block]; after the last wave it
-    releases the stage and, before promoting that wave, probes the next stage's full barrier
-    with a try-wait (the next block's wait is skipped when it has arrived). SFB is held in warp
-    registers, SFB_CHUNK_BLOCKS K blocks at a time (lane i holds block 32c + i of chunk c, the
-    next chunk loaded while this one runs) and read per block with one shuffle; the K loop runs
-    chunk by chunk, unrolled twice within a chunk, or (`Schedule.static_stage_rounds`) in rounds
-    of one block per stage whose stage indices are constants, so that the stages' WGMMA
-    descriptors, SFA addresses and full/empty barriers are immediates. The two math warpgroups own
-    different rows, so one can promote while the other's WGMMAs run on the tensor cores.
-    Single-wave tiles whose registers allow it cycle through a ring of D =
-    `Schedule.wgmma_accumulators` WGMMA accumulators (2 for 128-row tiles, up to 4 for small
-    ones): block kb+D-1's WGMMAs are issued before the warpgroup waits for block kb
-    (wait_group(D-1)) and promotes it (two-accumulator rings of tiles within one
-    SFB block probe the next block's stage before the promotion, like the waves above); the
-    ring reads each block's SFB from global memory when it issues the block, D - 1 blocks
-    before its promotion needs it.
+    Block-scaled path (`fp8_gemm_nt`, the grouped and weight-gradient ops): see `hopper_mainloop`.
 
-    k-grouped weight gradient (`k_grouped_fp8_gemm_nt_contiguous`): the tile sequence runs over
-    the groups with at least one token (D carries a group mode); before its first tile of a new
-    group the producer warp rewrites this CTA's TMA descriptors of A and B in the global
-    workspace (copied from the host's descriptors once, then address, extents and stride
-    replaced with `tensormap.replace`, released and acquired through the tensormap proxy fence);
-    the scales are TMA-loaded at the group's first block plus the K block.
-
-    Contiguous layout (`m_grouped_fp8_gemm_nt_contiguous`) in 2x1 clusters with B multicast: the
-    two CTAs hold M tiles that may belong to two groups. Both read both tiles' groups at the
-    tile's start; where they are one group, each loads its half of B and multicasts it to the pair;
-    otherwise each loads both halves of its own group's B, multicast to itself alone. The pair
-    loads and computes unless both tiles are padding, so both CTAs walk the same stages (each
-    CTA's consumers release the other's); a padding tile computed beside its pair's tile has its
-    rows zeroed, or is not written with the opt-out. A math warpgroup whose 64 rows of the tile
-    are all padding (padding being a tile's tail, exactly when its first row is) issues no
-    WGMMAs: it waits for each stage and releases it, and its rows are written as zeros, so the
-    tensor cores run the other warpgroup's WGMMAs alone (DeepGEMM's kernel skips such
-    warpgroups too).
+    k-grouped weight gradient: see `hopper_k_grouped`; contiguous layout: see `hopper_contiguous`.
 
     Pipelines:
       - **mainloop** (PipelineTmaAsync, `stages` slots of A+B(+SFA)): producer = the TMA warp (one

@@ -1,4 +1,12 @@
-"""The Hopper GEMM's k-grouped family: groups along K, per-group TMA descriptors rewritten in a global workspace.
+"""The Hopper GEMM's k-grouped family: groups along K, per-group TMA descriptors rewritten in a
+global workspace.
+
+k-grouped weight gradient (`k_grouped_fp8_gemm_nt_contiguous`): the tile sequence runs over
+the groups with at least one token (D carries a group mode); before its first tile of a new
+group the producer warp rewrites this CTA's TMA descriptors of A and B in the global
+workspace (copied from the host's descriptors once, then address, extents and stride
+replaced with `tensormap.replace`, released and acquired through the tensormap proxy fence);
+the scales are TMA-loaded at the group's first block plus the K block.
 
 Importing this module imports the CuTe DSL; only the generator does that.
 """
