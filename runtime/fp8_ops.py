@@ -19,7 +19,10 @@ after every 128-wide K block:
   ``per_token_quant_fp8(x, scale_format="ue8m0", scale_layout="mn-major-tma-aligned")`` writes),
   ``sfb`` row-major (``pack_ue8m0(scales, "k-major")`` of power-of-two per-block scales, e.g. from
   ``per_block_quant_fp8_ref(w, scale_format="ue8m0")``). On a GPU without such kernels (Hopper)
-  int32 scales are refused with a message saying so.
+  int32 scales are refused with a message saying so. Where the catalogue has kernels whose
+  tensor cores apply the scales (``scale = "mx"``, Blackwell's block-scaled MMA), they run, and
+  the scales are converted per call into the blocked layout those kernels read
+  (`mx_reference.mx_scale_operands`).
 * ``out`` (optional): bf16 [M, N], ``stride(1) == 1``, row stride a multiple of 8, 16-byte aligned.
 * M == 0 or N == 0: nothing is launched; K == 0: the result is zero-filled.
 
@@ -37,8 +40,9 @@ from . import heuristics, split_k, stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
-from .kernel_choice import kernel_for
+from .kernel_choice import catalogue, kernel_for, runnable_kernels
 from .launch import launch
+from .mx_reference import mx_scale_operands
 from .params import SCALE_BLOCK, align, ceil_div
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
@@ -57,6 +61,19 @@ UE8M0_PER_WORD = 4
 def scale_format(sfa: torch.Tensor) -> str:
     """The schedule scale format of a scale tensor: "ue8m0" for packed int32 words, else "f32"."""
     return "ue8m0" if sfa.dtype == torch.int32 else "f32"
+
+
+def _kernel_scale(sfa: torch.Tensor, device: int, forced: str) -> str:
+    """The schedule scale format of the kernels a call may run: that of its scales (`scale_format`);
+    for UE8M0 scales, "mx" (the tensor cores apply them) where the catalogue has such kernels for
+    this GPU or the caller forced one, else "ue8m0" (promotion)."""
+    scale = scale_format(sfa)
+    if scale != "ue8m0":
+        return scale
+    if forced:
+        cat = catalogue()
+        return "mx" if forced in cat and cat.manifest(forced).schedule.get("scale") == "mx" else scale
+    return "mx" if runnable_kernels(OP_FP8_GEMM_NT, device, "mx") else scale
 
 
 def _fail(arg: str, what: str) -> InputError:
@@ -144,7 +161,7 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, scale_format(sfa))
+        loaded = kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, _kernel_scale(sfa, device, kernel))
         names = sorted(s.name for s in loaded.manifest.operands)
         split = heuristics.splits_k(loaded.manifest)
         if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
@@ -156,6 +173,12 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
             raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
         stream = current_stream(a)
         operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}
+        if loaded.manifest.fact("mma_applies_scales"):
+            # The block-scaled MMA reads its scales in the blocked layout, made per call from the
+            # caller's: nothing is remembered, so every call converts its own scales.
+            operands["sfa"], operands["sfb"] = mx_scale_operands(sfa, sfb, m, n, k)
+            launch(loaded, operands, stream=stream)
+            return None
         extents = workspace = None
         if split:
             workspace, extents = split_k.launch_arguments(loaded, a.device, stream, m, n, k, k_splits)

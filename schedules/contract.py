@@ -78,12 +78,18 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         ]
     grouped = ("G",) if op.is_masked else ()
     args = [Arg("a", a, (*grouped, "M", "K"), len(grouped) + 1)]
-    if s.block_scaled:
+    if s.mma_applies_scales:
+        # The MMA's blocked UE8M0 scales, 512-byte atoms of 128 rows by 4 scales (one per 32
+        # elements), as bytes (`requires` gives their sizes).
+        args.append(Arg("sfa", "u8", ("SA",), 0, 16, pointer=True))
+    elif s.block_scaled:
         # SFA [M, KB] MN-major with a 16-byte aligned column stride (align(M, 4)).
         args.append(Arg("sfa", scale, (*grouped, "M", kc), len(grouped)))
     b_grouped = ("G",) if op.is_m_grouped else ()
     args.append(Arg("b", b, (*b_grouped, "N", "K"), len(b_grouped) + 1))
-    if s.block_scaled:
+    if s.mma_applies_scales:
+        args.append(Arg("sfb", "u8", ("SB",), 0, 16, pointer=True))
+    elif s.block_scaled:
         if op.scales_b_per_row:
             # The weight-gradient recipe: SFB [N, KB], MN-major and TMA-aligned like SFA.
             args.append(Arg("sfb", "f32", ("N", "KB"), 0))

@@ -68,8 +68,9 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
 # Scale formats each op accepts (NONE for unscaled ops).
 OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.BF16_GEMM_NT: frozenset({ScaleFormat.NONE}),
-    # fp32 scales; UE8M0 (packed four per int32) is also taken by the sm_100a kernels.
-    Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
+    # fp32 scales; UE8M0 (packed four per int32) is also taken by the sm_100a kernels, which also
+    # let the tensor cores apply them (MX).
+    Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0, ScaleFormat.MX}),
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({ScaleFormat.F32}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32}),
@@ -302,10 +303,29 @@ def scale_format_for_op(s: Schedule) -> str | None:
 
 @_rule(ops=_GEMM_OPS)
 def ue8m0_gemm_on_blackwell(s: Schedule) -> str | None:
-    """GEMMs take UE8M0-packed scales on sm_100a only (the Hopper templates promote with fp32)."""
-    if s.scale != ScaleFormat.UE8M0 or s.arch == Arch.SM100A:
+    """GEMMs take UE8M0 scales (promoted, or applied by the MMA) on sm_100a only (the Hopper
+    templates promote with fp32)."""
+    if s.scale not in (ScaleFormat.UE8M0, ScaleFormat.MX) or s.arch == Arch.SM100A:
         return None
     return f"scale={s.scale.value}: the {s.arch.value} GEMM templates take fp32 scales (scale=f32)"
+
+
+# The block-scaled MMA template: one CTA per MMA, tiles of one or two whole scale atoms wide.
+MX_TILE_N = (128, 256)
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def mx_single_cta_whole_atoms(s: Schedule) -> str | None:
+    """With scales applied by the MMA (scale=mx): a cluster of one CTA and tile_n one or two whole
+    128-column scale atoms (the template loads whole blocked atoms per K tile)."""
+    if not s.mma_applies_scales:
+        return None
+    if (s.cluster_m, s.cluster_n) == (1, 1) and s.tile_n in MX_TILE_N:
+        return None
+    return (
+        f"cluster {s.cluster_m}x{s.cluster_n}, tile_n={s.tile_n}: the block-scaled MMA template runs "
+        f"cluster 1x1 with tile_n in {list(MX_TILE_N)}"
+    )
 
 
 @_rule(ops=_GEMM_OPS)
@@ -489,9 +509,9 @@ def promoted_sum_registers(s: Schedule) -> str | None:
 
 @_rule(archs=_SM100, ops=_SM100_OPS)
 def sfb_one_block_per_tile(s: Schedule) -> str | None:
-    """tile_n divides 128, so a tile lies in one 128-column block of SFB (one weight scale per
-    K block and tile)."""
-    if s.tile_n > 0 and SCALE_BLOCK % s.tile_n == 0:
+    """Promoting kernels: tile_n divides 128, so a tile lies in one 128-column block of SFB (one
+    weight scale per K block and tile)."""
+    if s.mma_applies_scales or (s.tile_n > 0 and SCALE_BLOCK % s.tile_n == 0):
         return None
     return (
         f"tile_n={s.tile_n}: the sm_100a templates apply one SFB value per tile and K block, so "

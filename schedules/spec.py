@@ -119,15 +119,21 @@ class DType(str, enum.Enum):
 
 
 class ScaleFormat(str, enum.Enum):
-    """How block scales of quantised operands are stored (none for unscaled ops)."""
+    """How block scales of quantised operands are stored and applied (none for unscaled ops).
+
+    ``f32`` and ``ue8m0`` (packed four per int32) scales are applied by promotion: each 128-wide K
+    block's MMA result is scaled and summed on the CUDA cores. ``mx``: UE8M0 scales applied by the
+    tensor cores (Blackwell's block-scaled MMA, one scale per 32 elements along K, in tensor
+    memory), read in the MMA's blocked layout (`cutegen.runtime.mx_reference.to_blocked`)."""
 
     NONE = "none"
     F32 = "f32"
     UE8M0 = "ue8m0"
+    MX = "mx"
 
     @property
     def tag(self) -> str:
-        return {"none": "nosf", "f32": "sff32", "ue8m0": "sfue8m0"}[self.value]
+        return {"none": "nosf", "f32": "sff32", "ue8m0": "sfue8m0", "mx": "sfmx"}[self.value]
 
 
 class Multicast(str, enum.Enum):
@@ -269,6 +275,14 @@ F32_EPILOGUE_STAGES = 3
 # stage of a tcgen05 tile takes tile_n columns. Up to four stages let the MMA warp run that many
 # K blocks ahead of the warps that promote them.
 SM100_TMEM_COLUMNS = 512
+# The block-scaled MMA's scales: one per MX_SCALE_VECTOR elements along K, in 512-byte blocked
+# atoms of 128 rows x 4 scales (a 128-wide K tile), 4 tensor-memory columns each; an accumulator stage per tile in
+# flight (two let the epilogue of one tile run beside the next tile's MMAs).
+MX_SCALE_VECTOR = 32
+MX_ATOM_ROWS = 128
+MX_ATOM_BYTES = 512
+MX_ATOM_TMEM_COLUMNS = 4
+MX_ACCUMULATOR_STAGES = 2
 SM100_MAX_ACCUMULATOR_STAGES = 4
 # Blackwell epilogue: 128-row sub-tiles (one row per TMEM lane and thread), two in flight; the
 # update warps load the accumulator from tensor memory in chunks of one sub-tile's columns.
@@ -362,11 +376,27 @@ class Schedule:
 
     @property
     def tmem_accumulator_stages(self) -> int:
-        """Blackwell: tensor-memory accumulator stages (one per K block in flight), as many as
-        fit in SM100_TMEM_COLUMNS, at most SM100_MAX_ACCUMULATOR_STAGES; 0 on Hopper."""
+        """Blackwell: tensor-memory accumulator stages, as many as fit in SM100_TMEM_COLUMNS beside
+        the scale columns: one per K block in flight (promotion), at most
+        SM100_MAX_ACCUMULATOR_STAGES; one per tile in flight, at most MX_ACCUMULATOR_STAGES, when
+        the MMA applies the scales. 0 on Hopper."""
         if self.arch != Arch.SM100A or self.tile_n <= 0:
             return 0
-        return max(1, min(SM100_MAX_ACCUMULATOR_STAGES, SM100_TMEM_COLUMNS // self.tile_n))
+        most = MX_ACCUMULATOR_STAGES if self.mma_applies_scales else SM100_MAX_ACCUMULATOR_STAGES
+        return max(1, min(most, (SM100_TMEM_COLUMNS - self.tmem_scale_columns) // self.tile_n))
+
+    @property
+    def mma_applies_scales(self) -> bool:
+        """The tensor cores apply the block scales (`ScaleFormat.MX`): no promotion."""
+        return self.scale == ScaleFormat.MX
+
+    @property
+    def mx_scale_atoms(self) -> tuple[int, int]:
+        """Blocked scale atoms (128 rows x 4 scales, MX_ATOM_BYTES) a stage of a tile holds: (SFA's,
+        SFB's); (0, 0) unless the MMA applies the scales."""
+        if not self.mma_applies_scales:
+            return (0, 0)
+        return (-(-self.tile_m // MX_ATOM_ROWS), -(-self.tile_n // MX_ATOM_ROWS))
 
     @property
     def tmem_columns(self) -> int:
@@ -377,10 +407,10 @@ class Schedule:
 
     @property
     def tmem_scale_columns(self) -> int:
-        """Blackwell: tensor-memory columns of MMA scale factors. The templates promote with fp32
-        scales in registers, so none; a block-scaled (kind::mxf8f6f4) MMA would hold its scale
-        factors here."""
-        return 0
+        """Blackwell: tensor-memory columns of MMA scale factors: MX_ATOM_TMEM_COLUMNS per blocked
+        atom of a stage when the MMA applies the scales (kind::mxf8f6f4 reads them there); none
+        when they are applied by promotion, in registers."""
+        return MX_ATOM_TMEM_COLUMNS * sum(self.mx_scale_atoms)
 
     @property
     def threads_per_cta(self) -> int:
@@ -415,8 +445,9 @@ class Schedule:
         b_rows = self.tile_n // self.mma_ctas
         ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + b_rows * self.b_dtype.bytes)
         if self.arch == Arch.SM100A:
-            # The accumulator-update warps read the scales from global memory: stages hold A, B.
-            return ab
+            # Promotion reads the scales from global memory: stages hold A, B; the block-scaled
+            # MMA's stages hold its blocked scale atoms too.
+            return ab + MX_ATOM_BYTES * sum(self.mx_scale_atoms)
         scales = 4 * scale_stage_elems(self.tile_m) if self.block_scaled else 0
         if self.op.scales_b_per_row:
             scales += 4 * scale_stage_elems(self.tile_n)
@@ -533,6 +564,8 @@ class Schedule:
         Blackwell: one thread per row holds the row's promoted sum (tile_n / math_warpgroups) and
         one SM100_EPILOGUE_COLUMNS chunk loaded from tensor memory."""
         if self.arch == Arch.SM100A:
+            if self.mma_applies_scales:  # no promoted sum: one chunk at a time
+                return SM100_EPILOGUE_COLUMNS
             return self.tile_n // max(1, self.math_warpgroups) + SM100_EPILOGUE_COLUMNS
         if self.block_scaled_gemm:
             per_wave = self.accumulators_per_thread // self.all_waves
@@ -728,6 +761,7 @@ FACTS = (
     "epilogue_stages_whole_tile",
     "splits_k",
     "splits_tail",
+    "mma_applies_scales",
     "smem_bytes",
     "tmem_columns",
 )

@@ -18,6 +18,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
+from cutegen.templates.blackwell_block_scaled import BlackwellMxFp8GemmNtKernel
 from cutegen.templates.gemm_contract import GemmContract, shape_binding, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
 from cutegen.templates.tile_order import TileOrder
@@ -642,7 +643,9 @@ class BlackwellGemmTemplate(GemmContract):
 
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
-        if schedule.op.is_masked:
+        if schedule.mma_applies_scales:
+            self.kernel = BlackwellMxFp8GemmNtKernel(schedule)
+        elif schedule.op.is_masked:
             self.kernel = BlackwellMaskedFp8GemmKernel(schedule)
         elif schedule.op.is_m_grouped:
             self.kernel = BlackwellMGroupedFp8GemmKernel(schedule)

@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 
 from cutegen.schedules.contract import MANIFEST_FIRST, TENSORMAP_BYTES, Arg, op_contract
-from cutegen.schedules.spec import SCALE_BLOCK, ScaleFormat, Schedule
+from cutegen.schedules.spec import MX_ATOM_BYTES, MX_ATOM_ROWS, SCALE_BLOCK, ScaleFormat, Schedule
 
 # The k-grouped kernels keep two TMA descriptors per CTA (A and B) in a global workspace, as 16
 # Int64 words each.
@@ -82,7 +82,7 @@ def requirement(symbol: str, relation: str, expr: str) -> dict:
 
 # A manifest dtype's CuTe DSL type (by name) and bytes.
 _ELEMENTS = {"bf16": ("BFloat16", 2), "f16": ("Float16", 2), "e4m3": ("Float8E4M3FN", 1), "f32": ("Float32", 4),
-             "i32": ("Int32", 4), "i64": ("Int64", 8)}
+             "i32": ("Int32", 4), "i64": ("Int64", 8), "u8": ("Uint8", 1)}
 
 
 def contract_fake_arguments(contract: list[Arg]) -> tuple:
@@ -196,7 +196,12 @@ class GemmContract:
             words = f"{2 * TENSORMAP_WORDS * s.cluster_m * s.cluster_n} * max_active_clusters"
             return [requirement("KT", "==", f"KB * {SCALE_BLOCK}"), requirement("W", ">=", words)]
         out = []
-        if self.schedule.block_scaled:
+        if self.schedule.mma_applies_scales:
+            # One blocked atom per 128 rows (of A, of B) and 128-wide K tile.
+            atoms_k = f"ceil_div(K, {SCALE_BLOCK})"
+            out += [requirement("SA", ">=", f"ceil_div(M, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}"),
+                    requirement("SB", ">=", f"ceil_div(N, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}")]
+        elif self.schedule.block_scaled:
             out.append(requirement(self.scale_columns, "==", f"ceil_div(K, {SCALE_BLOCK * (4 if self.ue8m0 else 1)})"))
             if not self.schedule.op.scales_b_per_row:
                 out.append(requirement("NB", "==", f"ceil_div(N, {SCALE_BLOCK})"))

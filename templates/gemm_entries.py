@@ -29,6 +29,24 @@ class Fp8GemmNtEntry:
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
 
 
+class Fp8GemmNtMxEntry:
+    """`fp8_gemm_nt` with the scales applied by the MMA: SFA and SFB are the blocked UE8M0 bytes
+    the block-scaled MMA reads (`cutegen.runtime.mx_reference.to_blocked`), taken as addresses."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Pointer,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
+
+
 class Fp8GemmNtSplitKEntry:
     """`fp8_gemm_nt` with the K blocks of each tile split over `k_splits` CTAs: each writes its fp32
     partial sum to `split_partials` and counts itself in `split_counters` (one int32 per tile,

@@ -34,6 +34,8 @@ SCHEDULES = (
     "cutegen_sm100a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rn_g1",
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfue8m0_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
+    # The block-scaled MMA (scales applied by the tensor cores, blocked bytes taken by address).
+    "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
 )
 GROUPS = 3
 # Split-K kernels: the split count passed (the DSL's host code only multiplies the grid by it).
@@ -121,7 +123,16 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             return ap.ctensor_from_fake(fake, op.ptr, (x, y, g), (sx, sy, sg))
         return ap.ctensor_from_fake(fake, op.ptr, op.shape, op.strides)
 
-    if schedule.block_scaled:
+    if schedule.mma_applies_scales:  # blocked UE8M0 atoms of 128 rows x 128 K, by address
+        atoms_k = -(-k // 128)
+        sa, sb = -(-m // 128) * atoms_k * 512, -(-n // 128) * atoms_k * 512
+        operands["sfa"] = OperandInfo(0x7F3000000000, (sa,), (1,), "u8")
+        operands["sfb"] = OperandInfo(0x7F4000000000, (sb,), (1,), "u8")
+        a_fake, _, b_fake, _, d_fake = fakes[:5]
+        args = [tensor(a_fake, "a"), ap.CPointer(operands["sfa"].ptr), tensor(b_fake, "b"),
+                ap.CPointer(operands["sfb"].ptr), tensor(d_fake, "d")]
+        extents = {"M": m, "N": n, "K": k, "SA": sa, "SB": sb}
+    elif schedule.block_scaled:
         kb, nb = -(-k // 128), -(-n // 128)
         lds = -(-m // 4) * 4
         ue8m0 = schedule.scale.value == "ue8m0"

@@ -35,10 +35,24 @@ def test_default_catalogue_has_every_sm100_op_on_one_cta_and_a_pair():
 
 
 def test_tensor_memory_budget_counts_accumulator_stages():
-    s = next(s for s in sm100_schedules() if s.tile_n == 128)
-    assert s.tmem_accumulator_stages == 4 and s.tmem_columns == 512
-    small = next(s for s in sm100_schedules() if s.tile_n == 64)
+    promoting = [s for s in sm100_schedules() if not s.mma_applies_scales]
+    s = next(s for s in promoting if s.tile_n == 128)
+    assert s.tmem_accumulator_stages == 4 and s.tmem_columns == 512 and s.tmem_scale_columns == 0
+    small = next(s for s in promoting if s.tile_n == 64)
     assert small.tmem_columns == 256
+
+
+def test_block_scaled_mma_budgets_its_scale_columns_and_atoms():
+    """Scales applied by the MMA: 4 tensor-memory columns per blocked atom of a stage (SFA's one,
+    SFB's one per 128 columns) beside at most two accumulator stages; the atoms' 512 bytes each in
+    every pipeline stage."""
+    mx = {s.tile_n: s for s in sm100_schedules() if s.mma_applies_scales}
+    assert set(mx) == {128, 256}
+    assert (mx[128].tmem_accumulator_stages, mx[128].tmem_scale_columns, mx[128].tmem_columns) == (2, 8, 264)
+    assert (mx[256].tmem_accumulator_stages, mx[256].tmem_scale_columns, mx[256].tmem_columns) == (1, 12, 268)
+    for s in mx.values():
+        assert s.stage_bytes == 128 * 128 + s.tile_n * 128 + 512 * sum(s.mx_scale_atoms)
+        assert s.facts()["mma_applies_scales"] and s.accumulator_registers == 32
 
 
 # ---- compiled kernels ------------------------------------------------------------------------
@@ -76,6 +90,30 @@ def test_every_sm100_kernel_has_tcgen05_mma_and_no_local_memory(built):
 
 
 @pytest.mark.slow
+def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
+    """The MX kernels' PTX has the block-scaled MMA (kind::mxf8f6f4.block_scale, 32-element scale
+    vectors) and the shared → tensor memory copy of the scales; their SASS has UTCQMMA with the two
+    scale operands in tensor memory, UTCCP of 4x32 lanes x 128 bits, bulk copies of the atoms, and
+    no local memory."""
+    import re
+
+    from cutegen.gen.sass import disassemble
+
+    mx = [s for s in sm100_schedules() if s.mma_applies_scales]
+    assert mx
+    for s in mx:
+        name = procedural_name(s)
+        ptx = (built / name / "kernel.ptx").read_text()
+        assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx, name
+        assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in ptx, name
+        sass, _ = disassemble((built / name / "kernel.cubin").read_bytes())
+        mmas = [line for line in sass.splitlines() if "UTCQMMA" in line]
+        assert mmas and all(len(re.findall(r"tmem\[", line)) == 3 for line in mmas), name
+        assert "UTCCP.T.S.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
+        assert not re.search(r"\bLDL|\bSTL", sass), name
+
+
+@pytest.mark.slow
 def test_manifests_carry_a_blackwell_launch(built):
     cat = load_catalogue(built)
     for m in cat.manifests():
@@ -86,7 +124,8 @@ def test_manifests_carry_a_blackwell_launch(built):
         assert 0 < m.smem_bytes <= 232448
         kinds = {p.name: p.binding["kind"] for p in m.params}
         assert kinds["tma_a"] == kinds["tma_b"] == kinds["tma_d"] == "tma"
-        assert kinds["sfa"] == "tensor" and kinds["sfb"] == "pointer"
+        # The promoting kernels read SFA as a tensor; the block-scaled MMA's blocked atoms by address.
+        assert kinds["sfa"] == ("pointer" if m.fact("mma_applies_scales") else "tensor") and kinds["sfb"] == "pointer"
         # A CTA pair loads half of B per CTA.
         tma_b = next(p for p in m.params if p.name == "tma_b").binding
         assert tma_b["box"][:2] == [s["tile_k"], s["tile_n"] // s["cluster_m"]]
@@ -145,3 +184,26 @@ def test_fp8_gemm_picks_the_kernel_of_the_scale_format(on_gpu):
     assert ops.runnable_kernels("fp8_gemm_nt") == []
     with pytest.raises(ArtifactError, match="runs on sm_90 \\(NVIDIA H200\\).*built for: sm_100a"):
         ops.choose_kernel("fp8_gemm_nt", 128, 128, 128, scale="ue8m0")
+
+
+@pytest.mark.slow
+def test_ue8m0_scales_go_to_the_block_scaled_mma_on_blackwell(on_gpu):
+    """On a Blackwell GPU, `fp8_gemm_nt` with UE8M0 scales runs the kernels whose MMA applies them
+    (the runtime makes their blocked operands per call); a promoting kernel forced by name still
+    runs; on Hopper UE8M0 scales keep their refusal."""
+    torch = pytest.importorskip("torch")
+    from cutegen.runtime import fp8_ops
+
+    ue8m0 = torch.zeros(4, 1, dtype=torch.int32)
+    ops = on_gpu(B200)
+    assert fp8_ops._kernel_scale(ue8m0, 0, "") == "mx"
+    assert fp8_ops._kernel_scale(torch.zeros(4, 1), 0, "") == "f32"
+    promoting = next(n for n in ops.runnable_kernels("fp8_gemm_nt", scale="ue8m0"))
+    assert fp8_ops._kernel_scale(ue8m0, 0, promoting) == "ue8m0"
+    mx = ops.runnable_kernels("fp8_gemm_nt", scale="mx")
+    assert mx and all("_sfmx_" in n for n in mx)
+    for m, n, k in ((1, 2112, 7168), (4096, 7168, 16384)):
+        chosen = ops.catalogue().manifest(ops.choose_kernel("fp8_gemm_nt", m, n, k, scale="mx"))
+        assert chosen.fact("mma_applies_scales")
+    on_gpu(H200)
+    assert fp8_ops._kernel_scale(ue8m0, 0, "") == "ue8m0"

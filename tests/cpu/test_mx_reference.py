@@ -94,3 +94,24 @@ def test_reference_product_is_the_scaled_dot_product():
             want = sum(float(a[i, kk].float()) * 2.0 ** (int(sfa[i, kk // 32]) - 127)
                        * float(b[j, kk]) * 2.0 ** (int(sfb[j, kk // 32]) - 127) for kk in range(k))
             assert float(d[i, j]) == pytest.approx(want, rel=1e-12, abs=1e-30)
+
+
+def test_fp8_gemm_scales_become_the_mma_operands():
+    """`fp8_gemm_nt`'s UE8M0 scales (1x128 for A, 128x128 for B, DeepGEMM's packing) become one scale
+    per 32 elements for every row of A and of B, in the blocked layout, sized as the kernel's
+    manifest requires (⌈rows/128⌉ · ⌈K/128⌉ atoms of 512 bytes)."""
+    m, n, k = 130, 300, 640
+    blocks = k // 128
+    rng = random.Random(11)
+    sa = torch.tensor([[2.0 ** rng.randint(-9, 9) for _ in range(blocks)] for _ in range(m)])
+    sb = torch.tensor([[2.0 ** rng.randint(-9, 9) for _ in range(blocks)] for _ in range(-(-n // 128))])
+    sfa_blocked, sfb_blocked = mx.mx_scale_operands(pack_ue8m0(sa), pack_ue8m0(sb, "k-major"), m, n, k)
+    assert sfa_blocked.numel() == 2 * blocks * 512 and sfb_blocked.numel() == 3 * blocks * 512
+    a_vec = mx.from_blocked(sfa_blocked, m, k // 32)
+    b_vec = mx.from_blocked(sfb_blocked, n, k // 32)
+    for r in (0, 77, 129):
+        for v in range(k // 32):
+            assert int(a_vec[r, v]) == int(mx.float_to_ue8m0(sa[r, v // 4 : v // 4 + 1]))
+    for r in (0, 127, 128, 299):
+        for v in range(k // 32):
+            assert int(b_vec[r, v]) == int(mx.float_to_ue8m0(sb[r // 128, v // 4 : v // 4 + 1]))

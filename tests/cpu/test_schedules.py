@@ -191,7 +191,12 @@ CRAFTED.update({
     "cta_pair_shape": [(bwbad(cluster_n=2, multicast=Multicast.A), "cluster_n"),
                        (bwbad(cluster_m=2, multicast=Multicast.AB), "multicast")],
     "ue8m0_gemm_on_blackwell": [
-        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.UE8M0, tile_k=128), "scale")
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.UE8M0, tile_k=128), "scale"),
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.MX, tile_k=128), "scale"),
+    ],
+    "mx_single_cta_whole_atoms": [
+        (bwbad(scale=ScaleFormat.MX, cluster_m=2, multicast=Multicast.B), "cluster"),
+        (bwbad(scale=ScaleFormat.MX, tile_n=64), "tile_n"),
     ],
     "contiguous_single_cta_mma": [
         (bwbad(op=Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, cluster_m=2, multicast=Multicast.B), "cluster_m")

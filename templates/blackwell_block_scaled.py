@@ -1,0 +1,459 @@
+"""Blackwell (sm_100a) persistent FP8 GEMM whose UE8M0 scales the tensor cores apply: the block-scaled
+tcgen05 MMA (`kind::mxf8f6f4`, one scale per 32 elements along K, held in tensor memory), so the
+accumulator sums every K block in the MMA and no warp promotes.
+
+Importing this module imports the CuTe DSL; only the generator does that.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
+
+from cutegen.schedules.spec import (
+    MX_ATOM_BYTES,
+    MX_ATOM_ROWS,
+    MX_ATOM_TMEM_COLUMNS,
+    MX_SCALE_VECTOR,
+    SM100_TMEM_COLUMNS,
+    Raster,
+    Schedule,
+)
+from cutegen.templates.dtypes import cute_dtype
+from cutegen.templates.gemm_contract import shape_binding, tma_binding
+from cutegen.templates.gemm_entries import Fp8GemmNtMxEntry
+from cutegen.templates.tile_order import TileOrder
+
+EPILOGUE_BARRIER_ID = 1
+TMEM_ALLOC_BARRIER_ID = 2
+THREADS_PER_WARP = 32
+# Warp roles: warps 0-3 the epilogue (warp w reads TMEM lanes 32w..32w+31), warp 4 the loads,
+# warp 5 the MMAs (warps 6-7 idle).
+EPILOGUE_WARPS = 4
+LOAD_WARP = 4
+MMA_WARP = 5
+
+
+class BlackwellBlockScaledKernel(TileOrder):
+    """Persistent warp-specialised block-scaled tcgen05 FP8 GEMM, one CTA per MMA (cluster 1x1).
+
+    Operands: A [M, K] e4m3 and B [N, K] e4m3 K-major through TMA; D [M, N] bf16 through TMA
+    stores; the scales as the MMA reads them, in the blocked layout
+    (`cutegen.runtime.mx_reference.to_blocked`): SFA [⌈M/128⌉ · ⌈K/128⌉ · 512] and SFB
+    [⌈N/128⌉ · ⌈K/128⌉ · 512] bytes of UE8M0, one 512-byte atom per 128 rows and K tile.
+
+    Roles:
+      - warp 4 — **loads**: per K tile, waits for a free stage, loads A and B (TMA) and the tile's
+        scale atoms (one-dimensional bulk copies of 512 bytes) into it; all of them complete on
+        the stage's full barrier.
+      - warp 5 — **MMA**: per tile, waits for a free accumulator stage; per K tile, waits for the
+        stage, copies its scale atoms into tensor memory (`tcgen05.cp` 32x128b.warpx4), issues the
+        tile's four block-scaled MMAs (K = 32 each; ACCUMULATE off for the tile's first), releases
+        the stage; commits the accumulator stage after the tile's last K tile.
+      - warps 0-3 — **epilogue**: thread i owns row i of the accumulator (TMEM lane i); per tile,
+        waits for the accumulator stage, loads it in 32-column chunks, converts to bf16 into a
+        swizzled shared-memory ring of sub-tiles that warp 0 TMA-stores; releases the stage.
+        Warp 0 allocates and frees the tensor memory.
+
+    Tensor memory: `tmem_accumulator_stages` x tile_n accumulator columns, then the scale
+    columns (4 for SFA's 128 rows, 4 per 128 columns of SFB), allocated as a power of two.
+    The scales in tensor memory are single-buffered: the MMA warp's `tcgen05.cp` of the next K
+    tile and its MMAs run in order in the tensor pipe.
+    """
+
+    def __init__(self, schedule: Schedule):
+        s = schedule
+        self.schedule = s
+        self.a_dtype = cute_dtype(s.a_dtype)
+        self.b_dtype = cute_dtype(s.b_dtype)
+        self.c_dtype = cute_dtype(s.c_dtype)
+        self.acc_dtype = cute_dtype(s.acc_dtype)
+        self.sf_dtype = cutlass.Float8E8M0FNU
+        self.tile_shape_mnk = (s.tile_m, s.tile_n, s.tile_k)
+        self.mma_tiler = (s.tile_m, s.tile_n, s.tile_k)
+        self.cluster_shape_mn = (s.cluster_m, s.cluster_n)
+        self.threads_per_cta = s.threads_per_cta
+        self.group_size = s.group_size
+        self.raster_along_m = s.raster == Raster.ALONG_M
+        self.masked_tile_rows = s.tile_m
+        self.buffer_align_bytes = 1024
+        # Scale atoms per stage (SFA's, SFB's) and the accumulator stages that fit beside their
+        # tensor-memory columns.
+        self.sfa_atoms, self.sfb_atoms = s.mx_scale_atoms
+        self.acc_stages = s.tmem_accumulator_stages
+        self.raster_divisors = None
+        self.smem_bytes: int | None = None
+
+    def _make_tiled_mma(self):
+        return sm100_utils.make_blockscaled_trivial_tiled_mma(
+            self.a_dtype, self.b_dtype, OperandMajorMode.K, OperandMajorMode.K, self.sf_dtype, MX_SCALE_VECTOR,
+            tcgen05.CtaGroup.ONE, self.mma_tiler[:2],
+        )
+
+    # ---- launch contract ----------------------------------------------------------------------
+    def param_bindings(self) -> list[dict]:
+        """The kernel's parameters in order, each with the binding the runtime fills it from: A, B
+        and D through TMA descriptors (with their extents), the blocked scales as addresses."""
+        if self.smem_bytes is None:
+            raise RuntimeError("param_bindings() is only known after the kernel has been traced")
+        s = self.schedule
+        tm, tn, tk = self.tile_shape_mnk
+        em, en = s.epi_tile
+
+        def tma(operand: str, dtype: str, box_rows: int, box_cols: int) -> dict:
+            return tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand])
+
+        return [
+            {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk)},
+            {"name": "extents_a", **shape_binding("a", ["M", "K"])},
+            {"name": "tma_b", **tma("b", s.b_dtype.value, tn, tk)},
+            {"name": "extents_b", **shape_binding("b", ["N", "K"])},
+            {"name": "sfa", "kind": "pointer", "operand": "sfa"},
+            {"name": "sfb", "kind": "pointer", "operand": "sfb"},
+            {"name": "tma_d", **tma("d", s.c_dtype.value, em, en)},
+            {"name": "extents_d", **shape_binding("d", ["M", "N"])},
+        ]
+
+    # ---- host side --------------------------------------------------------------------------
+    @cute.jit
+    def _launch(self, a, b, c, sfa_ptr, sfb_ptr, max_active_clusters, stream):
+        s = self.schedule
+        tiled_mma = self._make_tiled_mma()
+        cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
+        a_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, self.a_dtype, s.stages)
+        b_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, self.b_dtype, s.stages)
+        sfa_staged = blockscaled.make_smem_layout_sfa(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
+        sfb_staged = blockscaled.make_smem_layout_sfb(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
+        epi_staged = sm100_utils.make_smem_layout_epi(
+            self.c_dtype, LayoutEnum.ROW_MAJOR, s.epi_tile, s.epilogue_stages
+        )
+        self.smem_swizzles = {"a": str(a_staged.inner), "b": str(b_staged.inner), "d": str(epi_staged.inner)}
+        a_one_stage = cute.slice_(a_staged, (None, None, None, 0))
+        b_one_stage = cute.slice_(b_staged, (None, None, None, 0))
+        load_op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+        tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
+            load_op, a, a_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape
+        )
+        tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
+            load_op, b, b_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape
+        )
+        self.tma_bytes = (
+            cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
+            + MX_ATOM_BYTES * (self.sfa_atoms + self.sfb_atoms)
+        )
+        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), c, cute.slice_(epi_staged, (None, None, 0)), s.epi_tile
+        )
+
+        @cute.struct
+        class SharedStorage:
+            operand_barriers: cute.struct.MemRange[cutlass.Int64, s.stages * 2]
+            accumulator_barriers: cute.struct.MemRange[cutlass.Int64, self.acc_stages * 2]
+            tmem_address: cutlass.Int32
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged.outer)], self.buffer_align_bytes
+            ]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged.outer)], self.buffer_align_bytes
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_dtype, cute.cosize(b_staged.outer)], self.buffer_align_bytes
+            ]
+            sSFA: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfa_staged)], 128]
+            sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_staged)], 128]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        persistent = self._persistent_clusters(c, False, max_active_clusters)
+        kernel_call = self.kernel(
+            tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, sfa_ptr, sfb_ptr, tma_atom_c, tma_tensor_c,
+            a_staged, b_staged, sfa_staged, sfb_staged, epi_staged, cluster_layout_vmnk,
+        )
+        self._launch_persistent(kernel_call, persistent, stream)
+
+    # ---- device side ------------------------------------------------------------------------
+    @cute.jit
+    def _tile_walk(self, gA, gC):
+        """(K tiles per tile, tiles along M and N, tiles in all, this CTA's first tile, the stride)."""
+        k_tiles = cute.size(gA, mode=[3])
+        ct_m = cute.size(gC, mode=[2])
+        ct_n = cute.size(gC, mode=[3])
+        _, _, first_tile = cute.arch.block_idx()
+        _, _, tile_stride = cute.arch.grid_dim()
+        return k_tiles, ct_m, ct_n, ct_m * ct_n, first_tile, tile_stride
+
+    @cute.jit
+    def _scale_atom(self, ptr, row_block, k_tile, k_tiles):
+        """The 512-byte blocked scale atom of (128-row block, K tile) at byte pointer `ptr`, as a
+        global tensor of UE8M0 scales."""
+        offset = (row_block * k_tiles + k_tile) * MX_ATOM_BYTES
+        return cute.make_tensor(cute.recast_ptr(ptr + offset, dtype=self.sf_dtype), cute.make_layout(MX_ATOM_BYTES))
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        sfa_ptr: cute.Pointer,
+        sfb_ptr: cute.Pointer,
+        tma_atom_c: cute.CopyAtom,
+        mC: cute.Tensor,
+        a_staged: cute.ComposedLayout,
+        b_staged: cute.ComposedLayout,
+        sfa_staged: cute.Layout,
+        sfb_staged: cute.Layout,
+        epi_staged: cute.ComposedLayout,
+        cluster_layout_vmnk: cute.Layout,
+    ):
+        s = self.schedule
+        tm, tn, _ = self.tile_shape_mnk
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == LOAD_WARP:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_c)
+
+        tiled_mma = self._make_tiled_mma()
+        storage = SmemAllocator().allocate(self.shared_storage)
+        operand_pipeline = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.operand_barriers.data_ptr(),
+            num_stages=s.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            tx_count=self.tma_bytes,
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        accumulator_pipeline = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.accumulator_barriers.data_ptr(),
+            num_stages=self.acc_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, EPILOGUE_WARPS),
+            cta_layout_vmnk=cluster_layout_vmnk,
+            defer_sync=True,
+        )
+        tmem = TmemAllocator(
+            storage.tmem_address.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(
+                barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=THREADS_PER_WARP * (1 + EPILOGUE_WARPS)
+            ),
+            allocator_warp_id=0,
+        )
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_staged.outer, swizzle=a_staged.inner)
+        sB = storage.sB.get_tensor(b_staged.outer, swizzle=b_staged.inner)
+        sC = storage.sC.get_tensor(epi_staged.outer, swizzle=epi_staged.inner)
+        sSFA = storage.sSFA.get_tensor(sfa_staged)
+        sSFB = storage.sSFB.get_tensor(sfb_staged)
+
+        gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None))
+        gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None))
+        thr_mma = tiled_mma.get_slice(0)
+        tCgA = thr_mma.partition_A(gA)
+        tCgB = thr_mma.partition_B(gB)
+        tCgC = thr_mma.partition_C(gC)
+        one_cta = cute.make_layout(1)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+        )
+        tCrA = tiled_mma.make_fragment_A(sA)
+        tCrB = tiled_mma.make_fragment_B(sB)
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        tCtAcc_layout = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages)).layout
+        sfa_stage = cute.slice_(sfa_staged, (None, None, None, 0))
+        sfb_stage = cute.slice_(sfb_staged, (None, None, None, 0))
+        tCtSFA_layout = blockscaled.make_tmem_layout_sfa(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, sfa_stage)
+        tCtSFB_layout = blockscaled.make_tmem_layout_sfb(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, sfb_stage)
+
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        if warp_idx >= EPILOGUE_WARPS:
+            cute.arch.setmaxregister_decrease(s.producer_regs)
+
+        # ---- loads ---------------------------------------------------------------------------
+        if warp_idx == LOAD_WARP:
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC)
+            bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.sf_dtype, num_bits_per_copy=MX_ATOM_BYTES * 8)
+            sfa_atoms = cute.make_tensor(sSFA.iterator, cute.make_layout((MX_ATOM_BYTES, s.stages)))
+            sfb_atoms = cute.make_tensor(
+                sSFB.iterator, cute.make_layout((MX_ATOM_BYTES, self.sfb_atoms, s.stages))
+            )
+            n_blocks = (mC.shape[1] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, s.stages)
+            t = first_tile
+            while t < num_tiles:
+                tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
+                tAgA_t = tAgA[(None, tile_m, None)]
+                tBgB_t = tBgB[(None, tile_n, None)]
+                state.reset_count()
+                for _k in range(k_tiles):
+                    operand_pipeline.producer_acquire(state)
+                    barrier = operand_pipeline.producer_get_barrier(state)
+                    cute.copy(tma_atom_a, tAgA_t[(None, state.count)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_b, tBgB_t[(None, state.count)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    with cute.arch.elect_one():
+                        cute.copy(
+                            bulk, self._scale_atom(sfa_ptr, tile_m, state.count, k_tiles),
+                            sfa_atoms[(None, state.index)], mbar_ptr=barrier,
+                        )
+                        for j in cutlass.range_constexpr(self.sfb_atoms):
+                            # Past N: the last atom again (its columns are clipped by the store).
+                            n_block = cutlass.min(tile_n * self.sfb_atoms + j, n_blocks - 1)
+                            cute.copy(
+                                bulk, self._scale_atom(sfb_ptr, n_block, state.count, k_tiles),
+                                sfb_atoms[(None, j, state.index)], mbar_ptr=barrier,
+                            )
+                    operand_pipeline.producer_commit(state)
+                    state.advance()
+                t += tile_stride
+            operand_pipeline.producer_tail(state)
+
+        # ---- MMA -----------------------------------------------------------------------------
+        if warp_idx == MMA_WARP:
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC)
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(self.acc_dtype)
+            tCtAcc = cute.make_tensor(acc_ptr, tCtAcc_layout)
+            acc_columns = self.acc_stages * tn
+            sfa_ptr_t = cute.recast_ptr(acc_ptr + acc_columns, dtype=self.sf_dtype)
+            tCtSFA = cute.make_tensor(sfa_ptr_t, tCtSFA_layout)
+            sfb_columns = acc_columns + MX_ATOM_TMEM_COLUMNS * self.sfa_atoms
+            sfb_ptr_t = cute.recast_ptr(acc_ptr + sfb_columns, dtype=self.sf_dtype)
+            tCtSFB = cute.make_tensor(sfb_ptr_t, tCtSFB_layout)
+            s2t_sfa, tCsSFA_s2t, tCtSFA_s2t = self._s2t_partition(sSFA, tCtSFA)
+            s2t_sfb, tCsSFB_s2t, tCtSFB_s2t = self._s2t_partition(sSFB, tCtSFB)
+            operand_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s.stages)
+            acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
+            t = first_tile
+            while t < num_tiles:
+                accumulator_pipeline.producer_acquire(acc_state)
+                acc = tCtAcc[(None, None, None, acc_state.index)]
+                tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+                for _k in range(k_tiles):
+                    operand_pipeline.consumer_wait(operand_state)
+                    cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, operand_state.index)], tCtSFA_s2t)
+                    cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, operand_state.index)], tCtSFB_s2t)
+                    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                        cute.gemm(
+                            tiled_mma, acc,
+                            [tCrA[(None, None, kb, operand_state.index)], tCtSFA[(None, None, kb)]],
+                            [tCrB[(None, None, kb, operand_state.index)], tCtSFB[(None, None, kb)]],
+                            acc,
+                        )
+                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                    operand_pipeline.consumer_release(operand_state)
+                    operand_state.advance()
+                accumulator_pipeline.producer_commit(acc_state)
+                acc_state.advance()
+                t += tile_stride
+            accumulator_pipeline.producer_tail(acc_state)
+
+        # ---- epilogue ------------------------------------------------------------------------
+        if warp_idx < EPILOGUE_WARPS:
+            cute.arch.setmaxregister_increase(s.consumer_regs)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC)
+            tmem.allocate(self._tmem_allocation())
+            tmem.wait_for_alloc()
+            tidx, _, _ = cute.arch.thread_idx()
+            tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
+            tCtAcc = cute.make_tensor(tmem_ptr, tCtAcc_layout)
+            t2r_atom = sm100_utils.get_tmem_load_op(
+                self.tile_shape_mnk, LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype, s.epi_tile, False
+            )
+            tAcc_epi = cute.flat_divide(tCtAcc[((None, None), 0, 0, None)], s.epi_tile)
+            tiled_t2r = tcgen05.make_tmem_copy(t2r_atom, tAcc_epi[(None, None, 0, 0, 0)])
+            thr_t2r = tiled_t2r.get_slice(tidx)
+            tTR_tAcc = thr_t2r.partition_S(tAcc_epi)
+            gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None)], s.epi_tile)
+            tTR_gC = thr_t2r.partition_D(gC_epi)
+            chunk = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0)].shape, self.acc_dtype)
+            r2s_atom = sm100_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype, tiled_t2r)
+            tiled_r2s = cute.make_tiled_copy_D(r2s_atom, tiled_t2r)
+            tRS_sC = tiled_r2s.get_slice(tidx).partition_D(sC)
+            out_chunk = cute.make_rmem_tensor(chunk.shape, self.c_dtype)
+            tRS_rC = tiled_r2s.retile(out_chunk)
+            epilogue_barrier = pipeline.NamedBarrier(
+                barrier_id=EPILOGUE_BARRIER_ID, num_threads=THREADS_PER_WARP * EPILOGUE_WARPS
+            )
+            store_pipeline = pipeline.PipelineTmaStore.create(
+                num_stages=s.epilogue_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARP * EPILOGUE_WARPS),
+            )
+            acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stages)
+            sub_tiles_done = cutlass.Int32(0)
+            t = first_tile
+            while t < num_tiles:
+                tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
+                gC_tile = gC_epi[(None, None, None, None, tile_m, tile_n)]
+                bSG_sC, bSG_gC = cpasync.tma_partition(
+                    tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_tile, 0, 2)
+                )
+                bSG_gC = cute.group_modes(bSG_gC, 1, cute.rank(bSG_gC))
+                accumulator_pipeline.consumer_wait(acc_state)
+                acc_t = tTR_tAcc[(None, None, None, None, None, acc_state.index)]
+                acc_t = cute.group_modes(acc_t, 3, cute.rank(acc_t))
+                sub_tiles = cute.size(acc_t, mode=[3])
+                for sub in cutlass.range_constexpr(sub_tiles):
+                    cute.copy(tiled_t2r, acc_t[(None, None, None, sub)], chunk)
+                    # The tensor-memory load is asynchronous: wait for it before reading the chunk.
+                    cute.arch.fence_view_async_tmem_load()
+                    out_chunk.store(chunk.load().to(self.c_dtype))
+                    buffer = (sub_tiles_done + sub) % s.epilogue_stages
+                    cute.copy(tiled_r2s, tRS_rC, tRS_sC[(None, None, None, buffer)])
+                    # Make the shared-memory writes visible to the TMA unit before the store.
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epilogue_barrier.arrive_and_wait()
+                    if warp_idx == 0:
+                        cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, sub)])
+                        store_pipeline.producer_commit()
+                        store_pipeline.producer_acquire()
+                    epilogue_barrier.arrive_and_wait()
+                # Every load from the stage has completed: the MMA may overwrite it.
+                with cute.arch.elect_one():
+                    accumulator_pipeline.consumer_release(acc_state)
+                acc_state.advance()
+                sub_tiles_done += sub_tiles
+                t += tile_stride
+
+            tmem.relinquish_alloc_permit()
+            epilogue_barrier.arrive_and_wait()
+            tmem.free(tmem_ptr)
+            store_pipeline.producer_tail()
+
+    def _tmem_allocation(self) -> int:
+        """Columns allocated: the accumulators' and the scales' (`Schedule.tmem_columns`), rounded up
+        to a power of two of at least 32."""
+        columns = 32
+        while columns < self.schedule.tmem_columns:
+            columns *= 2
+        return min(columns, SM100_TMEM_COLUMNS)
+
+    @cute.jit
+    def _s2t_partition(self, sSF, tSF):
+        """The shared → tensor memory copy of a stage's scale atoms (`tcgen05.cp` 32x128b.warpx4):
+        (the tiled copy, its staged shared-memory source, its tensor-memory destination)."""
+        compact_s = cute.filter_zeros(sSF)
+        compact_t = cute.filter_zeros(tSF)
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), self.sf_dtype)
+        tiled = tcgen05.make_s2t_copy(atom, compact_t)
+        thr = tiled.get_slice(0)
+        source = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(compact_s))
+        return tiled, source, thr.partition_D(compact_t)
+
+
+class BlackwellMxFp8GemmNtKernel(Fp8GemmNtMxEntry, BlackwellBlockScaledKernel):
+    """`fp8_gemm_nt` on sm_100a with its UE8M0 scales applied by the MMA (scale = mx)."""
