@@ -13,7 +13,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
-from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.memory import SmemAllocator
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
@@ -29,19 +29,19 @@ from cutegen.schedules.spec import (
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.gemm_contract import shape_binding, tma_binding
 from cutegen.templates.gemm_entries import Fp8GemmNtMxEntry
+from cutegen.templates.blackwell_common import (
+    EPILOGUE_BARRIER_ID,
+    EPILOGUE_WARPS,
+    LOAD_WARP,
+    MMA_WARP,
+    THREADS_PER_WARP,
+    BlackwellRoles,
+)
 from cutegen.templates.tile_order import TileOrder
 
-EPILOGUE_BARRIER_ID = 1
-TMEM_ALLOC_BARRIER_ID = 2
-THREADS_PER_WARP = 32
-# Warp roles: warps 0-3 the epilogue (warp w reads TMEM lanes 32w..32w+31), warp 4 the loads,
-# warp 5 the MMAs (warps 6-7 idle).
-EPILOGUE_WARPS = 4
-LOAD_WARP = 4
-MMA_WARP = 5
 
 
-class BlackwellBlockScaledKernel(TileOrder):
+class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
     """Persistent warp-specialised block-scaled tcgen05 FP8 GEMM, one CTA per MMA (cluster 1x1).
 
     Operands: A [M, K] e4m3 and B [N, K] e4m3 K-major through TMA; D [M, N] bf16 through TMA
@@ -224,29 +224,8 @@ class BlackwellBlockScaledKernel(TileOrder):
 
         tiled_mma = self._make_tiled_mma()
         storage = SmemAllocator().allocate(self.shared_storage)
-        operand_pipeline = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.operand_barriers.data_ptr(),
-            num_stages=s.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=self.tma_bytes,
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        accumulator_pipeline = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=storage.accumulator_barriers.data_ptr(),
-            num_stages=self.acc_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, EPILOGUE_WARPS),
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        tmem = TmemAllocator(
-            storage.tmem_address.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(
-                barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=THREADS_PER_WARP * (1 + EPILOGUE_WARPS)
-            ),
-            allocator_warp_id=0,
+        operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
+            storage, s.stages, self.tma_bytes, self.acc_stages, EPILOGUE_WARPS, cluster_layout_vmnk
         )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
@@ -371,21 +350,11 @@ class BlackwellBlockScaledKernel(TileOrder):
             tidx, _, _ = cute.arch.thread_idx()
             tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
             tCtAcc = cute.make_tensor(tmem_ptr, tCtAcc_layout)
-            t2r_atom = sm100_utils.get_tmem_load_op(
-                self.tile_shape_mnk, LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype, s.epi_tile, False
-            )
-            tAcc_epi = cute.flat_divide(tCtAcc[((None, None), 0, 0, None)], s.epi_tile)
-            tiled_t2r = tcgen05.make_tmem_copy(t2r_atom, tAcc_epi[(None, None, 0, 0, 0)])
-            thr_t2r = tiled_t2r.get_slice(tidx)
-            tTR_tAcc = thr_t2r.partition_S(tAcc_epi)
+            tiled_t2r, thr_t2r, tTR_tAcc = self._tmem_loads(tCtAcc, tidx)
             gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None)], s.epi_tile)
             tTR_gC = thr_t2r.partition_D(gC_epi)
             chunk = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0)].shape, self.acc_dtype)
-            r2s_atom = sm100_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype, tiled_t2r)
-            tiled_r2s = cute.make_tiled_copy_D(r2s_atom, tiled_t2r)
-            tRS_sC = tiled_r2s.get_slice(tidx).partition_D(sC)
-            out_chunk = cute.make_rmem_tensor(chunk.shape, self.c_dtype)
-            tRS_rC = tiled_r2s.retile(out_chunk)
+            tiled_r2s, tRS_sC, out_chunk, tRS_rC = self._smem_stores(tiled_t2r, sC, chunk, tidx)
             epilogue_barrier = pipeline.NamedBarrier(
                 barrier_id=EPILOGUE_BARRIER_ID, num_threads=THREADS_PER_WARP * EPILOGUE_WARPS
             )

@@ -12,7 +12,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
-from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.memory import SmemAllocator
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
@@ -21,22 +21,19 @@ from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.blackwell_block_scaled import BlackwellMxFp8GemmNtKernel
 from cutegen.templates.gemm_contract import GemmContract, shape_binding, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
+from cutegen.templates.blackwell_common import (
+    EPILOGUE_BARRIER_ID,
+    EPILOGUE_WARPS,
+    LOAD_WARP,
+    MMA_WARP,
+    THREADS_PER_WARP,
+    BlackwellRoles,
+)
 from cutegen.templates.tile_order import TileOrder
 
-# Named barrier 0 is __syncthreads; 1: the accumulator-update warpgroup around each epilogue
-# sub-tile; 2: the TMEM allocation handshake (allocating warp → MMA warp and update warps).
-EPILOGUE_BARRIER_ID = 1
-TMEM_ALLOC_BARRIER_ID = 2
-THREADS_PER_WARP = 32
-# Warp roles: warps 0-3 are the accumulator-update warpgroup (warp w reads TMEM lanes
-# 32w..32w+31, i.e. rows of the CTA's accumulator); warpgroup 1 holds the TMA warp and the MMA
-# warp (its warps 6 and 7 idle).
-UPDATE_WARPS = 4
-TMA_WARP = 4
-MMA_WARP = 5
 
 
-class BlackwellFp8GemmKernel(TileOrder):
+class BlackwellFp8GemmKernel(BlackwellRoles, TileOrder):
     """Persistent warp-specialised tcgen05 FP8 GEMM with fp32 block-scale promotion outside the MMA.
 
     Operands as on Hopper (all K-major, "NT"): A [M, K] e4m3, B [N, K] e4m3, D [M, N] bf16 row-major;
@@ -348,7 +345,7 @@ class BlackwellFp8GemmKernel(TileOrder):
     ):
         tm, tn, tk = self.tile_shape_mnk
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == TMA_WARP:
+        if warp_idx == LOAD_WARP:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             cpasync.prefetch_descriptor(tma_atom_c)
@@ -362,31 +359,8 @@ class BlackwellFp8GemmKernel(TileOrder):
         cluster_coord_vmnk = cluster_layout_vmnk.get_flat_coord(cta_rank_in_cluster)
 
         storage = SmemAllocator().allocate(self.shared_storage)
-        operand_pipeline = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.operand_barriers.data_ptr(),
-            num_stages=self.ab_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-            tx_count=self.tma_bytes,
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        accumulator_pipeline = pipeline.PipelineUmmaAsync.create(
-            barrier_storage=storage.accumulator_barriers.data_ptr(),
-            num_stages=self.acc_stage,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, UPDATE_WARPS * self.mma_ctas),
-            cta_layout_vmnk=cluster_layout_vmnk,
-            defer_sync=True,
-        )
-        tmem = TmemAllocator(
-            storage.tmem_address.ptr,
-            barrier_for_retrieve=pipeline.NamedBarrier(
-                barrier_id=TMEM_ALLOC_BARRIER_ID, num_threads=THREADS_PER_WARP * (1 + UPDATE_WARPS)
-            ),
-            allocator_warp_id=0,
-            is_two_cta=two_cta,
-            two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_barrier.ptr,
+        operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
+            storage, self.ab_stage, self.tma_bytes, self.acc_stage, EPILOGUE_WARPS * self.mma_ctas, cluster_layout_vmnk, two_cta, storage.tmem_dealloc_barrier.ptr
         )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
@@ -427,11 +401,11 @@ class BlackwellFp8GemmKernel(TileOrder):
 
         # setmaxnreg is executed by every warp of a warpgroup: warps 4-7 (TMA, MMA, two idle)
         # give registers back together, warps 0-3 take them.
-        if warp_idx >= UPDATE_WARPS:
+        if warp_idx >= EPILOGUE_WARPS:
             cute.arch.setmaxregister_decrease(self.producer_regs)
 
         # ---- TMA producer -------------------------------------------------------------------
-        if warp_idx == TMA_WARP:
+        if warp_idx == LOAD_WARP:
             mSFB, mIdx, mMasked, group_bounds = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
             k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             a_mask = None
@@ -504,7 +478,7 @@ class BlackwellFp8GemmKernel(TileOrder):
             accumulator_pipeline.producer_tail(acc_state)
 
         # ---- accumulator update and epilogue ------------------------------------------------
-        if warp_idx < UPDATE_WARPS:
+        if warp_idx < EPILOGUE_WARPS:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             mSFB, mIdx, mMasked, group_bounds = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
             k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
@@ -515,13 +489,7 @@ class BlackwellFp8GemmKernel(TileOrder):
             tCtAcc = cute.make_tensor(tmem_ptr, tCtAcc_layout)
 
             # TMEM → registers per 128x32 sub-tile: (T2R, T2R_M, T2R_N, EPI_M, EPI_N, STAGE).
-            t2r_atom = sm100_utils.get_tmem_load_op(
-                self.tile_shape_mnk, LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype, self.epi_tile, two_cta
-            )
-            tAcc_epi = cute.flat_divide(tCtAcc[((None, None), 0, 0, None)], self.epi_tile)
-            tiled_t2r = tcgen05.make_tmem_copy(t2r_atom, tAcc_epi[(None, None, 0, 0, 0)])
-            thr_t2r = tiled_t2r.get_slice(tidx)
-            tTR_tAcc = thr_t2r.partition_S(tAcc_epi)
+            tiled_t2r, thr_t2r, tTR_tAcc = self._tmem_loads(tCtAcc, tidx, two_cta)
             # (EPI_M, EPI_N, nEPI_M, nEPI_N, RestM, RestN[, G]) and its per-thread partition.
             rest_c = (None, None, None) if self.masked else (None, None)
             gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, *rest_c)], self.epi_tile)
@@ -540,17 +508,13 @@ class BlackwellFp8GemmKernel(TileOrder):
             sub_tiles = cute.size(promoted, mode=[3])
 
             # Registers → swizzled smem (the store matching the TMEM load's layout) → TMA store.
-            r2s_atom = sm100_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.c_dtype, self.acc_dtype, tiled_t2r)
-            tiled_r2s = cute.make_tiled_copy_D(r2s_atom, tiled_t2r)
-            tRS_sC = tiled_r2s.get_slice(tidx).partition_D(sC)
-            out_chunk = cute.make_rmem_tensor(chunk.shape, self.c_dtype)
-            tRS_rC = tiled_r2s.retile(out_chunk)
+            tiled_r2s, tRS_sC, out_chunk, tRS_rC = self._smem_stores(tiled_t2r, sC, chunk, tidx)
             epilogue_barrier = pipeline.NamedBarrier(
-                barrier_id=EPILOGUE_BARRIER_ID, num_threads=THREADS_PER_WARP * UPDATE_WARPS
+                barrier_id=EPILOGUE_BARRIER_ID, num_threads=THREADS_PER_WARP * EPILOGUE_WARPS
             )
             store_pipeline = pipeline.PipelineTmaStore.create(
                 num_stages=self.epi_stage,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARP * UPDATE_WARPS),
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WARP * EPILOGUE_WARPS),
             )
 
             acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stage)
