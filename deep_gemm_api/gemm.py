@@ -8,6 +8,7 @@ matching `cutegen.runtime` op:
 | --- | --- |
 | `fp8_gemm_nt`, recipe (1, 128, 128) (the default): bf16 D, no C | `fp8_ops.fp8_gemm_nt` |
 | `fp8_gemm_nt`, recipe (1, 1, 128): fp32 D, D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` |
+| `fp8_gemm_nt`, packed UE8M0 (int32) scales, DeepGEMM's SM100 form: bf16 D, no C | `fp8_ops.fp8_gemm_nt` (Blackwell) |
 | `m_grouped_fp8_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`) | `grouped_ops.m_grouped_fp8_gemm_nt_contiguous` |
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
@@ -29,7 +30,7 @@ import torch
 from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, ops
 from cutegen.runtime.quant_reference import to_mn_major_tma_aligned
 
-from .recipes import Recipe, operand_pair, resolve, unsupported
+from .recipes import Recipe, default_recipe, operand_pair, resolve, unsupported
 from .utils.layout import check_mk_alignment
 
 SCALE_BLOCK = 128
@@ -88,16 +89,21 @@ def fp8_gemm_nt(
 ) -> None:
     """D[M, N] = C + (A · sfa) @ (B · sfb)ᵀ, written into ``d``. ``a`` = (e4m3 [M, K], fp32 [M,
     ⌈K/128⌉]); ``b`` = (e4m3 [N, K], fp32 [⌈N/128⌉, ⌈K/128⌉]) for recipe (1, 128, 128) or fp32
-    [N, K/128] for (1, 1, 128). ``compiled_dims`` and ``disable_ue8m0_cast`` are accepted (cutegen
-    compiles nothing; Hopper's scales are fp32)."""
+    [N, K/128] for (1, 1, 128). Packed UE8M0 scales (int32, DeepGEMM's SM100 form: [M, ⌈K/512⌉]
+    and, by default, [N, ⌈K/512⌉] per row of B) run the UE8M0 kernels (Blackwell's) into a bf16 D.
+    ``compiled_dims`` and ``disable_ue8m0_cast`` are accepted (cutegen compiles nothing, and never
+    casts fp32 scales to UE8M0)."""
     function = "fp8_gemm_nt"
-    qa, sfa = operand_pair(function, "a", a)
-    qb, sfb = operand_pair(function, "b", b)
-    family = resolve(function, recipe, recipe_a, recipe_b)
+    qa, sfa = operand_pair(function, "a", a, packed_ue8m0=True)
+    qb, sfb = operand_pair(function, "b", b, packed_ue8m0=True)
+    family = resolve(function, recipe, recipe_a, recipe_b, default_recipe(sfb))
     m, k = _rows_cols(function, "a", qa, 2)
     n, kb = _rows_cols(function, "b", qb, 2)
     if kb != k:
         raise ValueError(f"deep_gemm.{function}: 'a' is [M, K] = {[m, k]} and 'b' must be [N, K], got {list(qb.shape)}")
+    if torch.int32 in (sfa.dtype, sfb.dtype):
+        _fp8_gemm_nt_ue8m0(function, qa, sfa, qb, sfb, d, c, family)
+        return
     if family is Recipe.BLOCK_1D2D:
         _check_d(function, d, (m, n), (torch.bfloat16,))
         if c is not None:
@@ -120,6 +126,35 @@ def fp8_gemm_nt(
 
 
 fp8_fp4_gemm_nt = fp8_gemm_nt
+
+
+def _fp8_gemm_nt_ue8m0(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: torch.Tensor, sfb: torch.Tensor,
+                       d: Any, c: Any, family: Recipe) -> None:
+    """DeepGEMM's SM100 form: packed UE8M0 scales, int32 [M, ⌈K/512⌉] for A and, by the default
+    recipe (1, 1, 128), [N, ⌈K/512⌉] per row of B (with recipe (1, 128, 128), [⌈N/128⌉, ⌈K/512⌉]
+    per block); bf16 D without C, on the kernels that take UE8M0 scales (Blackwell's)."""
+    if sfa.dtype != sfb.dtype:
+        raise ValueError(
+            f"deep_gemm.{function}: the scales of 'a' ({sfa.dtype}) and 'b' ({sfb.dtype}) must both be packed "
+            "UE8M0 (torch.int32) or both fp32"
+        )
+    m, n = qa.shape[0], qb.shape[0]
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or c is not None:
+        raise unsupported(function, "fp32 D or C with packed UE8M0 scales (cutegen's UE8M0 kernels write bf16 D without C)")
+    _check_d(function, d, (m, n), (torch.bfloat16,))
+    if m == 0 or n == 0:
+        return
+    if qa.shape[1] == 0:
+        _empty_k(d, c)
+        return
+    per_row_b = family is Recipe.PER_ROW_1D1D
+    rows = n if per_row_b else -(-n // SCALE_BLOCK)
+    if sfb.dim() != 2 or sfb.shape[0] != rows:
+        raise ValueError(
+            f"deep_gemm.{function}: argument 'b' scales must have {rows} rows under recipe {family.value} "
+            f"({'one per row of B' if per_row_b else 'one per 128 rows of B'}), got {list(sfb.shape)}"
+        )
+    fp8_ops.fp8_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb) if per_row_b else _contiguous(sfb), out=d)
 
 
 def _transposed(pair: Any) -> tuple[torch.Tensor, torch.Tensor]:

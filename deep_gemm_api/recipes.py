@@ -4,6 +4,8 @@ A recipe is (gran_m of A, gran_n of B, gran_k), or the per-operand pair recipe_a
 gran_k), recipe_b = (gran_n, gran_k). On Hopper, DeepGEMM runs (1, 128, 128) on its 1D2D kernel
 (1 x 128 activation scales, 128 x 128 weight scales, bf16 D) and (1, 1, 128) on its 1D1D kernel
 (1 x 128 scales on both sides, fp32 D += A·Bᵀ): cutegen's `fp8_gemm_nt` and `fp8_wgrad_gemm_nt`.
+On SM100 DeepGEMM takes packed UE8M0 (int32) scales, whose default recipe is (1, 1, 128): a scale
+per row of A and of B, which cutegen's block-scaled `fp8_gemm_nt` kernels read (`default_recipe`).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ def unsupported(function: str, what: str) -> NotImplementedError:
     return NotImplementedError(f"deep_gemm.{function}: {what} is not implemented in cutegen")
 
 
-def operand_pair(function: str, arg: str, value: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(data, scales)`` of an FP8 operand; FP4 data is refused as not implemented."""
+def operand_pair(function: str, arg: str, value: Any, packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(data, scales)`` of an FP8 operand; FP4 data is refused as not implemented, and so are
+    packed UE8M0 (int32) scales unless the caller takes them (``packed_ue8m0``)."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"deep_gemm.{function}: argument '{arg}' must be a (data, scales) tuple, got {type(value).__name__}")
     data, scales = value
@@ -38,12 +41,18 @@ def operand_pair(function: str, arg: str, value: Any) -> tuple[torch.Tensor, tor
             raise TypeError(f"deep_gemm.{function}: argument '{arg}' {what} must be a torch.Tensor, got {type(t).__name__}")
     if data.dtype in FP4_DTYPES:
         raise unsupported(function, f"FP4 (packed e2m1, {data.dtype}) data in argument '{arg}'")
-    if scales.dtype == torch.int32:
+    if scales.dtype == torch.int32 and not packed_ue8m0:
         raise unsupported(
             function,
             f"packed UE8M0 (int32) scales in argument '{arg}' (DeepGEMM's SM100 scale layout; pass fp32 scales)",
         )
     return data, scales
+
+
+def default_recipe(sfb: torch.Tensor) -> Recipe:
+    """DeepGEMM's recipe when none is given: (1, 1, 128) for packed UE8M0 weight scales (its SM100
+    form, a scale per row of B), else (1, 128, 128)."""
+    return Recipe.PER_ROW_1D1D if sfb.dtype == torch.int32 else Recipe.BLOCK_1D2D
 
 
 def resolve(function: str, recipe: Any, recipe_a: Any, recipe_b: Any, default: Recipe = Recipe.BLOCK_1D2D) -> Recipe:
@@ -67,4 +76,4 @@ def resolve(function: str, recipe: Any, recipe_a: Any, recipe_b: Any, default: R
     raise unsupported(function, f"the scaling recipe {full} (cutegen has (1, 128, 128) and (1, 1, 128))")
 
 
-__all__ = ["FP4_DTYPES", "Recipe", "operand_pair", "resolve", "unsupported"]
+__all__ = ["FP4_DTYPES", "Recipe", "default_recipe", "operand_pair", "resolve", "unsupported"]

@@ -18,11 +18,13 @@ after every 128-wide K block:
   of word w is K block 4w + j), in the same layouts: ``sfa`` MN-major and TMA-aligned (what
   ``per_token_quant_fp8(x, scale_format="ue8m0", scale_layout="mn-major-tma-aligned")`` writes),
   ``sfb`` row-major (``pack_ue8m0(scales, "k-major")`` of power-of-two per-block scales, e.g. from
-  ``per_block_quant_fp8_ref(w, scale_format="ue8m0")``). On a GPU without such kernels (Hopper)
-  int32 scales are refused with a message saying so. Where the catalogue has kernels whose
-  tensor cores apply the scales (``scale = "mx"``, Blackwell's block-scaled MMA), they run, and
-  the scales are converted per call into the blocked layout those kernels read
-  (`mx_reference.mx_scale_operands`).
+  ``per_block_quant_fp8_ref(w, scale_format="ue8m0")``). ``sfb`` may also be **per row**, as
+  DeepGEMM's SM100 kernels take it: int32 [N, ⌈K/512⌉], MN-major and TMA-aligned (what
+  ``deep_gemm.transform_sf_into_required_layout`` makes on Blackwell); only the block-scaled
+  kernels read that form (`sfb_per_row`). On a GPU without such kernels (Hopper) int32 scales are
+  refused with a message saying so. Where the catalogue has kernels whose tensor cores apply the
+  scales (``scale = "mx"``, Blackwell's block-scaled MMA), they run, and the scales are converted
+  per call into the blocked layout those kernels read (`mx_reference.mx_scale_operands`).
 * ``out`` (optional): bf16 [M, N], ``stride(1) == 1``, row stride a multiple of 8, 16-byte aligned.
 * M == 0 or N == 0: nothing is launched; K == 0: the result is zero-filled.
 
@@ -63,6 +65,15 @@ def scale_format(sfa: torch.Tensor) -> str:
     return "ue8m0" if sfa.dtype == torch.int32 else "f32"
 
 
+def sfb_per_row(sfb: torch.Tensor, n: int) -> bool:
+    """Whether packed UE8M0 ``sfb`` holds a scale for every row of B (DeepGEMM's SM100 layout,
+    [N, ⌈K/512⌉]) rather than one per 128-row block ([⌈N/128⌉, ⌈K/512⌉], row-major). The shapes
+    differ unless N = 1, where a row-major [1, ⌈K/512⌉] is the per-block form (the same scales)."""
+    if sfb.dtype != torch.int32 or sfb.dim() != 2 or sfb.shape[0] != n:
+        return False
+    return n != ceil_div(n, SCALE_BLOCK) or not sfb.is_contiguous()
+
+
 def _kernel_scale(sfa: torch.Tensor, device: int, forced: str) -> str:
     """The schedule scale format of the kernels a call may run: that of its scales (`scale_format`);
     for UE8M0 scales, "mx" (the tensor cores apply them) where the catalogue has such kernels for
@@ -74,6 +85,20 @@ def _kernel_scale(sfa: torch.Tensor, device: int, forced: str) -> str:
         cat = catalogue()
         return "mx" if forced in cat and cat.manifest(forced).schedule.get("scale") == "mx" else scale
     return "mx" if runnable_kernels(OP_FP8_GEMM_NT, device, "mx") else scale
+
+
+def _call_scale(sfa: torch.Tensor, per_row_sfb: bool, device: int, forced: str) -> str:
+    """`_kernel_scale`, refusing a per-row ``sfb`` where no kernel that reads it would run."""
+    scale = _kernel_scale(sfa, device, forced)
+    if per_row_sfb and scale != "mx":
+        reader = f"kernel {forced} does not" if forced else "this GPU's catalogue has none"
+        raise _fail(
+            "sfb",
+            "is per row (DeepGEMM's SM100 layout [N, ceil(K/512)]): only kernels whose tensor cores apply "
+            f"the scales (scale mx, sm_100a) read it, and {reader}; pass per-block scales "
+            "[ceil(N/128), ceil(K/512)] (row-major) instead",
+        )
+    return scale
 
 
 def _fail(arg: str, what: str) -> InputError:
@@ -126,10 +151,24 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
             f"must be MN-major and TMA-aligned: strides (1, {tma_aligned_rows(m)}) for M = {m}, got "
             f"{list(sfa.stride())}; convert with cutegen.runtime.to_mn_major_tma_aligned(sfa)",
         )
-    if tuple(sfb.shape) != (n_blocks, k_blocks):
-        raise _fail("sfb", f"must have shape [ceil(N/128), {what}] = [{n_blocks}, {k_blocks}], got {list(sfb.shape)}")
-    if not sfb.is_contiguous():
-        raise _fail("sfb", f"must be row-major contiguous, got strides {list(sfb.stride())}")
+    if sfb_per_row(sfb, n):
+        if not is_mn_major_tma_aligned(sfb):
+            raise _fail(
+                "sfb",
+                f"is per row ([N, ceil(K/512)], DeepGEMM's SM100 layout) and must then be MN-major and "
+                f"TMA-aligned: strides (1, {tma_aligned_rows(n)}) for N = {n}, got {list(sfb.stride())}; "
+                "convert with cutegen.runtime.to_mn_major_tma_aligned(sfb)",
+            )
+        if tuple(sfb.shape) != (n, k_blocks):
+            raise _fail("sfb", f"must have shape [N, ceil(K/512)] = [{n}, {k_blocks}] per row, got {list(sfb.shape)}")
+    else:
+        if tuple(sfb.shape) != (n_blocks, k_blocks):
+            per_row = f" (or, packed UE8M0, [N, {what}] = [{n}, {k_blocks}] per row)" if sfb.dtype == torch.int32 else ""
+            raise _fail(
+                "sfb", f"must have shape [ceil(N/128), {what}] = [{n_blocks}, {k_blocks}]{per_row}, got {list(sfb.shape)}"
+            )
+        if not sfb.is_contiguous():
+            raise _fail("sfb", f"must be row-major contiguous, got strides {list(sfb.stride())}")
     if out is not None:
         _check_operand("out", out, a.device, torch.bfloat16, OUT_ROW_ALIGN_ELEMS)
         if tuple(out.shape) != (m, n):
@@ -161,7 +200,8 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, _kernel_scale(sfa, device, kernel))
+        per_row = sfb_per_row(sfb, n)
+        loaded = kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, _call_scale(sfa, per_row, device, kernel))
         names = sorted(s.name for s in loaded.manifest.operands)
         split = heuristics.splits_k(loaded.manifest)
         if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
@@ -176,7 +216,7 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
         if loaded.manifest.fact("mma_applies_scales"):
             # The block-scaled MMA reads its scales in the blocked layout, made per call from the
             # caller's: nothing is remembered, so every call converts its own scales.
-            operands["sfa"], operands["sfb"] = mx_scale_operands(sfa, sfb, m, n, k)
+            operands["sfa"], operands["sfb"] = mx_scale_operands(sfa, sfb, m, n, k, sfb_per_row=per_row)
             launch(loaded, operands, stream=stream)
             return None
         extents = workspace = None
@@ -381,6 +421,7 @@ def fp8_wgrad_gemm_nt(
 
 __all__ = [
     "fp8_gemm_nt",
+    "sfb_per_row",
     "fp8_wgrad_gemm_nt",
     "is_mn_major_tma_aligned",
     "to_mn_major_tma_aligned",

@@ -3,8 +3,10 @@
 Hopper's kernels take fp32 activation scales MN-major and TMA-aligned: a [mn, k] matrix with
 strides (1, align(mn, 4)), batches back to back (`get_mn_major_tma_aligned_tensor`, the layout
 `cutegen.runtime.to_mn_major_tma_aligned` produces). The UE8M0 packings are DeepGEMM's SM100
-layouts: `get_mn_major_tma_aligned_packed_ue8m0_tensor` is computed here in torch (same result);
-the k-grouped SM100 packing is not in cutegen and raises `NotImplementedError`.
+layouts: `get_mn_major_tma_aligned_packed_ue8m0_tensor` is computed here in torch (same result),
+and `transform_sf_into_required_layout` passes per-row packed scales through (Blackwell's
+block-scaled kernels read them); the k-grouped SM100 packing is not in cutegen and raises
+`NotImplementedError`.
 """
 
 from __future__ import annotations
@@ -124,9 +126,12 @@ def transform_sf_into_required_layout(
     disable_ue8m0_cast: bool = False,
     psum_layout: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The scales in the layout cutegen's Hopper kernels take, as DeepGEMM transforms them:
-    fp32 1 x 128 scales -> MN-major TMA-aligned; fp32 128 x 128 scales -> checked, returned
-    (contiguous). UE8M0 (SM100) targets raise `NotImplementedError`."""
+    """The scales in the layout cutegen's kernels take, as DeepGEMM transforms them: fp32 1 x 128
+    scales -> MN-major TMA-aligned; fp32 128 x 128 scales -> checked, returned (contiguous); packed
+    UE8M0 1 x 128 scales per row (int32 [mn, ⌈k/512⌉], DeepGEMM's SM100 form) -> MN-major
+    TMA-aligned. fp32 scales stay fp32 on every GPU (DeepGEMM casts them to UE8M0 on SM100;
+    cutegen's sm_100a kernels take fp32 scales exactly); other packed granularities raise
+    `NotImplementedError`."""
     if len(recipe) == 3:
         if is_sfa is None:
             raise ValueError("transform_sf_into_required_layout: a 3-element recipe needs 'is_sfa'")
@@ -137,14 +142,22 @@ def transform_sf_into_required_layout(
         gran_mn, gran_k = recipe
     else:
         raise ValueError(f"transform_sf_into_required_layout: 'recipe' must have 2 or 3 elements, got {recipe!r}")
-    expected = (ceil_div(mn, gran_mn), ceil_div(k, gran_k))
+    packed = sf.dtype == torch.int32
+    expected = (ceil_div(mn, gran_mn), ceil_div(ceil_div(k, gran_k), 4) if packed else ceil_div(k, gran_k))
     if num_groups is not None and sf.dim() == 3:
         expected = (num_groups, *expected)
+    if packed:
+        if gran_mn != 1 or gran_k != 128 or sf.dim() != 2:
+            raise NotImplementedError(
+                f"transform_sf_into_required_layout: packed UE8M0 scales of granularity (mn {gran_mn}, k {gran_k})"
+                f"{' in groups' if sf.dim() != 2 else ''}; cutegen's UE8M0 kernels read 1 x 128 scales per row "
+                "of a dense GEMM's operand (DeepGEMM's SM100 (INT, 1, 128))"
+            )
+        if tuple(sf.shape) != expected:
+            raise ValueError(f"transform_sf_into_required_layout: 'sf' must have shape {list(expected)}, got {list(sf.shape)}")
+        return to_mn_major_tma_aligned(sf)
     if sf.dtype != torch.float32:
-        raise NotImplementedError(
-            f"transform_sf_into_required_layout: {sf.dtype} (packed UE8M0) scales are DeepGEMM's SM100 "
-            "layout, which cutegen does not implement; pass fp32 scales"
-        )
+        raise ValueError(f"transform_sf_into_required_layout: 'sf' must be torch.float32 or packed UE8M0 torch.int32, got {sf.dtype}")
     if tuple(sf.shape[-2:]) != expected[-2:] or (len(expected) == 3 and sf.shape[0] != expected[0]):
         raise ValueError(f"transform_sf_into_required_layout: 'sf' must have shape {list(expected)}, got {list(sf.shape)}")
     if gran_k != 128 or gran_mn not in (1, 128):

@@ -207,3 +207,23 @@ def test_ue8m0_scales_go_to_the_block_scaled_mma_on_blackwell(on_gpu):
         assert chosen.fact("mma_applies_scales")
     on_gpu(H200)
     assert fp8_ops._kernel_scale(ue8m0, 0, "") == "ue8m0"
+
+
+@pytest.mark.slow
+def test_per_row_sfb_runs_only_on_the_block_scaled_mma(on_gpu):
+    """DeepGEMM's SM100 ``sfb`` (a scale per row of B) goes to the block-scaled kernels on Blackwell;
+    a promoting kernel forced by name, or a GPU without such kernels, refuses it naming 'sfb'."""
+    torch = pytest.importorskip("torch")
+    from cutegen.runtime import fp8_ops
+    from cutegen.runtime.errors import InputError
+
+    ue8m0 = torch.zeros(4, 1, dtype=torch.int32)
+    ops = on_gpu(B200)
+    assert fp8_ops._call_scale(ue8m0, True, 0, "") == "mx"
+    promoting = next(n for n in ops.runnable_kernels("fp8_gemm_nt", scale="ue8m0"))
+    assert fp8_ops._call_scale(ue8m0, False, 0, promoting) == "ue8m0"
+    with pytest.raises(InputError, match=f"'sfb' is per row.*kernel {promoting} does not"):
+        fp8_ops._call_scale(ue8m0, True, 0, promoting)
+    on_gpu(H200)
+    with pytest.raises(InputError, match="'sfb' is per row.*this GPU's catalogue has none"):
+        fp8_ops._call_scale(ue8m0, True, 0, "")

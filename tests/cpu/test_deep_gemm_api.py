@@ -115,8 +115,12 @@ def test_layouts():
     assert dg.transform_sf_into_required_layout(sf[0], 5, 384, (1, 128, 128), is_sfa=True).stride() == (1, 8)
     block = torch.randn(3, 4).t()
     assert dg.transform_sf_into_required_layout(block, 512, 384, (1, 128, 128), is_sfa=False).is_contiguous()
-    with pytest.raises(NotImplementedError, match="UE8M0"):
-        dg.transform_sf_into_required_layout(torch.zeros(5, 1, dtype=torch.int32), 5, 384, (1, 128), None)
+    per_row = dg.transform_sf_into_required_layout(torch.arange(10, dtype=torch.int32).view(5, 2), 5, 1024, (1, 128), None)
+    assert per_row.stride() == (1, 8) and per_row.tolist() == torch.arange(10).view(5, 2).tolist()  # SM100 (INT, 1, 128)
+    with pytest.raises(NotImplementedError, match=r"packed UE8M0 scales of granularity \(mn 128"):
+        dg.transform_sf_into_required_layout(torch.zeros(1, 1, dtype=torch.int32), 5, 384, (1, 128, 128), is_sfa=False)
+    with pytest.raises(ValueError, match=r"must have shape \[5, 2\]"):
+        dg.transform_sf_into_required_layout(torch.zeros(5, 1, dtype=torch.int32), 5, 1024, (1, 128), None)
     with pytest.raises(NotImplementedError, match="SM100 k-grouped"):
         dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, None, [128], 128, 128)
 
@@ -150,7 +154,15 @@ def _fp8(*shape):
         (lambda: dg.fp8_gemm_nt((torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 1)), (_fp8(8, 128), torch.ones(1, 1)),
                                 torch.empty(4, 8, dtype=torch.bfloat16)), NotImplementedError, "FP4"),
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1)),
-                                torch.empty(4, 8, dtype=torch.bfloat16)), NotImplementedError, "UE8M0"),
+                                torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, "both be packed UE8M0"),
+        (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(8, 1, dtype=torch.int32)),
+                                torch.empty(4, 8)), NotImplementedError, "fp32 D or C with packed UE8M0"),
+        (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1, dtype=torch.int32)),
+                                torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, r"8 rows under recipe \(1, 1, 128\)"),
+        (lambda: dg.m_grouped_fp8_gemm_nt_masked((_fp8(2, 4, 128), torch.ones(2, 4, 1, dtype=torch.int32)),
+                                                 (_fp8(2, 8, 128), torch.ones(2, 8, 1, dtype=torch.int32)),
+                                                 torch.empty(2, 4, 8, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32), 4),
+         NotImplementedError, "UE8M0"),
         (lambda: dg.fp8_gemm_nt(_fp8(4, 128), (_fp8(8, 128), torch.ones(1, 1)), torch.empty(4, 8, dtype=torch.bfloat16)),
          TypeError, "'a' must be a \\(data, scales\\) tuple"),
         (lambda: dg.m_grouped_fp8_gemm_nt_contiguous((_fp8(128, 128), torch.ones(128, 1)), (_fp8(2, 8, 128), torch.ones(2, 1, 1)),
@@ -167,7 +179,8 @@ def _fp8(*shape):
         (lambda: dg.fp8_mqa_logits(), NotImplementedError, "fp8_mqa_logits"),
         (lambda: dg.fp8_einsum("bhr,hdr->bhd"), NotImplementedError, "einsum"),
     ],
-    ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-scales", "not-a-tuple", "psum-hint",
+    ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-mixed", "ue8m0-fp32-d", "ue8m0-sfb-rows",
+         "ue8m0-grouped", "not-a-tuple", "psum-hint",
          "k-not-aligned", "k-psum", "bf16-fp32-d", "mqa", "einsum"],
 )
 def test_refused_before_any_launch(call, error, match):
@@ -200,3 +213,23 @@ def test_compat_distribution_reexports_under_deepgemms_name():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2.6.1"
+
+
+def test_packed_ue8m0_scales_reach_the_runtime_in_its_layout(monkeypatch):
+    """DeepGEMM's SM100 call (int32 scales, recipe (1, 1, 128) by default: a scale per row of A and
+    of B) reaches `fp8_ops.fp8_gemm_nt` with both scales MN-major and TMA-aligned; recipe
+    (1, 128, 128) passes 128 x 128 weight scales row-major."""
+    from cutegen.deep_gemm import gemm
+
+    seen = {}
+    monkeypatch.setattr(gemm.fp8_ops, "fp8_gemm_nt", lambda qa, sfa, qb, sfb, out: seen.update(sfa=sfa, sfb=sfb, out=out))
+    m, n, k = 6, 200, 1024
+    sfa = torch.arange(m * 2, dtype=torch.int32).view(m, 2)
+    sfb = torch.arange(n * 2, dtype=torch.int32).view(n, 2)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    dg.fp8_gemm_nt((_fp8(m, k), sfa), (_fp8(n, k), sfb), d)
+    assert seen["sfa"].stride() == (1, 8) and torch.equal(seen["sfa"], sfa)
+    assert seen["sfb"].stride() == (1, 200) and torch.equal(seen["sfb"], sfb) and seen["out"] is d
+    blocks = torch.arange(4, dtype=torch.int32).view(2, 2)
+    dg.fp8_gemm_nt((_fp8(m, k), sfa), (_fp8(n, k), blocks.t().contiguous().t()), d, recipe=(1, 128, 128))
+    assert seen["sfb"].is_contiguous() and torch.equal(seen["sfb"], blocks)

@@ -68,6 +68,9 @@ def test_valid_operands():
         assert dense(out=torch.empty(M, N, dtype=torch.bfloat16, device="cuda")) == (M, N, K)
         # UE8M0 scales packed four per int32 (taken by the sm_100a kernels)
         assert dense(sfa=mn_major(M, KW, I32), sfb=torch.empty(NB, KW, dtype=I32, device="cuda")) == (M, N, K)
+        # ... and DeepGEMM's SM100 sfb: per row of B, MN-major and TMA-aligned (block-scaled kernels)
+        assert dense(sfa=mn_major(M, KW, I32), sfb=mn_major(N, KW, I32)) == (M, N, K)
+        assert dense(b=fp8(1, K), sfa=mn_major(M, KW, I32), sfb=mn_major(1, KW, I32)) == (M, 1, K)
         # K not a multiple of 128: the last scale block is partial (K = 576: 5 scale blocks)
         assert dense(a=fp8(M, 576), b=fp8(N, 576), sfa=mn_major(M, 5), sfb=torch.empty(NB, 5, device="cuda")) == (M, N, 576)
         assert wgrad() == (M, N, K)
@@ -91,6 +94,10 @@ BAD = [
     (dense, "sfb", lambda: {"sfa": mn_major(M, KW, I32), "sfb": torch.empty(NB, KB, dtype=I32, device="cuda")}),
     (dense, "sfa", lambda: {"sfa": torch.empty_strided((M, KW), (2, 1), dtype=I32, device="cuda"),
                             "sfb": torch.empty(NB, KW, dtype=I32, device="cuda")}),  # not MN-major
+    (dense, "sfb", lambda: {"a": fp8(M, 1024), "b": fp8(N, 1024), "sfa": mn_major(M, 2, I32),
+                            "sfb": torch.empty(N, 2, dtype=I32, device="cuda")}),  # per row, row-major
+    (dense, "sfb", lambda: {"sfa": mn_major(M, KW, I32), "sfb": mn_major(N, KW + 1, I32)}),
+    (dense, "sfb", lambda: {"sfb": mn_major(N, KB)}),  # fp32 scales are per 128x128 block only
     (dense, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
     (dense, "out", lambda: {"out": torch.empty(M, N + 8, dtype=torch.bfloat16, device="cuda")}),
     (wgrad, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),  # 128x128 blocks, not per row

@@ -115,3 +115,26 @@ def test_fp8_gemm_scales_become_the_mma_operands():
     for r in (0, 127, 128, 299):
         for v in range(k // 32):
             assert int(b_vec[r, v]) == int(mx.float_to_ue8m0(sb[r // 128, v // 4 : v // 4 + 1]))
+
+
+def test_per_row_sfb_is_read_row_by_row():
+    """DeepGEMM's SM100 ``sfb`` (per row, [N, ⌈K/512⌉] MN-major TMA-aligned) becomes the same blocked
+    bytes as its per-block form when each 128-row block shares its scales, and each row's own scales
+    otherwise."""
+    m, n, k = 3, 260, 896
+    blocks = k // 128
+    rng = random.Random(12)
+    sa = torch.tensor([[2.0 ** rng.randint(-9, 9) for _ in range(blocks)] for _ in range(m)])
+    per_block = torch.tensor([[2.0 ** rng.randint(-9, 9) for _ in range(blocks)] for _ in range(-(-n // 128))])
+    broadcast = per_block.repeat_interleave(128, dim=0)[:n]
+    packed_rows = pack_ue8m0(broadcast)
+    assert packed_rows.shape == (n, 2) and packed_rows.stride() == (1, 260)
+    by_block = mx.mx_scale_operands(pack_ue8m0(sa), pack_ue8m0(per_block, "k-major"), m, n, k)
+    by_row = mx.mx_scale_operands(pack_ue8m0(sa), packed_rows, m, n, k, sfb_per_row=True)
+    assert torch.equal(by_block[0], by_row[0]) and torch.equal(by_block[1], by_row[1])
+    rows = torch.tensor([[2.0 ** rng.randint(-9, 9) for _ in range(blocks)] for _ in range(n)])
+    _, sfb_blocked = mx.mx_scale_operands(pack_ue8m0(sa), pack_ue8m0(rows), m, n, k, sfb_per_row=True)
+    b_vec = mx.from_blocked(sfb_blocked, n, k // 32)
+    for r in (0, 1, 127, 128, 259):
+        for v in range(k // 32):
+            assert int(b_vec[r, v]) == int(mx.float_to_ue8m0(rows[r, v // 4 : v // 4 + 1]))
