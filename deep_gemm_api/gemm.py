@@ -9,6 +9,7 @@ matching `cutegen.runtime` op:
 | `fp8_gemm_nt`, recipe (1, 128, 128) (the default): bf16 D, no C | `fp8_ops.fp8_gemm_nt` |
 | `fp8_gemm_nt`, recipe (1, 1, 128): fp32 D, D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` |
 | `fp8_gemm_nt`, packed UE8M0 (int32) scales, DeepGEMM's SM100 form: bf16 D, no C | `fp8_ops.fp8_gemm_nt` (Blackwell) |
+| `fp8_fp4_gemm_nt` (= `fp8_gemm_nt`), packed FP4 B, recipe_a (1, 128), recipe_b (1, 32): bf16 D, no C | `fp8_ops.fp8_gemm_nt` with FP4 `b` (Blackwell) |
 | `m_grouped_fp8_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`) | `grouped_ops.m_grouped_fp8_gemm_nt_contiguous` |
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
@@ -95,7 +96,10 @@ def fp8_gemm_nt(
     casts fp32 scales to UE8M0)."""
     function = "fp8_gemm_nt"
     qa, sfa = operand_pair(function, "a", a, packed_ue8m0=True)
-    qb, sfb = operand_pair(function, "b", b, packed_ue8m0=True)
+    qb, sfb = operand_pair(function, "b", b, packed_ue8m0=True, fp4=True)
+    if fp8_ops.b_is_fp4(qb):
+        _fp8_fp4_gemm_nt(function, qa, sfa, qb, sfb, d, c, recipe, recipe_a, recipe_b)
+        return
     family = resolve(function, recipe, recipe_a, recipe_b, default_recipe(sfb))
     m, k = _rows_cols(function, "a", qa, 2)
     n, kb = _rows_cols(function, "b", qb, 2)
@@ -126,6 +130,39 @@ def fp8_gemm_nt(
 
 
 fp8_fp4_gemm_nt = fp8_gemm_nt
+
+
+# FP8 x FP4: 1 x 128 scales of A, 1 x 32 of B (DeepGEMM's recipe_a, recipe_b).
+FP4_RECIPE = ((1, 128), (1, 32))
+
+
+def _fp8_fp4_gemm_nt(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: torch.Tensor, sfb: torch.Tensor,
+                     d: Any, c: Any, recipe: Any, recipe_a: Any, recipe_b: Any) -> None:
+    """DeepGEMM's FP8 x FP4 call on SM100: ``b`` packed e2m1 [N, K/2], recipe_a = (1, 128) and
+    recipe_b = (1, 32), packed UE8M0 scales (int32 [M, ⌈K/512⌉] and [N, K/128]); bf16 D without C,
+    on the block-scaled kernels with FP4 B (Blackwell's)."""
+    pair = None if recipe_a is None or recipe_b is None else (tuple(recipe_a), tuple(recipe_b))
+    if recipe is not None or pair != FP4_RECIPE:
+        raise unsupported(
+            function,
+            f"FP4 'b' with recipe={recipe}, recipe_a={recipe_a}, recipe_b={recipe_b} (cutegen's FP8 x FP4 kernels "
+            f"take recipe_a={FP4_RECIPE[0]}, recipe_b={FP4_RECIPE[1]})",
+        )
+    if sfa.dtype != torch.int32 or sfb.dtype != torch.int32:
+        raise unsupported(function, f"{sfa.dtype} / {sfb.dtype} scales with FP4 'b' (pass packed UE8M0, torch.int32)")
+    m, k = _rows_cols(function, "a", qa, 2)
+    n, k_bytes = _rows_cols(function, "b", qb, 2)
+    if 2 * k_bytes != k:
+        raise ValueError(f"deep_gemm.{function}: 'a' is [M, K] = {[m, k]} and FP4 'b' must be [N, K/2], got {list(qb.shape)}")
+    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or c is not None:
+        raise unsupported(function, "fp32 D or C with FP4 'b' (cutegen's FP8 x FP4 kernels write bf16 D without C)")
+    _check_d(function, d, (m, n), (torch.bfloat16,))
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        _empty_k(d, c)
+        return
+    fp8_ops.fp8_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb), out=d)
 
 
 def _fp8_gemm_nt_ue8m0(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: torch.Tensor, sfb: torch.Tensor,

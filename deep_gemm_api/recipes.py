@@ -30,16 +30,17 @@ def unsupported(function: str, what: str) -> NotImplementedError:
     return NotImplementedError(f"deep_gemm.{function}: {what} is not implemented in cutegen")
 
 
-def operand_pair(function: str, arg: str, value: Any, packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(data, scales)`` of an FP8 operand; FP4 data is refused as not implemented, and so are
-    packed UE8M0 (int32) scales unless the caller takes them (``packed_ue8m0``)."""
+def operand_pair(function: str, arg: str, value: Any, packed_ue8m0: bool = False,
+                 fp4: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(data, scales)`` of an FP8 operand; FP4 data and packed UE8M0 (int32) scales are refused
+    as not implemented unless the caller takes them (``fp4``, ``packed_ue8m0``)."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"deep_gemm.{function}: argument '{arg}' must be a (data, scales) tuple, got {type(value).__name__}")
     data, scales = value
     for what, t in (("data", data), ("scales", scales)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"deep_gemm.{function}: argument '{arg}' {what} must be a torch.Tensor, got {type(t).__name__}")
-    if data.dtype in FP4_DTYPES:
+    if data.dtype in FP4_DTYPES and not fp4:
         raise unsupported(function, f"FP4 (packed e2m1, {data.dtype}) data in argument '{arg}'")
     if scales.dtype == torch.int32 and not packed_ue8m0:
         raise unsupported(

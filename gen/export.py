@@ -48,7 +48,7 @@ from cutegen.runtime.version import __version__ as CUTEGEN_VERSION
 from cutegen.runtime.catalogue import required_capability
 from cutegen.runtime.errors import ArtifactError, KernelLoadError
 from cutegen.runtime.manifest import Catalogue, KernelManifest, ManifestError
-from cutegen.runtime.params import DTYPE_BYTES, check_manifest, compile_expr
+from cutegen.runtime.params import DTYPE_BITS, check_manifest, compile_expr
 
 CATALOGUE_FILE = "catalogue.json"
 MANIFEST_FILE = "manifest.json"
@@ -87,6 +87,8 @@ TMA_DTYPE_ENUMS = {
     "tf32": "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32",
     "e4m3": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "e5m2": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+    # CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B by value: cuda.h has the name from CUDA 12.8 only.
+    "e2m1": "CUTEGEN_TMA_DTYPE_FP4_UNPACKED",
     "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "i8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "u16": "CU_TENSOR_MAP_DATA_TYPE_UINT16",
@@ -225,7 +227,7 @@ class OperandView:
     name: str
     rank: int
     contiguous_mode: int
-    elem_bytes: int
+    elem_bits: int
     align_bytes: int
     shape: list[str]  # C expressions, one per mode
     strides: list[str]  # C expressions (argument names or 1), one per mode
@@ -354,7 +356,7 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
         rank = len(spec.shape)
         if not 1 <= rank <= MAX_OPERAND_RANK:
             raise ExportError(f"{where}: operand {spec.name!r} has rank {rank}; the C launcher takes 1..8")
-        elem = DTYPE_BYTES[spec.dtype]
+        elem = DTYPE_BITS[spec.dtype]
         args.append(
             CArg("CUdeviceptr", spec.name, f"{spec.dtype} [{', '.join(map(str, spec.shape))}], "
                  f"{spec.align_bytes}-byte aligned", "operand")
@@ -493,7 +495,7 @@ def _param_view(manifest: KernelManifest, param: Any, symbols: set[str], floats:
             "swizzle": TMA_SWIZZLE_ENUMS[b.get("swizzle", "none")],
             "l2_promotion": TMA_L2_ENUMS[b.get("l2_promotion", "128B")],
             "oob_fill": TMA_OOB_ENUMS[b.get("oob_fill", "none")],
-            "elem_bytes": DTYPE_BYTES[spec.dtype],
+            "elem_bits": DTYPE_BITS[spec.dtype],
         }
         comment = (
             f"tma of {b['operand']}: modes {b['modes']}, box {b['box']}, {b['dtype']}, "

@@ -154,7 +154,7 @@ class CallCache:
             # Kept by plan position (`positions`): the call's tensor i is at plan position slot[i].
             names = list(launched.names)
             slot = {position: j for j, position in enumerate(positions)}
-            call_spans = [byte_span(t.shape, t.stride(), t.element_size()) for t in tensors]
+            call_spans = [byte_span(t.shape, t.stride(), 8 * t.element_size()) for t in tensors]
             spans = tuple(call_spans[i] if i < len(names) else 0 for i in positions)
             labels = tuple(outputs.get(bound[i], bound[i]) for i in positions)
             written = [names.index(name) for name in outputs]

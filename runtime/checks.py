@@ -37,7 +37,7 @@ def check_not_overlapping_itself(op: str, arg: str, t: torch.Tensor) -> None:
 
 def span_of(t: torch.Tensor) -> int:
     """Bytes from ``t``'s first element to just past its last."""
-    return byte_span(t.shape, t.stride(), t.element_size())
+    return byte_span(t.shape, t.stride(), 8 * t.element_size())
 
 
 def check_disjoint(op: str, outputs: dict[str, Any], inputs: dict[str, Any]) -> None:
@@ -61,7 +61,7 @@ def check_matrix(
     op: str, arg: str, t: Any, device: Any | None, dtype: torch.dtype, row_align: int
 ) -> None:
     """A 2-D CUDA operand of `dtype`, on `device`, unit stride along its last dimension and a row
-    stride that is a multiple of `row_align` elements (TMA's 16-byte rule); InputError otherwise."""
+    stride that is a multiple of `row_align` elements (TMA's alignment rule); InputError otherwise."""
 
     def fail(what: str) -> InputError:
         return InputError(f"{op}: argument '{arg}' {what}")
@@ -85,7 +85,7 @@ def check_matrix(
         )
     if rows > 1 and cols > 0 and t.stride(0) % row_align != 0:
         raise fail(
-            f"must have a row stride that is a multiple of {row_align} elements (16 bytes), "
+            f"must have a row stride that is a multiple of {row_align} elements ({row_align * t.element_size()} bytes), "
             f"got stride(0) = {t.stride(0)}"
         )
 

@@ -25,6 +25,12 @@ after every 128-wide K block:
   refused with a message saying so. Where the catalogue has kernels whose tensor cores apply the
   scales (``scale = "mx"``, Blackwell's block-scaled MMA), they run, and the scales are converted
   per call into the blocked layout those kernels read (`mx_reference.mx_scale_operands`).
+* **FP4 weights** (FP8 x FP4, DeepGEMM's ``recipe_a=(1, 128), recipe_b=(1, 32)``): ``b`` packed
+  e2m1, two per byte with element 2i in the low nibble (torch.uint8, int8 or float4_e2m1fn_x2
+  [N, K/2]), K a multiple of 128, rows 32-byte aligned; ``sfa`` packed UE8M0 [M, ⌈K/512⌉] as above
+  and ``sfb`` packed UE8M0 [N, K/128] per 1x32 of B (four per int32 word), both MN-major and
+  TMA-aligned. Only the block-scaled kernels with FP4 B (sm_100a, ``b_dtype = "e2m1"``) read
+  them; elsewhere FP4 ``b`` is refused naming it. The scales are converted per call, as above.
 * ``out`` (optional): bf16 [M, N], ``stride(1) == 1``, row stride a multiple of 8, 16-byte aligned.
 * M == 0 or N == 0: nothing is launched; K == 0: the result is zero-filled.
 
@@ -45,7 +51,7 @@ from .errors import InputError, KernelLoadError
 from .kernel_choice import catalogue, kernel_for, runnable_kernels
 from .launch import launch
 from .mx_reference import mx_scale_operands
-from .params import SCALE_BLOCK, align, ceil_div
+from .params import SCALE_BLOCK, OperandInfo, align, ceil_div
 # One definition of DeepGEMM's SFA layout, shared with the quantize ops that produce it.
 from .quant_reference import is_mn_major_tma_aligned, to_mn_major_tma_aligned
 from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
@@ -58,6 +64,18 @@ PTR_ALIGN_BYTES = 16
 # Scale dtypes: fp32 scales, or UE8M0 exponents packed four per int32 word along K.
 SCALE_DTYPES = (torch.float32, torch.int32)
 UE8M0_PER_WORD = 4
+# FP4 (e2m1) weights as torch holds them: two per byte, element 2i in the low nibble.
+FP4_DTYPES = tuple(d for d in (torch.uint8, torch.int8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
+# Their TMA type (16U4_ALIGN16B) loads rows of whole 128 elements from 32-byte aligned rows.
+FP4_K_MULTIPLE = 128
+FP4_ALIGN_BYTES = 32
+# FP4 weights carry one UE8M0 scale per 32 of their elements along K (DeepGEMM's recipe_b (1, 32)).
+FP4_SCALE_VEC = 32
+
+
+def b_is_fp4(b: Any) -> bool:
+    """Whether ``b`` holds packed FP4 weights (a byte dtype: two e2m1 elements per byte)."""
+    return isinstance(b, torch.Tensor) and b.dtype in FP4_DTYPES
 
 
 def scale_format(sfa: torch.Tensor) -> str:
@@ -74,24 +92,37 @@ def sfb_per_row(sfb: torch.Tensor, n: int) -> bool:
     return n != ceil_div(n, SCALE_BLOCK) or not sfb.is_contiguous()
 
 
-def _kernel_scale(sfa: torch.Tensor, device: int, forced: str) -> str:
+def b_dtype_of(b: torch.Tensor) -> str:
+    """The schedule's B element type of the kernels that take ``b``: "e2m1" (FP4) or "e4m3"."""
+    return "e2m1" if b_is_fp4(b) else "e4m3"
+
+
+def _kernel_scale(sfa: torch.Tensor, device: int, forced: str, b_dtype: str = "e4m3") -> str:
     """The schedule scale format of the kernels a call may run: that of its scales (`scale_format`);
-    for UE8M0 scales, "mx" (the tensor cores apply them) where the catalogue has such kernels for
-    this GPU or the caller forced one, else "ue8m0" (promotion)."""
+    for UE8M0 scales, "mx" (the tensor cores apply them) where the catalogue has such kernels with
+    ``b_dtype`` B for this GPU or the caller forced one, else "ue8m0" (promotion)."""
     scale = scale_format(sfa)
     if scale != "ue8m0":
         return scale
     if forced:
         cat = catalogue()
         return "mx" if forced in cat and cat.manifest(forced).schedule.get("scale") == "mx" else scale
-    return "mx" if runnable_kernels(OP_FP8_GEMM_NT, device, "mx") else scale
+    return "mx" if runnable_kernels(OP_FP8_GEMM_NT, device, "mx", b_dtype) else scale
 
 
-def _call_scale(sfa: torch.Tensor, per_row_sfb: bool, device: int, forced: str) -> str:
-    """`_kernel_scale`, refusing a per-row ``sfb`` where no kernel that reads it would run."""
-    scale = _kernel_scale(sfa, device, forced)
-    if per_row_sfb and scale != "mx":
-        reader = f"kernel {forced} does not" if forced else "this GPU's catalogue has none"
+def _call_scale(sfa: torch.Tensor, per_row_sfb: bool, device: int, forced: str, b_dtype: str = "e4m3") -> str:
+    """`_kernel_scale`, refusing FP4 weights or a per-row ``sfb`` where no kernel that reads them
+    would run."""
+    scale = _kernel_scale(sfa, device, forced, b_dtype)
+    if scale == "mx":
+        return scale
+    reader = f"kernel {forced} does not" if forced else "this GPU's catalogue has none"
+    if b_dtype == "e2m1":
+        raise _fail(
+            "b", "holds FP4 (e2m1) weights: only kernels whose tensor cores apply the scales with FP4 B "
+            f"(scale mx, b_dtype e2m1, sm_100a) read them, and {reader}",
+        )
+    if per_row_sfb:
         raise _fail(
             "sfb",
             "is per row (DeepGEMM's SM100 layout [N, ceil(K/512)]): only kernels whose tensor cores apply "
@@ -120,6 +151,8 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
         if not isinstance(t, torch.Tensor):
             raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
     _check_operand("a", a, None, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
+    if b_is_fp4(b):
+        return _check_fp4_meta(a, sfa, b, sfb, out)
     _check_operand("b", b, a.device, torch.float8_e4m3fn, FP8_ROW_ALIGN_ELEMS)
     m, k = a.shape
     n, kb = b.shape
@@ -169,19 +202,58 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, out: Any | None) -> tuple[in
             )
         if not sfb.is_contiguous():
             raise _fail("sfb", f"must be row-major contiguous, got strides {list(sfb.stride())}")
+    _check_out(a, out, m, n)
+    return m, n, k
+
+
+def _check_out(a: torch.Tensor, out: Any | None, m: int, n: int) -> None:
     if out is not None:
         _check_operand("out", out, a.device, torch.bfloat16, OUT_ROW_ALIGN_ELEMS)
         if tuple(out.shape) != (m, n):
             raise _fail("out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
         check_not_overlapping_itself(OP_FP8_GEMM_NT, "out", out)
+
+
+def _check_fp4_meta(a: torch.Tensor, sfa: Any, b: torch.Tensor, sfb: Any, out: Any | None) -> tuple[int, int, int]:
+    """FP8 x FP4 (`b` packed e2m1 [N, K/2]): ``sfa`` packed UE8M0 [M, ⌈K/512⌉] per 1x128 of A,
+    ``sfb`` packed UE8M0 [N, K/128] per 1x32 of B (four per int32 word), both MN-major and
+    TMA-aligned (DeepGEMM's SM100 layouts); returns (M, N, K)."""
+    check_matrix(OP_FP8_GEMM_NT, "b", b, a.device, b.dtype, FP4_ALIGN_BYTES)
+    m, k = a.shape
+    n, k_bytes = b.shape
+    if 2 * k_bytes != k:
+        raise _fail("b", f"holds FP4 (two e2m1 per byte) and must have K/2 = {k / 2:g} bytes per row, got shape {list(b.shape)}")
+    if k % FP4_K_MULTIPLE:
+        raise _fail("a", f"must have K a multiple of {FP4_K_MULTIPLE} with FP4 'b' (whole TMA rows of FP4), got K = {k}")
+    words = {"sfa": (m, ceil_div(ceil_div(k, SCALE_BLOCK), UE8M0_PER_WORD), "[M, ceil(K/512)]: one per 1x128 of A"),
+             "sfb": (n, ceil_div(k // FP4_SCALE_VEC, UE8M0_PER_WORD), "[N, K/128]: one per 1x32 of B")}
+    for arg, t in (("sfa", sfa), ("sfb", sfb)):
+        rows, cols, what = words[arg]
+        if not isinstance(t, torch.Tensor):
+            raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != a.device:
+            raise _fail(arg, f"must be on {a.device} (the device of 'a'), got {t.device}")
+        if t.dtype != torch.int32:
+            raise _fail(arg, f"must be packed UE8M0 scales (torch.int32) with FP4 'b', got {t.dtype}")
+        if tuple(t.shape) != (rows, cols):
+            raise _fail(arg, f"must have shape {what} = [{rows}, {cols}], got {list(t.shape)}")
+        if not is_mn_major_tma_aligned(t):
+            raise _fail(
+                arg,
+                f"must be MN-major and TMA-aligned: strides (1, {tma_aligned_rows(rows)}), got {list(t.stride())}; "
+                f"convert with cutegen.runtime.to_mn_major_tma_aligned({arg})",
+            )
+    _check_out(a, out, m, n)
     return m, n, k
 
 
 def _check_pointers(op: str = OP_FP8_GEMM_NT, sfb_align: int = 4, **tensors: torch.Tensor | None) -> None:
     """Base alignment: 16 bytes (TMA) for every operand but SFB, which fp8_gemm_nt reads with
-    plain loads (4 bytes) and the weight-gradient GEMM loads by TMA (16)."""
+    plain loads (4 bytes) and the weight-gradient GEMM loads by TMA (16), and FP4 B (32: its TMA
+    type's rule)."""
     for arg, t in tensors.items():
-        check_aligned(op, arg, t, sfb_align if arg == "sfb" else PTR_ALIGN_BYTES)
+        align = sfb_align if arg == "sfb" else FP4_ALIGN_BYTES if arg == "b" and b_is_fp4(t) else PTR_ALIGN_BYTES
+        check_aligned(op, arg, t, align)
 
 
 _OPERANDS = ["a", "b", "d", "sfa", "sfb"]
@@ -200,8 +272,11 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        per_row = sfb_per_row(sfb, n)
-        loaded = kernel_for(OP_FP8_GEMM_NT, m, n, k, device, kernel, _call_scale(sfa, per_row, device, kernel))
+        b_dtype = b_dtype_of(b)
+        per_row = b_dtype == "e2m1" or sfb_per_row(sfb, n)
+        loaded = kernel_for(
+            OP_FP8_GEMM_NT, m, n, k, device, kernel, _call_scale(sfa, per_row, device, kernel, b_dtype), b_dtype=b_dtype
+        )
         names = sorted(s.name for s in loaded.manifest.operands)
         split = heuristics.splits_k(loaded.manifest)
         if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
@@ -216,7 +291,11 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
         if loaded.manifest.fact("mma_applies_scales"):
             # The block-scaled MMA reads its scales in the blocked layout, made per call from the
             # caller's: nothing is remembered, so every call converts its own scales.
-            operands["sfa"], operands["sfb"] = mx_scale_operands(sfa, sfb, m, n, k, sfb_per_row=per_row)
+            operands["sfa"], operands["sfb"] = mx_scale_operands(
+                sfa, sfb, m, n, k, sfb_per_row=per_row, sfb_granularity=FP4_SCALE_VEC if b_dtype == "e2m1" else SCALE_BLOCK
+            )
+            if b_dtype == "e2m1":  # the kernel counts FP4 elements: [N, K] with rows of 2x the bytes
+                operands["b"] = OperandInfo(b.data_ptr(), (n, k), (2 * b.stride(0), 1), "e2m1")
             launch(loaded, operands, stream=stream)
             return None
         extents = workspace = None
@@ -420,6 +499,7 @@ def fp8_wgrad_gemm_nt(
 
 
 __all__ = [
+    "b_is_fp4",
     "fp8_gemm_nt",
     "sfb_per_row",
     "fp8_wgrad_gemm_nt",

@@ -68,7 +68,7 @@ from typing import Any, Iterable, Mapping
 
 from .errors import ArtifactError
 from .manifest import KernelManifest
-from .params import DTYPE_BYTES, SCALE_BLOCK, ceil_div
+from .params import DTYPE_BITS, SCALE_BLOCK, ceil_div
 
 TUNING_ENV = "CUTEGEN_TUNING"
 TUNING_FILE = "tuning.json"
@@ -222,10 +222,11 @@ def _multicast(manifest: KernelManifest) -> str:
     return value if value in ("none", "a", "b", "ab") else "none"
 
 
-def _operand_bytes(manifest: KernelManifest, name: str, default: int = 2) -> int:
+def _operand_bytes(manifest: KernelManifest, name: str, default: float = 2) -> float:
+    """Bytes per element of an operand in global memory (FP4: a half)."""
     for operand in manifest.operands:
         if operand.name == name:
-            return DTYPE_BYTES.get(operand.dtype, default)
+            return DTYPE_BITS.get(operand.dtype, 8 * default) / 8
     return default
 
 

@@ -22,7 +22,7 @@ _CHOICE_CACHE_SIZE = 4096
 _lock = threading.RLock()
 _catalogue: KernelCatalogue | None = None
 _build_dir: str | os.PathLike[str] | None = None
-# (op, device, M, N, K, scale, rows per group, SM budget) -> kernel name.
+# (op, device, M, N, K, scale, B dtype, rows per group, SM budget) -> kernel name.
 _choices: dict[tuple, str] = {}
 
 
@@ -48,9 +48,10 @@ def catalogue() -> KernelCatalogue:
     return cat
 
 
-def candidates(op: str, ordinal: int, scale: str | None = None) -> list[Any]:
+def candidates(op: str, ordinal: int, scale: str | None = None, b_dtype: str | None = None) -> list[Any]:
     """The catalogue's ``op`` kernels that run on GPU ``ordinal``; with ``scale`` ("f32",
-    "ue8m0"), only those taking block scales in that format."""
+    "ue8m0", "mx"), only those taking block scales in that format; with ``b_dtype`` ("e4m3",
+    "e2m1"), only those whose B has that element type."""
     cat = catalogue()
     info = driver.device_info(ordinal)
     runnable = [m for m in cat.compatible(op, info.capability) if m.smem_bytes <= info.smem_optin]
@@ -68,32 +69,42 @@ def candidates(op: str, ordinal: int, scale: str | None = None) -> list[Any]:
                 f"{op}: no kernel taking {scale} scales runs on {info.arch} ({info.name}); the "
                 f"catalogue's kernels for this GPU take: {', '.join(formats)}"
             )
+    if b_dtype is not None:
+        types = sorted({m.schedule.get("b_dtype", "?") for m in runnable})
+        runnable = [m for m in runnable if m.schedule.get("b_dtype") == b_dtype]
+        if not runnable:
+            raise ArtifactError(
+                f"{op}: no kernel with {b_dtype} B{f' and {scale} scales' if scale else ''} runs on {info.arch} "
+                f"({info.name}); the catalogue's kernels for this GPU take B in: {', '.join(types)}"
+            )
     return runnable
 
 
-def runnable_kernels(op: str, device: int = 0, scale: str | None = None) -> list[str]:
+def runnable_kernels(op: str, device: int = 0, scale: str | None = None, b_dtype: str | None = None) -> list[str]:
     """Names of the catalogue's ``op`` kernels that run on GPU ``device`` (its architecture and
     shared memory), optionally only those taking ``scale`` block scales; kernels built for other
-    architectures, e.g. sm_100a on a Hopper GPU, are left out. Empty when none run there."""
+    architectures, e.g. sm_100a on a Hopper GPU, are left out (and, with ``b_dtype``, those whose B
+    has another element type). Empty when none run there."""
     try:
-        return [m.name for m in candidates(op, device, scale)]
+        return [m.name for m in candidates(op, device, scale, b_dtype)]
     except ArtifactError:
         return []
 
 
 def choose_kernel(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
-    rows_per_group: int | None = None,
+    rows_per_group: int | None = None, b_dtype: str | None = None,
 ) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
     (among those taking ``scale`` block scales, when given; ``rows_per_group``: M is that many
-    rows per group, as the masked grouped GEMM's groups, see `heuristics.score`)."""
-    key = (op, int(device), int(m), int(n), int(k), scale, rows_per_group, sm_budget.budget())
+    rows per group, as the masked grouped GEMM's groups, see `heuristics.score`; ``b_dtype``: only
+    kernels whose B has that element type)."""
+    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, rows_per_group, sm_budget.budget())
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
         manifest = heuristics.choose(
-            op, candidates(op, device, scale), m, n, k, sm_budget.usable_sms(info.sm_count),
+            op, candidates(op, device, scale, b_dtype), m, n, k, sm_budget.usable_sms(info.sm_count),
             build_dir=catalogue().build_dir,
             rows_per_group=rows_per_group,
         )
@@ -106,21 +117,22 @@ def choose_kernel(
 
 def explain(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
-    rows_per_group: int | None = None,
+    rows_per_group: int | None = None, b_dtype: str | None = None,
 ) -> list[heuristics.Score]:
     """The heuristic's scored table for this problem on this GPU, best first: the candidates
-    `choose_kernel` weighs, scored as it does, with the same ``scale`` and ``rows_per_group``."""
+    `choose_kernel` weighs, scored as it does, with the same ``scale``, ``rows_per_group`` and
+    ``b_dtype``."""
     info = driver.device_info(device)
     return heuristics.explain(
-        op, candidates(op, device, scale), m, n, k, sm_budget.usable_sms(info.sm_count),
+        op, candidates(op, device, scale, b_dtype), m, n, k, sm_budget.usable_sms(info.sm_count),
         build_dir=catalogue().build_dir,
         rows_per_group=rows_per_group,
     )
 
 
-def forced_manifest(op: str, forced: str, scale: str | None = None) -> Any:
+def forced_manifest(op: str, forced: str, scale: str | None = None, b_dtype: str | None = None) -> Any:
     """The manifest of the kernel a caller forced by name; InputError unless it is an `op` kernel
-    (taking ``scale`` block scales, when given)."""
+    (taking ``scale`` block scales and ``b_dtype`` B, when given)."""
     cat = catalogue()
     if forced not in cat:
         known = ", ".join(cat.names(op)) or "none"
@@ -136,16 +148,21 @@ def forced_manifest(op: str, forced: str, scale: str | None = None) -> Any:
             f"{op}: argument 'kernel' names {forced!r}, which takes {manifest.schedule.get('scale')} "
             f"scales, but the scales passed are {scale}"
         )
+    if b_dtype is not None and manifest.schedule.get("b_dtype") != b_dtype:
+        raise InputError(
+            f"{op}: argument 'kernel' names {forced!r}, whose B is {manifest.schedule.get('b_dtype')}, "
+            f"but the B passed is {b_dtype}"
+        )
     return manifest
 
 
 def kernel_for(
     op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None,
-    rows_per_group: int | None = None,
+    rows_per_group: int | None = None, b_dtype: str | None = None,
 ) -> Any:
     name = (
-        forced_manifest(op, forced, scale).name if forced
-        else choose_kernel(op, m, n, k, device, scale, rows_per_group)
+        forced_manifest(op, forced, scale, b_dtype).name if forced
+        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype)
     )
     return catalogue().load(name, device)
 

@@ -246,7 +246,7 @@ def prepare(
         operand = param.binding["operand"]
         info = normalized[operand]
         args = tma_args_from_binding(
-            param.binding, info.shape, info.strides, info.elem_bytes, info.ptr, operand
+            param.binding, info.shape, info.strides, info.elem_bits, info.ptr, operand
         )
         tensor_maps[param.name] = encode_tiled(args)
     blob = pack_params(manifest, env, normalized, tensor_maps)

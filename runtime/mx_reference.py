@@ -161,15 +161,17 @@ def mx_gemm_ref(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.
 
 
 def mx_scale_operands(sfa: torch.Tensor, sfb: torch.Tensor, m: int, n: int, k: int,
-                      granularity: int = 128, sfb_per_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      granularity: int = 128, sfb_per_row: bool = False,
+                      sfb_granularity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`fp8_gemm_nt`'s UE8M0 scales (DeepGEMM's: ``sfa`` int32 words [M, ⌈KB/4⌉] per 1x128 block of A,
     any strides; ``sfb`` int32 words [⌈N/128⌉, ⌈KB/4⌉] per 128x128 block of B, or with
-    ``sfb_per_row`` [N, ⌈KB/4⌉] per 1x128 block, DeepGEMM's SM100 form) -> the block-scaled MMA's
-    operands: the blocked bytes of one scale per 32 elements for every row of A and of B (each
-    block's scale over its rows and 32-element vectors)."""
-    blocks = ceil_div(k, granularity)
-    sfa_bytes = sfa.contiguous().view(torch.uint8).reshape(m, -1)[:, :blocks]
-    sfb_bytes = sfb.contiguous().view(torch.uint8).reshape(sfb.shape[0], -1)[:, :blocks]
+    ``sfb_per_row`` [N, ⌈KB/4⌉] per 1x128 block, DeepGEMM's SM100 form; ``sfb_granularity`` 32:
+    per row, one per 32 elements, as FP4 weights carry them) -> the block-scaled MMA's operands:
+    the blocked bytes of one scale per 32 elements for every row of A and of B (each block's scale
+    over its rows and 32-element vectors)."""
+    gran_b = sfb_granularity or granularity
+    sfa_bytes = sfa.contiguous().view(torch.uint8).reshape(m, -1)[:, :ceil_div(k, granularity)]
+    sfb_bytes = sfb.contiguous().view(torch.uint8).reshape(sfb.shape[0], -1)[:, :ceil_div(k, gran_b)]
     sfb_rows = sfb_bytes if sfb_per_row else sfb_bytes.repeat_interleave(ATOM_ROWS, dim=0)[:n]
     return (to_blocked(expand_scales(sfa_bytes, granularity)),
-            to_blocked(expand_scales(sfb_rows, granularity)))
+            to_blocked(expand_scales(sfb_rows, gran_b)))

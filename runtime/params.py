@@ -37,27 +37,35 @@ from .manifest import KernelManifest, OperandSpec, Param
 # Block-scaled ops: one fp32 scale per 128 elements along K (and per 128 rows of B, per block).
 SCALE_BLOCK = 128
 
-DTYPE_BYTES: dict[str, int] = {
-    "bf16": 2,
-    "f16": 2,
-    "f32": 4,
-    "f64": 8,
-    "tf32": 4,
-    "e4m3": 1,
-    "e5m2": 1,
-    "u8": 1,
-    "i8": 1,
-    "u16": 2,
-    "i16": 2,
-    "u32": 4,
-    "i32": 4,
-    "u64": 8,
-    "i64": 8,
+DTYPE_BITS: dict[str, int] = {
+    "bf16": 16,
+    "f16": 16,
+    "f32": 32,
+    "f64": 64,
+    "tf32": 32,
+    "e4m3": 8,
+    "e5m2": 8,
+    # FP4, two elements per byte (element 2i in the low nibble); extents and strides count elements.
+    "e2m1": 4,
+    "u8": 8,
+    "i8": 8,
+    "u16": 16,
+    "i16": 16,
+    "u32": 32,
+    "i32": 32,
+    "u64": 64,
+    "i64": 64,
 }
+# Bytes per element of the whole-byte dtypes.
+DTYPE_BYTES: dict[str, int] = {name: bits // 8 for name, bits in DTYPE_BITS.items() if bits >= 8}
 
 # The data type names a ``tma`` binding may use (every manifest dtype but i16, which
-# cuTensorMapEncodeTiled has no type for), with their element bytes.
-TMA_DTYPE_BYTES: dict[str, int] = {name: size for name, size in DTYPE_BYTES.items() if name != "i16"}
+# cuTensorMapEncodeTiled has no type for), with their element bits.
+TMA_DTYPE_BITS: dict[str, int] = {name: bits for name, bits in DTYPE_BITS.items() if name != "i16"}
+# FP4 through TMA (16U4_ALIGN16B, unpacked to a byte each in shared memory): a 32-byte aligned
+# base and row strides, and rows a whole number of 128 elements.
+TMA_FP4_ALIGN = 32
+TMA_FP4_ROW_ELEMENTS = 128
 TMA_SWIZZLE_BYTES: dict[str, int] = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
 TMA_L2_PROMOTIONS = ("none", "64B", "128B", "256B")
 TMA_OOB_FILLS = ("none", "nan_request_zero_fma")
@@ -106,12 +114,12 @@ class OperandInfo:
             )
 
     @property
-    def elem_bytes(self) -> int:
+    def elem_bits(self) -> int:
         try:
-            return DTYPE_BYTES[self.dtype]
+            return DTYPE_BITS[self.dtype]
         except KeyError:
             raise InputError(
-                f"unknown dtype {self.dtype!r}; expected one of {sorted(DTYPE_BYTES)}"
+                f"unknown dtype {self.dtype!r}; expected one of {sorted(DTYPE_BITS)}"
             ) from None
 
 
@@ -153,9 +161,9 @@ def normalize_operand(kernel: str, spec: OperandSpec, info: OperandInfo) -> Oper
             f"{where} is written by the kernel, so no two of its elements may share memory: shape "
             f"{list(info.shape)} strides {list(info.strides)} (a row stride under the row's width?)"
         )
-    elem = info.elem_bytes
+    bits = info.elem_bits
     span = max([1] + [e * abs(s) for e, s in zip(shape, strides) if e > 0])
-    gran = max(1, TMA_GLOBAL_ALIGN // elem)
+    gran = max(1, TMA_GLOBAL_ALIGN * 8 // bits)
     canonical = -(-span // gran) * gran
     while len(shape) < rank:
         shape.append(1)
@@ -180,11 +188,11 @@ def normalize_operand(kernel: str, spec: OperandSpec, info: OperandInfo) -> Oper
     for mode, (extent, stride) in enumerate(zip(shape, strides)):
         if mode == cm or extent <= 1:
             continue
-        if (stride * elem) % align:
+        if (stride * bits) % (align * 8):
             raise InputError(
                 f"{where}: stride of mode {mode} ({spec.shape[mode]}) must be a multiple of "
-                f"{align // elem if align % elem == 0 else align} elements ({align} bytes), "
-                f"got {stride} elements ({stride * elem} bytes)"
+                f"{align * 8 // bits} elements ({align} bytes), got {stride} elements "
+                f"({stride * bits / 8:g} bytes)"
             )
     return OperandInfo(info.ptr, tuple(shape), tuple(strides), info.dtype)
 
@@ -373,7 +381,7 @@ def check_manifest(manifest: KernelManifest) -> None:
     """
     operand_names = {o.name for o in manifest.operands}
     for spec in manifest.operands:
-        if spec.dtype not in DTYPE_BYTES:
+        if spec.dtype not in DTYPE_BITS:
             raise KernelLoadError(
                 f"kernel {manifest.name}: operand {spec.name!r} has unknown dtype {spec.dtype!r}"
             )
@@ -466,7 +474,7 @@ def check_manifest(manifest: KernelManifest) -> None:
                 )
             spec = manifest.operand(binding["operand"])
             try:
-                check_tma_recipe(binding, len(spec.shape), DTYPE_BYTES[spec.dtype])
+                check_tma_recipe(binding, len(spec.shape), DTYPE_BITS[spec.dtype])
             except ValueError as exc:
                 raise _param_error(manifest, param, str(exc)) from None
     if manifest.grid.kind == "blocks":
@@ -490,7 +498,7 @@ def check_requirements(manifest: KernelManifest, env: Mapping[str, Any]) -> None
             )
 
 
-def check_tma_recipe(binding: Mapping[str, Any], operand_rank: int, operand_elem_bytes: int) -> None:
+def check_tma_recipe(binding: Mapping[str, Any], operand_rank: int, operand_elem_bits: int) -> None:
     """Static checks of a ``tma`` binding; raises ValueError with what is wrong."""
     modes = list(binding.get("modes", []))
     box = list(binding.get("box", []))
@@ -502,17 +510,21 @@ def check_tma_recipe(binding: Mapping[str, Any], operand_rank: int, operand_elem
     if len(box) != rank or any(not 1 <= int(b) <= TMA_MAX_BOX for b in box):
         raise ValueError(f"box {box} must have {rank} entries in 1..{TMA_MAX_BOX}")
     dtype = binding.get("dtype")
-    if dtype not in TMA_DTYPE_BYTES:
-        raise ValueError(f"TMA dtype {dtype!r} is not one of {sorted(TMA_DTYPE_BYTES)}")
-    elem = TMA_DTYPE_BYTES[dtype]
-    if elem != operand_elem_bytes:
-        raise ValueError(f"TMA dtype {dtype} has {elem}-byte elements, operand has {operand_elem_bytes}")
+    if dtype not in TMA_DTYPE_BITS:
+        raise ValueError(f"TMA dtype {dtype!r} is not one of {sorted(TMA_DTYPE_BITS)}")
+    bits = TMA_DTYPE_BITS[dtype]
+    if bits != operand_elem_bits:
+        raise ValueError(f"TMA dtype {dtype} has {bits}-bit elements, operand has {operand_elem_bits}")
     swizzle = binding.get("swizzle", "none")
     if swizzle not in TMA_SWIZZLE_BYTES:
         raise ValueError(f"swizzle {swizzle!r} is not one of {list(TMA_SWIZZLE_BYTES)}")
-    inner = int(box[0]) * elem
+    if dtype == "e2m1" and (swizzle not in ("none", "128B") or int(box[0]) % TMA_FP4_ROW_ELEMENTS):
+        raise ValueError(f"FP4 is loaded in boxes of whole {TMA_FP4_ROW_ELEMENTS}-element rows with no "
+                         f"swizzle or 128B, got box {box}, swizzle {swizzle}")
+    # In shared memory: FP4 is unpacked to a byte per element.
+    inner = int(box[0]) * max(bits, 8) // 8
     if inner % 16:
-        raise ValueError(f"inner box {box[0]} x {elem} B = {inner} B is not a multiple of 16 bytes")
+        raise ValueError(f"inner box {box[0]} x {max(bits, 8) // 8} B = {inner} B is not a multiple of 16 bytes")
     if TMA_SWIZZLE_BYTES[swizzle] and inner > TMA_SWIZZLE_BYTES[swizzle]:
         raise ValueError(f"inner box {inner} B exceeds the {swizzle} swizzle span")
     if binding.get("l2_promotion", "128B") not in TMA_L2_PROMOTIONS:
@@ -555,7 +567,7 @@ def tma_args_from_binding(
     binding: Mapping[str, Any],
     shape: tuple[int, ...] | list[int],
     strides: tuple[int, ...] | list[int],
-    elem_bytes: int,
+    elem_bits: int,
     ptr: int,
     operand: str | None = None,
 ) -> TmaArgs:
@@ -570,14 +582,20 @@ def tma_args_from_binding(
     name = operand or binding.get("operand", "?")
     where = f"operand {name!r}"
     try:
-        check_tma_recipe(binding, len(shape), elem_bytes)
+        check_tma_recipe(binding, len(shape), elem_bits)
     except ValueError as exc:
         raise KernelLoadError(f"TMA binding of {where}: {exc}") from None
     modes = [int(m) for m in binding["modes"]]
     dims = tuple(int(shape[m]) for m in modes)
-    if ptr % TMA_GLOBAL_ALIGN:
+    fp4 = binding["dtype"] == "e2m1"
+    base_align, stride_align = (TMA_FP4_ALIGN, TMA_FP4_ALIGN) if fp4 else (TMA_GLOBAL_ALIGN, TMA_GLOBAL_ALIGN)
+    if ptr % base_align:
         raise InputError(
-            f"{where}: TMA needs a {TMA_GLOBAL_ALIGN}-byte aligned base address, got 0x{ptr:x}"
+            f"{where}: TMA needs a {base_align}-byte aligned base address, got 0x{ptr:x}"
+        )
+    if fp4 and dims[0] % TMA_FP4_ROW_ELEMENTS:
+        raise InputError(
+            f"{where}: FP4 rows must be a multiple of {TMA_FP4_ROW_ELEMENTS} elements for TMA, got {dims[0]}"
         )
     for mode, dim in zip(modes, dims):
         if not 1 <= dim <= TMA_MAX_DIM:
@@ -588,11 +606,12 @@ def tma_args_from_binding(
         )
     global_strides = []
     for mode in modes[1:]:
-        stride_bytes = int(strides[mode]) * elem_bytes
-        if stride_bytes <= 0 or stride_bytes % TMA_GLOBAL_ALIGN or stride_bytes >= TMA_MAX_STRIDE_BYTES:
+        stride_bits = int(strides[mode]) * elem_bits
+        stride_bytes = stride_bits // 8
+        if stride_bits <= 0 or stride_bits % (8 * stride_align) or stride_bytes >= TMA_MAX_STRIDE_BYTES:
             raise InputError(
-                f"{where}: stride of mode {mode} must be a positive multiple of 16 bytes below "
-                f"2**40 for TMA, got {strides[mode]} elements ({stride_bytes} bytes)"
+                f"{where}: stride of mode {mode} must be a positive multiple of {stride_align} bytes below "
+                f"2**40 for TMA, got {strides[mode]} elements ({stride_bits / 8:g} bytes)"
             )
         global_strides.append(stride_bytes)
     rank = len(modes)
@@ -794,11 +813,12 @@ def kernel_param_pointers(blob: ParamBlob) -> ctypes.Array:
     return array_type(*[base + off for off in blob.offsets])
 
 
-def byte_span(shape: Sequence[int], strides: Sequence[int], elem_bytes: int) -> int:
+def byte_span(shape: Sequence[int], strides: Sequence[int], elem_bits: int) -> int:
     """Bytes from a tensor's first element to just past its last (0 when it has none)."""
     if any(int(size) == 0 for size in shape):
         return 0
-    return (1 + sum((int(size) - 1) * int(stride) for size, stride in zip(shape, strides))) * elem_bytes
+    elements = 1 + sum((int(size) - 1) * int(stride) for size, stride in zip(shape, strides))
+    return -(-elements * elem_bits // 8)
 
 
 def overlaps_itself(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -832,6 +852,7 @@ def align(a: int, b: int) -> int:
 
 
 __all__ = [
+    "DTYPE_BITS",
     "DTYPE_BYTES",
     "Expr",
     "OperandInfo",

@@ -86,7 +86,8 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         # SFA [M, KB] MN-major with a 16-byte aligned column stride (align(M, 4)).
         args.append(Arg("sfa", scale, (*grouped, "M", kc), len(grouped)))
     b_grouped = ("G",) if op.is_m_grouped else ()
-    args.append(Arg("b", b, (*b_grouped, "N", "K"), len(b_grouped) + 1))
+    # FP4 is TMA-loaded unpacked (16U4_ALIGN16B), which needs a 32-byte aligned base.
+    args.append(Arg("b", b, (*b_grouped, "N", "K"), len(b_grouped) + 1, 32 if b == "e2m1" else 16))
     if s.mma_applies_scales:
         args.append(Arg("sfb", "u8", ("SB",), 0, 16, pointer=True))
     elif s.block_scaled:

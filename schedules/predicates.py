@@ -54,7 +54,9 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
 _QUANT_IN = lambda *dts: frozenset((d, d, DType.E4M3, DType.F32) for d in dts)  # noqa: E731
 OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, DType, DType, DType]]] = {
     Op.BF16_GEMM_NT: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
-    Op.FP8_GEMM_NT: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
+    # FP8 x FP4 (e2m1 weights) on the block-scaled MMA only (`fp4_on_block_scaled_mma`).
+    Op.FP8_GEMM_NT: frozenset({(DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
+                               (DType.E4M3, DType.E2M1, DType.BF16, DType.F32)}),
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
     # Weight gradients accumulate into an fp32 output.
@@ -329,6 +331,15 @@ def mx_single_cta_whole_atoms(s: Schedule) -> str | None:
 
 
 @_rule(ops=_GEMM_OPS)
+def fp4_on_block_scaled_mma(s: Schedule) -> str | None:
+    """FP4 (e2m1) operands only where the MMA applies the scales (scale=mx): the promoting
+    templates have no FP4 path, and FP4 needs the scale of each 32 elements."""
+    if DType.E2M1 not in (s.a_dtype, s.b_dtype) or s.mma_applies_scales:
+        return None
+    return f"scale={s.scale.value}: FP4 (e2m1) operands run on the block-scaled MMA only (scale=mx)"
+
+
+@_rule(ops=_GEMM_OPS)
 def stages_at_least_two(s: Schedule) -> str | None:
     """At least two pipeline stages, so TMA loads overlap the math."""
     if s.stages >= 2:
@@ -358,12 +369,11 @@ def smem_fits(s: Schedule) -> str | None:
 def tile_k_matches_dtype(s: Schedule) -> str | None:
     """tile_k spans exactly one 128-byte swizzle row of each operand (bf16: tile_k=64)."""
     for field, dt in (("a_dtype", s.a_dtype), ("b_dtype", s.b_dtype)):
-        if s.tile_k * dt.bytes != SWIZZLE_ROW_BYTES:
-            want = SWIZZLE_ROW_BYTES // dt.bytes if dt.bytes else "?"
+        if s.tile_k * dt.smem_bytes != SWIZZLE_ROW_BYTES:
             return (
                 f"tile_k={s.tile_k}: one K block must be one {SWIZZLE_ROW_BYTES}-byte swizzle "
-                f"row, so tile_k x {field} bytes ({dt.value}: {dt.bytes}) must be "
-                f"{SWIZZLE_ROW_BYTES} (tile_k={want})"
+                f"row, so tile_k x {field} bytes in shared memory ({dt.value}: {dt.smem_bytes}) must be "
+                f"{SWIZZLE_ROW_BYTES} (tile_k={SWIZZLE_ROW_BYTES // dt.smem_bytes})"
             )
     return None
 

@@ -108,14 +108,25 @@ class DType(str, enum.Enum):
     F16 = "f16"
     F32 = "f32"
     E4M3 = "e4m3"
+    # FP4 E2M1, two per byte in global memory; taken only by the block-scaled MMA.
+    E2M1 = "e2m1"
 
     @property
     def bits(self) -> int:
-        return {"bf16": 16, "f16": 16, "f32": 32, "e4m3": 8}[self.value]
+        return {"bf16": 16, "f16": 16, "f32": 32, "e4m3": 8, "e2m1": 4}[self.value]
 
     @property
     def bytes(self) -> int:
+        """Bytes per element; a sub-byte type has none (see `smem_bytes`)."""
+        if self.bits < 8:
+            raise ValueError(f"{self.value} elements are {self.bits} bits: they have no whole bytes")
         return self.bits // 8
+
+    @property
+    def smem_bytes(self) -> int:
+        """Bytes an element takes in shared memory: FP4 beside an FP8 operand is unpacked to one
+        byte per element (the TMA's 16U4_ALIGN16B type), as the mxf8f6f4 MMA reads it."""
+        return max(1, self.bits // 8)
 
 
 class ScaleFormat(str, enum.Enum):
@@ -443,7 +454,7 @@ class Schedule:
             return 0
         # A Blackwell CTA pair loads half of B in each CTA.
         b_rows = self.tile_n // self.mma_ctas
-        ab = self.tile_k * (self.tile_m * self.a_dtype.bytes + b_rows * self.b_dtype.bytes)
+        ab = self.tile_k * (self.tile_m * self.a_dtype.smem_bytes + b_rows * self.b_dtype.smem_bytes)
         if self.arch == Arch.SM100A:
             # Promotion reads the scales from global memory: stages hold A, B; the block-scaled
             # MMA's stages hold its blocked scale atoms too.

@@ -44,7 +44,9 @@ from cutegen.templates.tile_order import TileOrder
 class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
     """Persistent warp-specialised block-scaled tcgen05 FP8 GEMM, one CTA per MMA (cluster 1x1).
 
-    Operands: A [M, K] e4m3 and B [N, K] e4m3 K-major through TMA; D [M, N] bf16 through TMA
+    Operands: A [M, K] e4m3 and B [N, K] e4m3 or e2m1 (FP4, two per byte; the TMA unpacks each
+    to a byte in shared memory, as `kind::mxf8f6f4` reads a narrower operand beside a wider one)
+    K-major through TMA; D [M, N] bf16 through TMA
     stores; the scales as the MMA reads them, in the blocked layout
     (`cutegen.runtime.mx_reference.to_blocked`): SFA [⌈M/128⌉ · ⌈K/128⌉ · 512] and SFB
     [⌈N/128⌉ · ⌈K/128⌉ · 512] bytes of UE8M0, one 512-byte atom per 128 rows and K tile.
@@ -73,6 +75,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         self.schedule = s
         self.a_dtype = cute_dtype(s.a_dtype)
         self.b_dtype = cute_dtype(s.b_dtype)
+        # FP4 weights beside FP8 activations: the TMA unpacks them to a byte each in shared memory.
+        self.b_unpacked = s.b_dtype.smem_bytes * 8 != s.b_dtype.bits
+        self.b_smem_dtype = cutlass.Int8 if self.b_unpacked else self.b_dtype
         self.c_dtype = cute_dtype(s.c_dtype)
         self.acc_dtype = cute_dtype(s.acc_dtype)
         self.sf_dtype = cutlass.Float8E8M0FNU
@@ -128,7 +133,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         tiled_mma = self._make_tiled_mma()
         cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
         a_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, self.a_dtype, s.stages)
-        b_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, self.b_dtype, s.stages)
+        b_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, self.b_smem_dtype, s.stages)
         sfa_staged = blockscaled.make_smem_layout_sfa(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
         sfb_staged = blockscaled.make_smem_layout_sfb(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
         epi_staged = sm100_utils.make_smem_layout_epi(
@@ -142,8 +147,10 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             load_op, a, a_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape
         )
         tma_atom_b, tma_tensor_b = cute.nvgpu.make_tiled_tma_atom_B(
-            load_op, b, b_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape
+            load_op, b, b_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape,
+            internal_type=self.b_smem_dtype if self.b_unpacked else None,
         )
+        # The transaction counts the bytes read from global memory (FP4: half a byte each).
         self.tma_bytes = (
             cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
             + MX_ATOM_BYTES * (self.sfa_atoms + self.sfb_atoms)
@@ -164,7 +171,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
                 cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged.outer)], self.buffer_align_bytes
             ]
             sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_dtype, cute.cosize(b_staged.outer)], self.buffer_align_bytes
+                cute.struct.MemRange[self.b_smem_dtype, cute.cosize(b_staged.outer)], self.buffer_align_bytes
             ]
             sSFA: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfa_staged)], 128]
             sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_staged)], 128]

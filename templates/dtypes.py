@@ -11,6 +11,7 @@ _CUTE_DTYPES = {
     DType.F16: cutlass.Float16,
     DType.F32: cutlass.Float32,
     DType.E4M3: cutlass.Float8E4M3FN,
+    DType.E2M1: cutlass.Float4E2M1FN,
 }
 
 

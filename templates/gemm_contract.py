@@ -80,9 +80,9 @@ def requirement(symbol: str, relation: str, expr: str) -> dict:
     return {"symbol": symbol, "relation": relation, "expr": expr}
 
 
-# A manifest dtype's CuTe DSL type (by name) and bytes.
-_ELEMENTS = {"bf16": ("BFloat16", 2), "f16": ("Float16", 2), "e4m3": ("Float8E4M3FN", 1), "f32": ("Float32", 4),
-             "i32": ("Int32", 4), "i64": ("Int64", 8), "u8": ("Uint8", 1)}
+# A manifest dtype's CuTe DSL type (by name) and bits.
+_ELEMENTS = {"bf16": ("BFloat16", 16), "f16": ("Float16", 16), "e4m3": ("Float8E4M3FN", 8), "f32": ("Float32", 32),
+             "e2m1": ("Float4E2M1FN", 4), "i32": ("Int32", 32), "i64": ("Int64", 64), "u8": ("Uint8", 8)}
 
 
 def contract_fake_arguments(contract: list[Arg]) -> tuple:
@@ -120,7 +120,7 @@ def _kernel_layout(arg: Arg, extents: dict[str, object]) -> tuple[tuple, tuple]:
     dims = list(range(len(arg.shape)))
     if arg.shape[0] == "G" and len(dims) > 1:
         dims = dims[1:] + [0]
-    divisibility = max(1, arg.align_bytes // _ELEMENTS[arg.dtype][1])
+    divisibility = max(1, arg.align_bytes * 8 // _ELEMENTS[arg.dtype][1])
     shape, stride = [], []
     for dim in dims:
         shape.append(extents[arg.shape[dim]])

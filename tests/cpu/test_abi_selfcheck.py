@@ -36,6 +36,8 @@ SCHEDULES = (
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfue8m0_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
     # The block-scaled MMA (scales applied by the tensor cores, blocked bytes taken by address).
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
+    # ... with FP4 weights, TMA-loaded unpacked (16U4_ALIGN16B).
+    "cutegen_sm100a_fp8gemm_e4m3_e2m1_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
 )
 GROUPS = 3
 # Split-K kernels: the split count passed (the DSL's host code only multiplies the grid by it).
@@ -44,12 +46,12 @@ K_SPLITS = 3
 PROBLEMS = ((1000, 776, 640, 16, 66), (4096, 4096, 4096, 0, 132), (1, 128, 128, 64, 3))
 
 # cuTensorMapEncodeTiled's enum codes (CUtensorMapDataType / Swizzle / L2 promotion / ...).
-CU_DTYPE = {"bf16": 9, "f16": 6, "f32": 7, "e4m3": 0}
+CU_DTYPE = {"bf16": 9, "f16": 6, "f32": 7, "e4m3": 0, "e2m1": 14}
 CU_SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 CU_L2 = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
 CU_INTERLEAVE = {"none": 0, "16B": 1, "32B": 2}
 CU_OOB = {"none": 0, "nan": 1}
-ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1}
+ELEM_BITS = {"bf16": 16, "f16": 16, "f32": 32, "e4m3": 8, "e2m1": 4, "u8": 8, "i32": 32}
 
 
 @pytest.fixture(scope="module", params=SCHEDULES)
@@ -93,12 +95,15 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     schedule, art, manifest = compiled
     m, n, k, pad, max_clusters = problem
     ab = schedule.a_dtype.value
+    b_dtype = schedule.b_dtype.value
     grouped = schedule.op.is_m_grouped
     masked = schedule.op.is_masked
+    # FP4 rows: strides of whole 32 bytes (64 elements), as its TMA type needs.
+    pad_b = -(-pad // 64) * 64 if b_dtype == "e2m1" else pad
     b_info = (
-        OperandInfo(0x7F1000000000, (GROUPS, n, k), (n * (k + pad), k + pad, 1), ab)
+        OperandInfo(0x7F1000000000, (GROUPS, n, k), (n * (k + pad_b), k + pad_b, 1), b_dtype)
         if grouped
-        else OperandInfo(0x7F1000000000, (n, k), (k + pad, 1), ab)
+        else OperandInfo(0x7F1000000000, (n, k), (k + pad_b, 1), b_dtype)
     )
     operands = {
         "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), ab),
@@ -210,7 +215,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         if p.binding["kind"] != "tma":
             continue
         op = operands[p.binding["operand"]]
-        tma = tma_args_from_binding(p.binding, op.shape, op.strides, ELEM_BYTES[op.dtype], op.ptr, p.binding["operand"])
+        tma = tma_args_from_binding(p.binding, op.shape, op.strides, ELEM_BITS[op.dtype], op.ptr, p.binding["operand"])
         maps[p.name] = with_dsl_private_bits(encode_like_the_runtime(tma), captured.params[p.index])
         # Field by field first, so a failure says which field differs.
         dsl = decode_tensor_map(captured.params[p.index])

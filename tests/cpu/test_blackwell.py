@@ -6,6 +6,7 @@ launch ABI of these kernels in test_abi_selfcheck.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -15,7 +16,7 @@ from cutegen.runtime.catalogue import ArchMismatchError, check_arch, load_catalo
 from cutegen.schedules.loader import default_schedules
 from cutegen.schedules.naming import procedural_name
 from cutegen.schedules.predicates import violations
-from cutegen.schedules.spec import Arch, Op
+from cutegen.schedules.spec import Arch, DType, Op
 
 SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED}
 
@@ -111,6 +112,36 @@ def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
         assert mmas and all(len(re.findall(r"tmem\[", line)) == 3 for line in mmas), name
         assert "UTCCP.T.S.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
         assert not re.search(r"\bLDL|\bSTL", sass), name
+
+
+# The MMA instruction descriptor's B format field (bits 10-12 of kind::mxf8f6f4): E4M3 0, E2M1 5.
+IDESC_B_FORMAT_SHIFT, IDESC_E2M1 = 10, 5
+
+
+@pytest.mark.slow
+def test_fp4_kernels_are_their_fp8_twins_with_b_in_e2m1(built):
+    """Each FP8 x FP4 kernel's PTX is its FP8 twin's but for two kinds of constant: the MMA
+    instruction descriptor names B E2M1 (format 5 where E4M3 is 0), and each stage's transaction
+    counts B at half a byte per element (tile_n x tile_k / 2 bytes fewer)."""
+    import re
+
+    fp4 = [s for s in sm100_schedules() if s.b_dtype == DType.E2M1]
+    assert fp4 and all(s.mma_applies_scales for s in fp4)
+    for s in fp4:
+        twin = dataclasses.replace(s, b_dtype=DType.E4M3)
+        ours = (built / procedural_name(s) / "kernel.ptx").read_text().splitlines()
+        theirs = (built / procedural_name(twin) / "kernel.ptx").read_text().splitlines()
+        assert len(ours) == len(theirs), procedural_name(s)
+        kinds = set()
+        for mine, other in zip(ours, theirs):
+            if mine == other:
+                continue
+            a, b = re.findall(r"\b\d+\b", mine), re.findall(r"\b\d+\b", other)
+            assert re.sub(r"\b\d+\b", "#", mine) == re.sub(r"\b\d+\b", "#", other), (mine, other)
+            deltas = {int(x) - int(y) for x, y in zip(a, b) if x != y}
+            assert deltas in ({IDESC_E2M1 << IDESC_B_FORMAT_SHIFT}, {-s.tile_n * s.tile_k // 2}), (mine, other)
+            kinds |= deltas
+        assert kinds == {IDESC_E2M1 << IDESC_B_FORMAT_SHIFT, -s.tile_n * s.tile_k // 2}, procedural_name(s)
 
 
 @pytest.mark.slow
@@ -227,3 +258,32 @@ def test_per_row_sfb_runs_only_on_the_block_scaled_mma(on_gpu):
     on_gpu(H200)
     with pytest.raises(InputError, match="'sfb' is per row.*this GPU's catalogue has none"):
         fp8_ops._call_scale(ue8m0, True, 0, "")
+
+
+@pytest.mark.slow
+def test_fp4_weights_run_only_on_the_fp4_block_scaled_kernels(on_gpu):
+    """FP4 ``b`` chooses among the block-scaled kernels with e2m1 B on Blackwell, FP8 ``b`` among
+    those with e4m3 B; a forced kernel of the other B is refused, and so is FP4 on Hopper."""
+    torch = pytest.importorskip("torch")
+    from cutegen.runtime import fp8_ops
+    from cutegen.runtime.errors import InputError
+
+    ue8m0 = torch.zeros(4, 1, dtype=torch.int32)
+    assert fp8_ops.b_dtype_of(torch.zeros(8, 64, dtype=torch.uint8)) == "e2m1"
+    assert fp8_ops.b_dtype_of(torch.zeros(8, 128, dtype=torch.float8_e4m3fn)) == "e4m3"
+    ops = on_gpu(B200)
+    assert fp8_ops._call_scale(ue8m0, True, 0, "", "e2m1") == "mx"
+    fp4 = ops.runnable_kernels("fp8_gemm_nt", scale="mx", b_dtype="e2m1")
+    fp8 = ops.runnable_kernels("fp8_gemm_nt", scale="mx", b_dtype="e4m3")
+    assert fp4 and all("_e4m3_e2m1_" in n for n in fp4) and fp8 and all("_e4m3_e4m3_" in n for n in fp8)
+    for m, n, k in ((1, 2112, 7168), (4096, 7168, 16384)):
+        assert ops.choose_kernel("fp8_gemm_nt", m, n, k, scale="mx", b_dtype="e2m1") in fp4
+        assert ops.choose_kernel("fp8_gemm_nt", m, n, k, scale="mx", b_dtype="e4m3") in fp8
+    with pytest.raises(InputError, match="whose B is e4m3, but the B passed is e2m1"):
+        ops.forced_manifest("fp8_gemm_nt", fp8[0], "mx", "e2m1")
+    promoting = ops.runnable_kernels("fp8_gemm_nt", scale="ue8m0")[0]
+    with pytest.raises(InputError, match=f"'b' holds FP4.*kernel {promoting} does not"):
+        fp8_ops._call_scale(ue8m0, True, 0, promoting, "e2m1")
+    on_gpu(H200)
+    with pytest.raises(InputError, match="'b' holds FP4.*this GPU's catalogue has none"):
+        fp8_ops._call_scale(ue8m0, True, 0, "", "e2m1")

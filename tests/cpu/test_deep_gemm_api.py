@@ -159,6 +159,12 @@ def _fp8(*shape):
                                 torch.empty(4, 8)), NotImplementedError, "fp32 D or C with packed UE8M0"),
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1, dtype=torch.int32)),
                                 torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, r"8 rows under recipe \(1, 1, 128\)"),
+        (lambda: dg.fp8_fp4_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)),
+                                    (torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 1, dtype=torch.int32)),
+                                    torch.empty(4, 8, dtype=torch.bfloat16)), NotImplementedError, r"recipe_b=\(1, 32\)"),
+        (lambda: dg.fp8_fp4_gemm_nt((_fp8(4, 128), torch.ones(4, 1)), (torch.zeros(8, 64, dtype=torch.int8), torch.ones(8, 1)),
+                                    torch.empty(4, 8, dtype=torch.bfloat16), recipe_a=(1, 128), recipe_b=(1, 32)),
+         NotImplementedError, "torch.float32 scales with FP4"),
         (lambda: dg.m_grouped_fp8_gemm_nt_masked((_fp8(2, 4, 128), torch.ones(2, 4, 1, dtype=torch.int32)),
                                                  (_fp8(2, 8, 128), torch.ones(2, 8, 1, dtype=torch.int32)),
                                                  torch.empty(2, 4, 8, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32), 4),
@@ -179,7 +185,7 @@ def _fp8(*shape):
         (lambda: dg.fp8_mqa_logits(), NotImplementedError, "fp8_mqa_logits"),
         (lambda: dg.fp8_einsum("bhr,hdr->bhd"), NotImplementedError, "einsum"),
     ],
-    ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-mixed", "ue8m0-fp32-d", "ue8m0-sfb-rows",
+    ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-mixed", "ue8m0-fp32-d", "ue8m0-sfb-rows", "fp4-default-recipe", "fp4-fp32-scales",
          "ue8m0-grouped", "not-a-tuple", "psum-hint",
          "k-not-aligned", "k-psum", "bf16-fp32-d", "mqa", "einsum"],
 )
@@ -233,3 +239,20 @@ def test_packed_ue8m0_scales_reach_the_runtime_in_its_layout(monkeypatch):
     blocks = torch.arange(4, dtype=torch.int32).view(2, 2)
     dg.fp8_gemm_nt((_fp8(m, k), sfa), (_fp8(n, k), blocks.t().contiguous().t()), d, recipe=(1, 128, 128))
     assert seen["sfb"].is_contiguous() and torch.equal(seen["sfb"], blocks)
+
+
+def test_fp8_fp4_call_reaches_the_runtime_with_fp4_b(monkeypatch):
+    """DeepGEMM's FP8 x FP4 call (packed e2m1 B, recipe_a (1, 128), recipe_b (1, 32), packed UE8M0
+    scales) reaches `fp8_ops.fp8_gemm_nt` with B as given and both scales MN-major TMA-aligned."""
+    from cutegen.deep_gemm import gemm
+
+    seen = {}
+    monkeypatch.setattr(gemm.fp8_ops, "fp8_gemm_nt", lambda qa, sfa, qb, sfb, out: seen.update(qb=qb, sfa=sfa, sfb=sfb))
+    m, n, k = 3, 136, 512
+    qb = torch.zeros(n, k // 2, dtype=torch.int8)
+    sfa = torch.arange(m, dtype=torch.int32).view(m, 1)
+    sfb = torch.arange(n * 4, dtype=torch.int32).view(n, 4)
+    dg.fp8_fp4_gemm_nt((_fp8(m, k), sfa), (qb, sfb), torch.empty(m, n, dtype=torch.bfloat16),
+                       recipe_a=(1, 128), recipe_b=(1, 32))
+    assert seen["qb"] is qb and torch.equal(seen["sfb"], sfb) and seen["sfb"].stride() == (1, 136)
+    assert torch.equal(seen["sfa"], sfa)

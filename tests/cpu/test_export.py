@@ -214,7 +214,7 @@ def python_reference(manifest: KernelManifest, problem: dict[str, Any], sm_count
             if p.binding["kind"] == "tma":
                 info = normalized[p.binding["operand"]]
                 tma[p.name] = tma_args_from_binding(
-                    p.binding, info.shape, info.strides, info.elem_bytes, info.ptr, p.binding["operand"]
+                    p.binding, info.shape, info.strides, info.elem_bits, info.ptr, p.binding["operand"]
                 )
         return {"kind": "launch", "grid": grid, "tma": tma, "env": env, "normalized": normalized}
     except InputError as exc:
@@ -733,12 +733,13 @@ def per_op_export(tmp_path_factory) -> dict[str, Any]:
 SIZES = [1000, 1536, 2048, 56, 12, 7, 3, 5, 9]
 
 
-def packed_strides(shape: list[int], contiguous_mode: int, elem: int, pad: bool = True) -> list[int]:
-    """Strides of a dense layout, the contiguous mode first; with ``pad``, its rows padded to 16 bytes."""
+def packed_strides(shape: list[int], contiguous_mode: int, bits: int, pad: bool = True) -> list[int]:
+    """Strides of a dense layout, the contiguous mode first; with ``pad``, its rows padded to 16
+    bytes (FP4: 32, its TMA type's rule)."""
     rank = len(shape)
     order = [contiguous_mode if contiguous_mode >= 0 else rank - 1]
     order += [m for m in reversed(range(rank)) if m not in order]
-    gran = max(1, 16 // elem) if pad else 1
+    gran = max(1, (256 if bits == 4 else 128) // bits) if pad else 1
     strides, acc = [0] * rank, 1
     for i, m in enumerate(order):
         strides[m] = acc
@@ -769,13 +770,13 @@ def generic_problems(manifest: KernelManifest) -> list[dict[str, Any]]:
 def problem_of(manifest: KernelManifest, ext: dict[str, int], scalars: dict[str, Any], misaligned: bool = False) -> dict:
     """Extents, scalars, addresses and strides of operands laid out packed (rows padded to 16
     bytes unless the kernel reads the operand as a packed array)."""
-    from cutegen.runtime.params import DTYPE_BYTES
+    from cutegen.runtime.params import DTYPE_BITS
 
     problem: dict[str, Any] = dict(ext)
     for i, spec in enumerate(manifest.operands):
         problem[spec.name] = 0x10000000 * (i + 1) + (8 if misaligned and i == 0 else 0)
         shape = [int(s) if str(s).isdigit() else ext[s] for s in spec.shape]
-        strides = packed_strides(shape, spec.contiguous_mode, DTYPE_BYTES[spec.dtype], pad=not spec.packed)
+        strides = packed_strides(shape, spec.contiguous_mode, DTYPE_BITS[spec.dtype], pad=not spec.packed)
         for mode in range(len(shape)):
             if mode != spec.contiguous_mode:
                 problem[_stride_arg_name(spec.name, len(shape), mode, spec.contiguous_mode)] = strides[mode]
@@ -823,6 +824,63 @@ def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, ar
         kinds.append(python_reference(manifest, problem, 132, 66)["kind"])
         assert_matches_python(manifest, seg, problem, 132, 66)
     assert kinds[0] == "launch" and kinds[3] == "error", kinds
+
+
+FP4_KERNEL = "cutegen_sm100a_fp8gemm_e4m3_e2m1_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8"
+
+
+@pytest.mark.slow  # compiles the kernel
+def test_c_launcher_abi_selfcheck_fp4_operand(toolchain, tmp_path_factory, tmp_path):
+    """The FP8 x FP4 kernel through the C launcher: FP4 B's extents and strides are counted in
+    elements and its descriptor has the 16U4_ALIGN16B type (14), as in Python; what that type
+    cannot load (K not a multiple of 128, a row stride off 32 bytes, a base off 32 bytes) is
+    refused by both."""
+    pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+    from cutegen.gen.build import build_schedules
+    from cutegen.schedules import parse_name
+
+    root = tmp_path_factory.mktemp("fp4")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
+    try:
+        report = build_schedules([parse_name(FP4_KERNEL)], root / "build", jobs=1, progress=False)
+    finally:
+        mp.undo()
+    assert report.ok, report.summary()
+    export_kernels(root / "build", [FP4_KERNEL], root / "export")
+    manifest = KernelManifest.from_json((root / "export" / FP4_KERNEL / "manifest.json").read_text())
+    assert manifest.operand("b").dtype == "e2m1" and manifest.operand("b").align_bytes == 32
+    view = kernel_view(manifest)
+    exe = build_driver(toolchain, root / "export", FP4_KERNEL, tmp_path)
+
+    def problem(m, n, k, **change):
+        ext = {"M": m, "N": n, "K": k, "SA": 0, "SB": 0}
+        satisfy_requirements(manifest, ext, {})
+        return {**problem_of(manifest, ext, {}), **change}
+
+    plain = problem(1000, 776, 640)
+    stride_b = _stride_arg_name("b", 2, 0, 1)
+    assert plain[stride_b] == 640
+    problems = [
+        plain,
+        {**plain, stride_b: 640 + 64},  # rows padded by 32 bytes
+        problem(1, 128, 128),
+        problem(300, 256, 576),  # K not a whole number of 128-element FP4 rows
+        {**plain, stride_b: 640 + 16},  # a row stride of 328 bytes
+        {**plain, "b": plain["b"] + 16},  # a base 16 bytes off 32
+    ]
+    args = [str(root / "export")] + [x for pr in problems for x in problem_args(view, pr)]
+    rc, records = run_records(exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC["sm_100a"]})
+    assert rc == 0, records
+    segs = segments(records)
+    assert len(segs) == len(problems)
+    kinds = [python_reference(manifest, pr, 132, 66)["kind"] for pr in problems]
+    assert kinds == ["launch"] * 3 + ["error"] * 3, kinds
+    for pr, seg in zip(problems, segs):
+        assert_matches_python(manifest, seg, pr, 132, 66)
+    encodes = [r for r in segs[0] if r["call"] == "cuTensorMapEncodeTiled"]
+    assert [r["dtype"] for r in encodes] == [0, 14, 9]  # e4m3 (as u8), FP4 unpacked, bf16
+    assert encodes[1]["dims"] == [640, 776] and encodes[1]["strides"] == [320]
 
 
 def faulty_problems(manifest: KernelManifest) -> list[tuple[str, str, dict[str, Any]]]:

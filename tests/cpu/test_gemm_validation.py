@@ -22,6 +22,12 @@ def fp8(*shape):
     return torch.empty(*shape, dtype=E4M3, device="cuda")
 
 
+def fp4(*shape_and_dtype):
+    """Packed FP4 weights: two e2m1 per byte."""
+    *shape, dtype = shape_and_dtype if isinstance(shape_and_dtype[-1], torch.dtype) else (*shape_and_dtype, torch.uint8)
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
 def mn_major(rows, cols, dtype=torch.float32):
     """[rows, cols] with strides (1, align(rows, 4)): MN-major and TMA-aligned (fp32 scales, or
     int32 words of packed UE8M0 scales)."""
@@ -71,6 +77,9 @@ def test_valid_operands():
         # ... and DeepGEMM's SM100 sfb: per row of B, MN-major and TMA-aligned (block-scaled kernels)
         assert dense(sfa=mn_major(M, KW, I32), sfb=mn_major(N, KW, I32)) == (M, N, K)
         assert dense(b=fp8(1, K), sfa=mn_major(M, KW, I32), sfb=mn_major(1, KW, I32)) == (M, 1, K)
+        # FP8 x FP4: packed e2m1 B [N, K/2], UE8M0 per 1x128 of A and per 1x32 of B, per row
+        assert dense(b=fp4(N, K // 2), sfa=mn_major(M, KW, I32), sfb=mn_major(N, K // 128, I32)) == (M, N, K)
+        assert dense(b=fp4(N, K // 2, torch.int8), sfa=mn_major(M, KW, I32), sfb=mn_major(N, K // 128, I32)) == (M, N, K)
         # K not a multiple of 128: the last scale block is partial (K = 576: 5 scale blocks)
         assert dense(a=fp8(M, 576), b=fp8(N, 576), sfa=mn_major(M, 5), sfb=torch.empty(NB, 5, device="cuda")) == (M, N, 576)
         assert wgrad() == (M, N, K)
@@ -98,6 +107,15 @@ BAD = [
                             "sfb": torch.empty(N, 2, dtype=I32, device="cuda")}),  # per row, row-major
     (dense, "sfb", lambda: {"sfa": mn_major(M, KW, I32), "sfb": mn_major(N, KW + 1, I32)}),
     (dense, "sfb", lambda: {"sfb": mn_major(N, KB)}),  # fp32 scales are per 128x128 block only
+    (dense, "b", lambda: {"b": fp4(N, K), "sfa": mn_major(M, KW, I32), "sfb": mn_major(N, K // 128, I32)}),  # K bytes, not K/2
+    (dense, "a", lambda: {"a": fp8(M, 576), "b": fp4(N, 288), "sfa": mn_major(M, 2, I32),
+                          "sfb": mn_major(N, 5, I32)}),  # FP4 needs K % 128 == 0
+    (dense, "b", lambda: {"b": torch.empty_strided((N, K // 2), (K // 2 + 16, 1), dtype=torch.uint8, device="cuda"),
+                          "sfa": mn_major(M, KW, I32), "sfb": mn_major(N, K // 128, I32)}),  # rows not 32-byte
+    (dense, "sfa", lambda: {"b": fp4(N, K // 2), "sfb": mn_major(N, K // 128, I32)}),  # fp32 sfa with FP4
+    (dense, "sfb", lambda: {"b": fp4(N, K // 2), "sfa": mn_major(M, KW, I32), "sfb": mn_major(N, KW, I32)}),  # per 1x128
+    (dense, "sfb", lambda: {"b": fp4(N, K // 2), "sfa": mn_major(M, KW, I32),
+                            "sfb": torch.empty(N, K // 128, dtype=I32, device="cuda")}),  # row-major
     (dense, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
     (dense, "out", lambda: {"out": torch.empty(M, N + 8, dtype=torch.bfloat16, device="cuda")}),
     (wgrad, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),  # 128x128 blocks, not per row

@@ -138,3 +138,28 @@ def test_per_row_sfb_is_read_row_by_row():
     for r in (0, 1, 127, 128, 259):
         for v in range(k // 32):
             assert int(b_vec[r, v]) == int(mx.float_to_ue8m0(rows[r, v // 4 : v // 4 + 1]))
+
+
+def test_fp8_fp4_operands_give_the_dequantized_product():
+    """FP8 x FP4 as `fp8_gemm_nt` takes it (A e4m3 with 1x128 UE8M0 scales; B packed e2m1 with
+    1x32 UE8M0 scales per row, both DeepGEMM's packed MN-major layout) becomes blocked operands
+    whose float64 product (what the block-scaled MMA accumulates) equals the product of the
+    dequantized inputs computed element by element."""
+    m, n, k = 5, 140, 256
+    g = torch.Generator().manual_seed(13)
+    a = (torch.randn(m, k, generator=g) * 3).to(torch.float8_e4m3fn)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32).to(torch.uint8)
+    packed = mx.pack_e2m1(codes)
+    assert packed.shape == (n, k // 2) and torch.equal(mx.unpack_e2m1(packed), codes)
+    sa = 2.0 ** torch.randint(-6, 6, (m, k // 128), generator=g).float()
+    sb = 2.0 ** torch.randint(-6, 6, (n, k // 32), generator=g).float()
+    sfa_blocked, sfb_blocked = mx.mx_scale_operands(pack_ue8m0(sa), pack_ue8m0(sb), m, n, k,
+                                                    sfb_per_row=True, sfb_granularity=32)
+    assert sfb_blocked.numel() == 2 * (k // 128) * 512
+    sfa_vec = mx.from_blocked(sfa_blocked, m, k // 32)
+    sfb_vec = mx.from_blocked(sfb_blocked, n, k // 32)
+    assert torch.equal(sfb_vec, mx.float_to_ue8m0(sb))
+    d = mx.mx_gemm_ref(a, sfa_vec, mx.e2m1_to_float(mx.unpack_e2m1(packed)), sfb_vec)
+    b_values = mx.e2m1_to_float(codes).double()
+    want = (a.double() * sa.double().repeat_interleave(128, dim=1)) @ (b_values * sb.double().repeat_interleave(32, dim=1)).T
+    assert torch.equal(d, want)

@@ -19,7 +19,8 @@ def test_layouts_that_overlap_themselves():
     assert overlaps_itself((4, 8), (0, 1)) and not overlaps_itself((1, 8), (0, 1))  # broadcast rows, unless one
     assert not overlaps_itself((5, 3), (1, 8))  # MN-major scales with padded columns
     assert overlaps_itself((5, 3), (1, 4))
-    assert byte_span((4, 8), (16, 1), 2) == (1 + 3 * 16 + 7) * 2 and byte_span((0, 8), (8, 1), 2) == 0
+    assert byte_span((4, 8), (16, 1), 16) == (1 + 3 * 16 + 7) * 2 and byte_span((0, 8), (8, 1), 16) == 0
+    assert byte_span((2, 128), (128, 1), 4) == 128  # FP4: half a byte each
 
 
 def test_output_checks_name_the_arguments():

@@ -263,7 +263,7 @@ def test_tma_args_for_k_major_a_with_multicast_box():
     # A [M=1000, K=512] bf16, K-major; a 256x64 smem tile multicast over 2 CTAs: the generator
     # cuts the box from the last TMA dimension, (64, 256) -> (64, 128), and writes that box.
     binding = tma("a", [64, 128])
-    args = tma_args_from_binding(binding, (1000, 512), (512, 1), 2, 0x7F00_0000_0000, "a")
+    args = tma_args_from_binding(binding, (1000, 512), (512, 1), 16, 0x7F00_0000_0000, "a")
     assert args == TmaArgs(
         dtype="bf16",
         rank=2,
@@ -282,7 +282,7 @@ def test_tma_args_for_k_major_a_with_multicast_box():
 
 def test_tma_args_rank3_with_batch_mode():
     binding = {**tma("a", [64, 128, 1], modes=(1, 0, 2))}
-    args = tma_args_from_binding(binding, (256, 128, 3), (128, 1, 256 * 128), 2, 0x1000, "a")
+    args = tma_args_from_binding(binding, (256, 128, 3), (128, 1, 256 * 128), 16, 0x1000, "a")
     assert args.global_dims == (128, 256, 3)
     assert args.global_strides == (256, 256 * 128 * 2)
 
@@ -298,7 +298,7 @@ def test_tma_args_rank3_with_batch_mode():
 )
 def test_tma_args_refuse_bad_operands_naming_them(shape, strides, ptr, match):
     with pytest.raises(InputError, match=match) as info:
-        tma_args_from_binding(tma("a", [64, 128]), shape, strides, 2, ptr, "a")
+        tma_args_from_binding(tma("a", [64, 128]), shape, strides, 16, ptr, "a")
     assert "'a'" in str(info.value)
 
 

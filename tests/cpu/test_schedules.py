@@ -198,6 +198,7 @@ CRAFTED.update({
         (bwbad(scale=ScaleFormat.MX, cluster_m=2, multicast=Multicast.B), "cluster"),
         (bwbad(scale=ScaleFormat.MX, tile_n=64), "tile_n"),
     ],
+    "fp4_on_block_scaled_mma": [(bwbad(b_dtype=DType.E2M1), "scale")],
     "contiguous_single_cta_mma": [
         (bwbad(op=Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, cluster_m=2, multicast=Multicast.B), "cluster_m")
     ],
