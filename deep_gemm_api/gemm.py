@@ -12,6 +12,7 @@ matching `cutegen.runtime` op:
 | `fp8_fp4_gemm_nt` (= `fp8_gemm_nt`), packed FP4 B, recipe_a (1, 128), recipe_b (1, 32): bf16 D, no C | `fp8_ops.fp8_gemm_nt` with FP4 `b` (Blackwell) |
 | `m_grouped_fp8_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`) | `grouped_ops.m_grouped_fp8_gemm_nt_contiguous` |
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
+| the M-grouped GEMMs with packed UE8M0 scales or FP4 experts (DeepGEMM's SM100 forms) | the same ops on the block-scaled kernels (Blackwell) |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
 | `bf16_gemm_nt`, bf16 D, no C | `ops.bf16_gemm_nt` |
 
@@ -217,6 +218,32 @@ def fp8_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, comp
 fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 
 
+def _grouped_operands(function: str, a: Any, b: Any, recipe: Any, recipe_a: Any, recipe_b: Any) -> tuple:
+    """(qa, sfa, qb, sfb) of an M-grouped call in the layouts `grouped_ops` takes: fp32 scales
+    (recipe (1, 128, 128)); or DeepGEMM's SM100 forms, packed UE8M0 scales with FP8 experts
+    (recipe (1, 1, 128) by default: SFB [G, N, ⌈K/512⌉] per row; (1, 128, 128): [G, ⌈N/128⌉,
+    ⌈K/512⌉] per block) or with FP4 experts (recipe_a (1, 128), recipe_b (1, 32): SFB [G, N, K/128])."""
+    qa, sfa = operand_pair(function, "a", a, packed_ue8m0=True)
+    qb, sfb = operand_pair(function, "b", b, packed_ue8m0=True, fp4=True)
+    fp4 = fp8_ops.b_is_fp4(qb)
+    if not fp4 and torch.int32 not in (sfa.dtype, sfb.dtype):
+        if resolve(function, recipe, recipe_a, recipe_b) is not Recipe.BLOCK_1D2D:
+            raise unsupported(function, "recipe (1, 1, 128) with fp32 scales for the M-grouped GEMMs (cutegen's are the 1D2D kernel)")
+        return qa, to_mn_major_tma_aligned(sfa), qb, _contiguous(sfb)
+    if sfa.dtype != torch.int32 or sfb.dtype != torch.int32:
+        raise ValueError(f"deep_gemm.{function}: the scales of 'a' ({sfa.dtype}) and 'b' ({sfb.dtype}) must both be packed "
+                         "UE8M0 (torch.int32) with FP4 experts or packed scales")
+    if fp4:
+        pair = None if recipe_a is None or recipe_b is None else (tuple(recipe_a), tuple(recipe_b))
+        if recipe is not None or pair != FP4_RECIPE:
+            raise unsupported(function, f"FP4 'b' with recipe={recipe}, recipe_a={recipe_a}, recipe_b={recipe_b} (cutegen's "
+                                        f"FP8 x FP4 kernels take recipe_a={FP4_RECIPE[0]}, recipe_b={FP4_RECIPE[1]})")
+        per_row_b = True
+    else:
+        per_row_b = resolve(function, recipe, recipe_a, recipe_b, Recipe.PER_ROW_1D1D) is Recipe.PER_ROW_1D1D
+    return qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb) if per_row_b else _contiguous(sfb)
+
+
 def m_grouped_fp8_gemm_nt_contiguous(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
@@ -248,10 +275,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
         grouped_layout = m_indices
     if not isinstance(grouped_layout, torch.Tensor):
         raise TypeError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 CUDA tensor, got {type(grouped_layout).__name__}")
-    qa, sfa = operand_pair(function, "a", a)
-    qb, sfb = operand_pair(function, "b", b)
-    if resolve(function, recipe, recipe_a, recipe_b) is not Recipe.BLOCK_1D2D:
-        raise unsupported(function, "recipe (1, 1, 128) for the M-grouped GEMM (cutegen's are the 1D2D kernel)")
+    qa, sfa, qb, sfb = _grouped_operands(function, a, b, recipe, recipe_a, recipe_b)
     check_mk_alignment(function)
     m, k = _rows_cols(function, "a", qa, 2)
     g, n, _ = _rows_cols(function, "b", qb, 3)
@@ -268,9 +292,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
         row_groups = grouped_layout
     if m == 0:
         return
-    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(
-        qa, to_mn_major_tma_aligned(sfa), qb, _contiguous(sfb), row_groups, out=d, zero_padding=bool(ensure_zero_padding)
-    )
+    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sfb, row_groups, out=d, zero_padding=bool(ensure_zero_padding))
 
 
 m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
@@ -302,18 +324,13 @@ def m_grouped_fp8_gemm_nt_masked(
     computed (masked_m int32 [G] stays on the GPU: CUDA-graph capturable); ``expected_m`` guides the
     kernel choice only."""
     function = "m_grouped_fp8_gemm_nt_masked"
-    qa, sfa = operand_pair(function, "a", a)
-    qb, sfb = operand_pair(function, "b", b)
-    if resolve(function, recipe, recipe_a, recipe_b) is not Recipe.BLOCK_1D2D:
-        raise unsupported(function, "recipe (1, 1, 128) for the masked GEMM (cutegen's is the 1D2D kernel)")
+    qa, sfa, qb, sfb = _grouped_operands(function, a, b, recipe, recipe_a, recipe_b)
     g, max_m, _ = _rows_cols(function, "a", qa, 3)
     _, n, _ = _rows_cols(function, "b", qb, 3)
     _check_d(function, d, (g, max_m, n), (torch.bfloat16,))
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
         raise ValueError(f"deep_gemm.{function}: argument 'expected_m' must be a positive int, got {expected_m!r}")
-    grouped_ops.m_grouped_fp8_gemm_nt_masked(
-        qa, to_mn_major_tma_aligned(sfa), qb, _contiguous(sfb), masked_m, int(expected_m), out=d
-    )
+    grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sfb, masked_m, int(expected_m), out=d)
 
 
 m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked

@@ -19,6 +19,16 @@ What cannot be checked without a host synchronisation (and is not): that every v
 [0, G) (G + 5, -7, 2³¹ - 1) marks its row as padding, like -1: B and SFB are never read for it
 and its row of D is written as zeros (a block whose first row names no group is a padding block).
 
+**Blackwell's block-scaled kernels** (sm_100a, ``scale = "mx"``; compiled and checked only) take
+DeepGEMM's SM100 forms in both layouts: packed UE8M0 scales, ``sfa`` int32 [ΣM, ⌈K/512⌉] (masked:
+[G, max_m, ⌈K/512⌉]) per 1x128 of A, MN-major and TMA-aligned (per group), and ``sfb`` int32
+[G, N, ⌈K/512⌉] per row of each expert, MN-major and TMA-aligned per group (or [G, ⌈N/128⌉,
+⌈K/512⌉] contiguous per 128x128 block); with **FP4 experts**, ``b`` packed e2m1 [G, N, K/2]
+(uint8, int8 or float4_e2m1fn_x2; rows and groups 32-byte aligned) and ``sfb`` int32 [G, N, K/128]
+per 1x32. The scales are converted per call into the blocked layout those kernels read
+(`mx_reference.mx_grouped_scale_operands`) and such calls are not remembered; elsewhere (Hopper)
+packed scales are refused naming ``sfa``, FP4 experts naming ``b``.
+
 ``m_grouped_fp8_gemm_nt_masked(a, sfa, b, sfb, masked_m, expected_m, out=None)`` is DeepGEMM's
 decode layout: ``a`` [G, max_m, K] e4m3, ``sfa`` fp32 [G, max_m, K/128] (each group MN-major and
 TMA-aligned, groups back to back: `to_mn_major_tma_aligned` converts), ``b``/``sfb`` as above,
@@ -42,8 +52,10 @@ from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_extents, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .heuristics import CONTIGUOUS_OP as OP
-from .kernel_choice import kernel_for
+from .kernel_choice import kernel_for, runnable_kernels
 from .launch import launch
+from .mx_reference import mx_grouped_scale_operands
+from .params import OperandInfo
 from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out
 
 # Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.
@@ -81,35 +93,106 @@ def _fail(arg: str, what: str) -> InputError:
     return InputError(f"{OP}: argument '{arg}' {what}")
 
 
+# ---- the experts' weights and the packed UE8M0 scales (both layouts) ---------------------------
+def _check_b(fail, a: torch.Tensor, b: Any, k: int) -> tuple[int, int, bool]:
+    """B [G, N, K] e4m3, or packed FP4 [G, N, K/2] (two e2m1 per byte); returns (G, N, FP4)."""
+    if not isinstance(b, torch.Tensor):
+        raise fail("b", f"must be a torch.Tensor, got {type(b).__name__}")
+    fp4 = fp8_ops.b_is_fp4(b)
+    if b.device != a.device or not (fp4 or b.dtype == torch.float8_e4m3fn) or b.dim() != 3:
+        raise fail("b", f"must be a float8_e4m3fn [G, N, K] (or packed FP4 [G, N, K/2]) tensor on {a.device}, "
+                        f"got {b.dtype} {list(b.shape)} on {b.device}")
+    g, n, kb = b.shape
+    if (2 * kb if fp4 else kb) != k:
+        raise fail("b", f"must have K = a's K = {k}{' / 2 bytes (FP4)' if fp4 else ''}, got shape {list(b.shape)}")
+    align = fp8_ops.FP4_ALIGN_BYTES if fp4 else 16
+    if b.stride(2) != 1 or (n > 1 and b.stride(1) % align) or (g > 1 and b.stride(0) % align):
+        raise fail("b", f"must be contiguous along K with {align}-byte aligned row and group strides, got strides {list(b.stride())}")
+    return g, n, fp4
+
+
+def _check_packed_scales(fail, device: Any, sfa: Any, sfb: Any, a_rows: tuple[int, ...], g: int, n: int, k: int,
+                         fp4: bool) -> None:
+    """Packed UE8M0 scales (DeepGEMM's SM100 layouts), applied by the MMA: ``sfa`` int32
+    [*a_rows, ⌈K/512⌉] per 1x128 of A, MN-major and TMA-aligned (per group); ``sfb`` int32
+    [G, N, ⌈K/512⌉] per row of each expert (FP4 weights: [G, N, K/128], per 1x32), MN-major and
+    TMA-aligned per group, or [G, ⌈N/128⌉, ⌈K/512⌉] contiguous per 128x128 block (FP8 only)."""
+    words = fp8_ops.ceil_div(fp8_ops.ceil_div(k, fp8_ops.SCALE_BLOCK), fp8_ops.UE8M0_PER_WORD)
+    for arg, t in (("sfa", sfa), ("sfb", sfb)):
+        if not isinstance(t, torch.Tensor) or t.device != device or t.dtype != torch.int32:
+            raise fail(arg, f"must be packed UE8M0 scales (torch.int32) on {device} with FP4 'b' or packed 'sfa'/'sfb', "
+                            f"got {getattr(t, 'dtype', type(t).__name__)}")
+    if tuple(sfa.shape) != (*a_rows, words) or not fp8_ops.is_mn_major_tma_aligned(sfa):
+        raise fail("sfa", f"must be int32 {[*a_rows, words]} (packed UE8M0 per 1x128 of A), MN-major and TMA-aligned, "
+                          f"got shape {list(sfa.shape)} strides {list(sfa.stride())}")
+    b_words = k // fp8_ops.FP4_SCALE_VEC // fp8_ops.UE8M0_PER_WORD if fp4 else words
+    if tuple(sfb.shape) == (g, n, b_words) and fp8_ops.is_mn_major_tma_aligned(sfb):
+        return
+    if not fp4 and tuple(sfb.shape) == (g, fp8_ops.ceil_div(n, fp8_ops.SCALE_BLOCK), words) and sfb.is_contiguous():
+        return
+    what = "[G, N, K/128] per 1x32 of each FP4 expert" if fp4 else "[G, N, ceil(K/512)] per row of each expert"
+    raise fail("sfb", f"must be int32 {what} ({[g, n, b_words]}), MN-major and TMA-aligned per group"
+                      f"{'' if fp4 else ', or [G, ceil(N/128), ceil(K/512)] contiguous per 128x128 block'}, "
+                      f"got shape {list(sfb.shape)} strides {list(sfb.stride())}")
+
+
+def _packed(sfa: Any, sfb: Any, b: Any) -> bool:
+    """Whether a grouped call takes the block-scaled kernels: packed UE8M0 scales or FP4 weights."""
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.int32 for t in (sfa, sfb)) or fp8_ops.b_is_fp4(b)
+
+
+def _scale_for_call(op: str, fail, packed: bool, b_dtype: str, device: int, forced: str) -> str:
+    """The schedule scale format of the kernels a grouped call may run: "f32", or "mx" for packed
+    UE8M0 scales, refused naming the argument where no such kernel runs."""
+    if not packed:
+        return "f32"
+    if forced or runnable_kernels(op, device, "mx", b_dtype):
+        return "mx"
+    if b_dtype == "e2m1":
+        arg, what, key = "b", "holds FP4 (e2m1) weights", "scale mx, b_dtype e2m1"
+    else:
+        arg, what, key = "sfa", "holds packed UE8M0 (int32) scales", "scale mx"
+    raise fail(arg, f"{what}: only kernels whose tensor cores apply the scales ({key}, sm_100a) take them, "
+                    "and this GPU's catalogue has none")
+
+
+def _mx_operands(operands: dict, sfa, b, sfb, k: int) -> None:
+    """The block-scaled kernels' operands in place of the caller's: the blocked scale bytes, and
+    FP4 B counted in elements."""
+    fp4 = fp8_ops.b_is_fp4(b)
+    per_row = fp4 or sfb.shape[1] == b.shape[1] and not (b.shape[1] == 1 and sfb.is_contiguous())
+    operands["sfa"], operands["sfb"] = mx_grouped_scale_operands(
+        sfa, sfb, k, fp8_ops.FP4_SCALE_VEC if fp4 else fp8_ops.SCALE_BLOCK, per_row
+    )
+    if fp4:
+        g, n, _ = b.shape
+        operands["b"] = OperandInfo(b.data_ptr(), (g, n, k), (2 * b.stride(0), 2 * b.stride(1), 1), "e2m1")
+
+
 def _check_meta(a, sfa, b, sfb, m_indices, out) -> tuple[int, int, int, int]:
     """Everything checkable without data; returns (ΣM, N, K, G)."""
     check_matrix(OP, "a", a, None, torch.float8_e4m3fn, fp8_ops.FP8_ROW_ALIGN_ELEMS)
     m, k = a.shape
-    if not isinstance(b, torch.Tensor):
-        raise _fail("b", f"must be a torch.Tensor, got {type(b).__name__}")
-    if b.device != a.device or b.dtype != torch.float8_e4m3fn or b.dim() != 3:
-        raise _fail("b", f"must be a float8_e4m3fn [G, N, K] tensor on {a.device}, got {b.dtype} {list(b.shape)} on {b.device}")
-    g, n, kb = b.shape
-    if kb != k:
-        raise _fail("b", f"must have K = a.shape[1] = {k}, got shape {list(b.shape)}")
-    if b.stride(2) != 1 or (n > 1 and b.stride(1) % 16) or (g > 1 and b.stride(0) % 16):
-        raise _fail("b", f"must be contiguous along K with 16-byte aligned row and group strides, got strides {list(b.stride())}")
+    g, n, fp4 = _check_b(_fail, a, b, k)
     if k % fp8_ops.SCALE_BLOCK:
         raise _fail("a", f"must have K a multiple of 128 (one scale per 128 along K), got K = {k}")
     if m % M_ALIGNMENT:
         raise _fail("a", f"must have ΣM a multiple of {M_ALIGNMENT} (each group's segment is aligned), got {m} rows")
     k_blocks, n_blocks = k // fp8_ops.SCALE_BLOCK, fp8_ops.ceil_div(n, fp8_ops.SCALE_BLOCK)
-    for arg, t in (("sfa", sfa), ("sfb", sfb)):
-        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
-            raise _fail(arg, f"must be a torch.float32 tensor on {a.device}, got {getattr(t, 'dtype', type(t).__name__)}")
-    if tuple(sfa.shape) != (m, k_blocks) or not fp8_ops.is_mn_major_tma_aligned(sfa):
-        raise _fail(
-            "sfa",
-            f"must be [ΣM, K/128] = [{m}, {k_blocks}] with strides (1, {fp8_ops.tma_aligned_rows(m)}) "
-            f"(MN-major, TMA-aligned; see to_mn_major_tma_aligned), got shape {list(sfa.shape)} strides {list(sfa.stride())}",
-        )
-    if tuple(sfb.shape) != (g, n_blocks, k_blocks) or not sfb.is_contiguous():
-        raise _fail("sfb", f"must be a contiguous [G, ceil(N/128), K/128] = [{g}, {n_blocks}, {k_blocks}] tensor, got {list(sfb.shape)}")
+    if _packed(sfa, sfb, b):
+        _check_packed_scales(_fail, a.device, sfa, sfb, (m,), g, n, k, fp4)
+    else:
+        for arg, t in (("sfa", sfa), ("sfb", sfb)):
+            if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
+                raise _fail(arg, f"must be a torch.float32 tensor on {a.device}, got {getattr(t, 'dtype', type(t).__name__)}")
+        if tuple(sfa.shape) != (m, k_blocks) or not fp8_ops.is_mn_major_tma_aligned(sfa):
+            raise _fail(
+                "sfa",
+                f"must be [ΣM, K/128] = [{m}, {k_blocks}] with strides (1, {fp8_ops.tma_aligned_rows(m)}) "
+                f"(MN-major, TMA-aligned; see to_mn_major_tma_aligned), got shape {list(sfa.shape)} strides {list(sfa.stride())}",
+            )
+        if tuple(sfb.shape) != (g, n_blocks, k_blocks) or not sfb.is_contiguous():
+            raise _fail("sfb", f"must be a contiguous [G, ceil(N/128), K/128] = [{g}, {n_blocks}, {k_blocks}] tensor, got {list(sfb.shape)}")
     if not isinstance(m_indices, torch.Tensor) or m_indices.device != a.device:
         raise _fail("m_indices", f"must be a tensor on {a.device}")
     if m_indices.dtype != torch.int32 or tuple(m_indices.shape) != (m,) or (m > 1 and m_indices.stride(0) != 1):
@@ -130,21 +213,26 @@ def _run(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> Any
         if out.numel() and zero_padding:
             out.zero_()
         return None
-    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
-        check_aligned(OP, arg, t)
+    packed = _packed(sfa, sfb, b)
+    b_dtype = fp8_ops.b_dtype_of(b)
+    for arg, t in (("a", a), ("sfa", None if packed else sfa), ("b", b), ("out", out)):
+        check_aligned(OP, arg, t, fp8_ops.FP4_ALIGN_BYTES if arg == "b" and b_dtype == "e2m1" else 16)
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP, m, n, k, device, kernel)
+        scale = _scale_for_call(OP, _fail, packed, b_dtype, device, kernel)
+        loaded = kernel_for(OP, m, n, k, device, kernel, scale, b_dtype=b_dtype)
         names = sorted(s.name for s in loaded.manifest.operands)
         if names != sorted(_CALL_OPERANDS):
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP}")
         stream = current_stream(a)
-        prepared = launch(
-            loaded,
-            {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "m_indices": m_indices},
-            extents={"ZERO_PADDING": 1 if zero_padding else 0},
-            stream=stream,
-        )
+        operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "m_indices": m_indices}
+        extents = {"ZERO_PADDING": 1 if zero_padding else 0}
+        if packed:
+            # Scales converted per call into the blocked layout: nothing is remembered.
+            _mx_operands(operands, sfa, b, sfb, k)
+            launch(loaded, operands, extents=extents, stream=stream)
+            return None
+        prepared = launch(loaded, operands, extents=extents, stream=stream)
     return Launched(loaded, prepared, _CALL_OPERANDS)
 
 
@@ -229,34 +317,35 @@ def _fail_masked(arg: str, what: str) -> InputError:
 
 def _check_masked(a, sfa, b, sfb, masked_m, out) -> tuple[int, int, int, int]:
     """Everything checkable without data; returns (G, max_m, N, K)."""
-    for arg, t, rank, dtype in (("a", a, 3, torch.float8_e4m3fn), ("b", b, 3, torch.float8_e4m3fn)):
-        if not isinstance(t, torch.Tensor):
-            raise _fail_masked(arg, f"must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda" or t.dtype != dtype or t.dim() != rank:
-            raise _fail_masked(arg, f"must be a {dtype} CUDA tensor of rank {rank}, got {t.dtype} {list(t.shape)} on {t.device}")
-        if t.stride(2) != 1 or any(t.shape[i] > 1 and t.stride(i) % 16 for i in (0, 1)):
-            raise _fail_masked(arg, f"must be contiguous along K with 16-byte aligned strides, got {list(t.stride())}")
-        check_extents(OP_MASKED, arg, t)
+    if not isinstance(a, torch.Tensor):
+        raise _fail_masked("a", f"must be a torch.Tensor, got {type(a).__name__}")
+    if a.device.type != "cuda" or a.dtype != torch.float8_e4m3fn or a.dim() != 3:
+        raise _fail_masked("a", f"must be a torch.float8_e4m3fn CUDA tensor of rank 3, got {a.dtype} {list(a.shape)} on {a.device}")
+    if a.stride(2) != 1 or any(a.shape[i] > 1 and a.stride(i) % 16 for i in (0, 1)):
+        raise _fail_masked("a", f"must be contiguous along K with 16-byte aligned strides, got {list(a.stride())}")
+    check_extents(OP_MASKED, "a", a)
     g, max_m, k = a.shape
-    gb, n, kb = b.shape
-    if b.device != a.device:
-        raise _fail_masked("b", f"must be on {a.device}, got {b.device}")
-    if gb != g or kb != k:
+    gb, n, fp4 = _check_b(_fail_masked, a, b, k)
+    check_extents(OP_MASKED, "b", b)
+    if gb != g:
         raise _fail_masked("b", f"must be [G, N, K] with G = {g} and K = {k}, got {list(b.shape)}")
     if k % fp8_ops.SCALE_BLOCK:
         raise _fail_masked("a", f"must have K a multiple of 128, got K = {k}")
     k_blocks, n_blocks = k // fp8_ops.SCALE_BLOCK, fp8_ops.ceil_div(n, fp8_ops.SCALE_BLOCK)
-    for arg, t in (("sfa", sfa), ("sfb", sfb)):
-        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
-            raise _fail_masked(arg, f"must be a torch.float32 tensor on {a.device}")
-    if tuple(sfa.shape) != (g, max_m, k_blocks) or not fp8_ops.is_mn_major_tma_aligned(sfa):
-        raise _fail_masked(
-            "sfa",
-            f"must be [G, max_m, K/128] = [{g}, {max_m}, {k_blocks}], each group MN-major and TMA-aligned "
-            f"(see to_mn_major_tma_aligned), got shape {list(sfa.shape)} strides {list(sfa.stride())}",
-        )
-    if tuple(sfb.shape) != (g, n_blocks, k_blocks) or not sfb.is_contiguous():
-        raise _fail_masked("sfb", f"must be a contiguous [G, ceil(N/128), K/128] = [{g}, {n_blocks}, {k_blocks}] tensor, got {list(sfb.shape)}")
+    if _packed(sfa, sfb, b):
+        _check_packed_scales(_fail_masked, a.device, sfa, sfb, (g, max_m), g, n, k, fp4)
+    else:
+        for arg, t in (("sfa", sfa), ("sfb", sfb)):
+            if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
+                raise _fail_masked(arg, f"must be a torch.float32 tensor on {a.device}")
+        if tuple(sfa.shape) != (g, max_m, k_blocks) or not fp8_ops.is_mn_major_tma_aligned(sfa):
+            raise _fail_masked(
+                "sfa",
+                f"must be [G, max_m, K/128] = [{g}, {max_m}, {k_blocks}], each group MN-major and TMA-aligned "
+                f"(see to_mn_major_tma_aligned), got shape {list(sfa.shape)} strides {list(sfa.stride())}",
+            )
+        if tuple(sfb.shape) != (g, n_blocks, k_blocks) or not sfb.is_contiguous():
+            raise _fail_masked("sfb", f"must be a contiguous [G, ceil(N/128), K/128] = [{g}, {n_blocks}, {k_blocks}] tensor, got {list(sfb.shape)}")
     if not isinstance(masked_m, torch.Tensor) or masked_m.device != a.device or masked_m.dtype != torch.int32 or tuple(masked_m.shape) != (g,):
         raise _fail_masked("masked_m", f"must be an int32 [G] = [{g}] tensor on {a.device}")
     if out is not None:
@@ -279,15 +368,24 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
     n = b.shape[1]
     if g == 0 or max_m == 0 or n == 0:
         return None
-    for arg, t in (("a", a), ("sfa", sfa), ("b", b), ("out", out)):
-        check_aligned(OP_MASKED, arg, t)
+    packed = _packed(sfa, sfb, b)
+    b_dtype = fp8_ops.b_dtype_of(b)
+    for arg, t in (("a", a), ("sfa", None if packed else sfa), ("b", b), ("out", out)):
+        check_aligned(OP_MASKED, arg, t, fp8_ops.FP4_ALIGN_BYTES if arg == "b" and b_dtype == "e2m1" else 16)
     device = device_ordinal(a)
     rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
+        scale = _scale_for_call(OP_MASKED, _fail_masked, packed, b_dtype, device, kernel)
         # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
-        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows)
+        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, scale, rows_per_group=rows, b_dtype=b_dtype)
         stream = current_stream(a)
-        prepared = launch(loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}, stream=stream)
+        operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}
+        if packed:
+            # Scales converted per call into the blocked layout: nothing is remembered.
+            _mx_operands(operands, sfa, b, sfb, k)
+            launch(loaded, operands, stream=stream)
+            return None
+        prepared = launch(loaded, operands, stream=stream)
     return Launched(loaded, prepared, _MASKED_OPERANDS)
 
 

@@ -109,16 +109,18 @@ def blocked_offset(row: int, scale: int, scales: int) -> int:
 
 def to_blocked(sf: torch.Tensor) -> torch.Tensor:
     """Scale bytes [rows, scales] (uint8) -> the MMA's blocked layout, flat uint8 of
-    ⌈rows/128⌉ · ⌈scales/4⌉ · 512 bytes; rows and scales past the matrix are zero."""
-    if sf.dtype != torch.uint8 or sf.dim() != 2:
-        raise TypeError(f"scales must be a uint8 matrix, got {sf.dtype} of rank {sf.dim()}")
-    rows, scales = sf.shape
+    ⌈rows/128⌉ · ⌈scales/4⌉ · 512 bytes; rows and scales past the matrix are zero. A batch
+    [G, rows, scales] gives each matrix's atoms one after another."""
+    if sf.dtype != torch.uint8 or sf.dim() not in (2, 3):
+        raise TypeError(f"scales must be a uint8 matrix or a batch of them, got {sf.dtype} of rank {sf.dim()}")
+    batch = sf if sf.dim() == 3 else sf.unsqueeze(0)
+    groups, rows, scales = batch.shape
     rb, kb = ceil_div(rows, ATOM_ROWS), ceil_div(scales, ATOM_SCALES)
-    padded = torch.zeros(rb * ATOM_ROWS, kb * ATOM_SCALES, dtype=torch.uint8, device=sf.device)
-    padded[:rows, :scales] = sf
-    # (row block, 4 row quarters of 32, 32 rows, scale block, 4 scales) -> atom order
-    # (row block, scale block, row in 32, quarter, scale).
-    atoms = padded.view(rb, 4, 32, kb, ATOM_SCALES).permute(0, 3, 2, 1, 4)
+    padded = torch.zeros(groups, rb * ATOM_ROWS, kb * ATOM_SCALES, dtype=torch.uint8, device=sf.device)
+    padded[:, :rows, :scales] = batch
+    # (group, row block, 4 row quarters of 32, 32 rows, scale block, 4 scales) -> atom order
+    # (group, row block, scale block, row in 32, quarter, scale).
+    atoms = padded.view(groups, rb, 4, 32, kb, ATOM_SCALES).permute(0, 1, 4, 3, 2, 5)
     return atoms.contiguous().flatten()
 
 
@@ -144,6 +146,27 @@ def deepgemm_sf_to_blocked(words: torch.Tensor, rows: int, blocks: int, granular
         raise ValueError(f"{words.shape[1]} words per row hold {4 * words.shape[1]} scales, fewer than {blocks}")
     sf = words.contiguous().view(torch.uint8).reshape(rows, -1)[:, :blocks]
     return to_blocked(expand_scales(sf, granularity, vec))
+
+
+def ue8m0_bytes(words: torch.Tensor, scales: int) -> torch.Tensor:
+    """Packed UE8M0 words (int32 [..., W], any strides: byte j of word w is scale 4w + j) -> the
+    first `scales` scale bytes of each row, uint8 [..., scales]."""
+    packed = words.contiguous().view(torch.uint8)
+    return packed.reshape(*words.shape[:-1], -1)[..., :scales]
+
+
+def mx_grouped_scale_operands(sfa: torch.Tensor, sfb: torch.Tensor, k: int, sfb_granularity: int = 128,
+                              sfb_per_row: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped GEMMs' packed UE8M0 scales -> the block-scaled MMA's operands. ``sfa`` int32
+    [ΣM, ⌈KB/4⌉] (contiguous layout) or [G, max_m, ⌈KB/4⌉] (masked; each group's atoms one after
+    another) per 1x128 of A; ``sfb`` int32 [G, N, W] per row of each expert (one scale per
+    `sfb_granularity` elements: 128, or 32 for FP4 weights) or, with ``sfb_per_row`` False,
+    [G, ⌈N/128⌉, ⌈KB/4⌉] per 128x128 block; every expert's atoms one after another."""
+    sfa_bytes = ue8m0_bytes(sfa, ceil_div(k, 128))
+    sfb_bytes = ue8m0_bytes(sfb, ceil_div(k, sfb_granularity))
+    if not sfb_per_row:
+        sfb_bytes = sfb_bytes.repeat_interleave(ATOM_ROWS, dim=1)
+    return to_blocked(expand_scales(sfa_bytes, 128)), to_blocked(expand_scales(sfb_bytes, sfb_granularity))
 
 
 def mx_dequant(values: torch.Tensor, sf: torch.Tensor, vec: int = MX_VEC) -> torch.Tensor:

@@ -57,8 +57,10 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     # FP8 x FP4 (e2m1 weights) on the block-scaled MMA only (`fp4_on_block_scaled_mma`).
     Op.FP8_GEMM_NT: frozenset({(DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
                                (DType.E4M3, DType.E2M1, DType.BF16, DType.F32)}),
-    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
-    Op.M_GROUPED_FP8_GEMM_NT_MASKED: (DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
+    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({(DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
+                                                    (DType.E4M3, DType.E2M1, DType.BF16, DType.F32)}),
+    Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({(DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
+                                                (DType.E4M3, DType.E2M1, DType.BF16, DType.F32)}),
     # Weight gradients accumulate into an fp32 output.
     Op.FP8_WGRAD_GEMM_NT: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
@@ -73,8 +75,9 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     # fp32 scales; UE8M0 (packed four per int32) is also taken by the sm_100a kernels, which also
     # let the tensor cores apply them (MX).
     Op.FP8_GEMM_NT: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0, ScaleFormat.MX}),
-    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
-    Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({ScaleFormat.F32}),
+    # The grouped GEMMs also let Blackwell's tensor cores apply UE8M0 scales (MX).
+    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32, ScaleFormat.MX}),
+    Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({ScaleFormat.F32, ScaleFormat.MX}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.

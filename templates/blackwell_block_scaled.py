@@ -27,8 +27,8 @@ from cutegen.schedules.spec import (
     Schedule,
 )
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import shape_binding, tma_binding
-from cutegen.templates.gemm_entries import Fp8GemmNtMxEntry
+from cutegen.templates.gemm_contract import shape_binding, tma_binding, with_group_mode
+from cutegen.templates.gemm_entries import Fp8GemmNtMxEntry, MGroupedContiguousMxEntry, MGroupedMaskedMxEntry
 from cutegen.templates.blackwell_common import (
     EPILOGUE_BARRIER_ID,
     EPILOGUE_WARPS,
@@ -88,6 +88,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         self.group_size = s.group_size
         self.raster_along_m = s.raster == Raster.ALONG_M
         self.masked_tile_rows = s.tile_m
+        self.m_grouped = s.op.is_m_grouped
+        self.masked = s.op.is_masked
+        self.contiguous = self.m_grouped and not self.masked
         self.buffer_align_bytes = 1024
         # Scale atoms per stage (SFA's, SFB's) and the accumulator stages that fit beside their
         # tensor-memory columns.
@@ -112,23 +115,32 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         tm, tn, tk = self.tile_shape_mnk
         em, en = s.epi_tile
 
-        def tma(operand: str, dtype: str, box_rows: int, box_cols: int) -> dict:
-            return tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand])
+        def tma(operand: str, dtype: str, box_rows: int, box_cols: int, grouped: bool) -> dict:
+            return with_group_mode(tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand]), grouped)
 
-        return [
-            {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk)},
-            {"name": "extents_a", **shape_binding("a", ["M", "K"])},
-            {"name": "tma_b", **tma("b", s.b_dtype.value, tn, tk)},
-            {"name": "extents_b", **shape_binding("b", ["N", "K"])},
+        params = [
+            {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk, self.masked)},
+            {"name": "extents_a", **shape_binding("a", ["M", "K"], self.masked)},
+            {"name": "tma_b", **tma("b", s.b_dtype.value, tn, tk, self.m_grouped)},
+            {"name": "extents_b", **shape_binding("b", ["N", "K"], self.m_grouped)},
             {"name": "sfa", "kind": "pointer", "operand": "sfa"},
             {"name": "sfb", "kind": "pointer", "operand": "sfb"},
-            {"name": "tma_d", **tma("d", s.c_dtype.value, em, en)},
-            {"name": "extents_d", **shape_binding("d", ["M", "N"])},
+            {"name": "tma_d", **tma("d", s.c_dtype.value, em, en, self.masked)},
+            {"name": "extents_d", **shape_binding("d", ["M", "N"], self.masked)},
         ]
+        if self.masked:
+            params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
+        elif self.contiguous:
+            params += [
+                {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
+                {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
+            ]
+        return params
 
     # ---- host side --------------------------------------------------------------------------
     @cute.jit
-    def _launch(self, a, b, c, sfa_ptr, sfb_ptr, max_active_clusters, stream):
+    def _launch(self, a, b, c, sfa_ptr, sfb_ptr, max_active_clusters, stream, m_indices=None, zero_padding=None,
+                masked_m=None):
         s = self.schedule
         tiled_mma = self._make_tiled_mma()
         cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
@@ -178,28 +190,63 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        persistent = self._persistent_clusters(c, False, max_active_clusters)
+        persistent = self._persistent_clusters(c, self.masked, max_active_clusters)
         kernel_call = self.kernel(
             tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, sfa_ptr, sfb_ptr, tma_atom_c, tma_tensor_c,
+            m_indices, zero_padding, masked_m,
             a_staged, b_staged, sfa_staged, sfb_staged, epi_staged, cluster_layout_vmnk,
         )
         self._launch_persistent(kernel_call, persistent, stream)
 
     # ---- device side ------------------------------------------------------------------------
     @cute.jit
-    def _tile_walk(self, gA, gC):
-        """(K tiles per tile, tiles along M and N, tiles in all, this CTA's first tile, the stride)."""
+    def _group_views(self, mB, mC, m_indices_ptr, masked_m_ptr):
+        """The masked layout's masked_m [G] or the contiguous layout's m_indices [M] (None
+        otherwise), and the bounds metadata read on the GPU is taken into: (rows of A and D,
+        groups of B). Built inside each role."""
+        mIdx = None
+        mMasked = None
+        if cutlass.const_expr(self.masked):
+            mMasked = cute.make_tensor(masked_m_ptr, cute.make_layout(mB.shape[2]))
+        elif cutlass.const_expr(self.contiguous):
+            mIdx = cute.make_tensor(m_indices_ptr, cute.make_layout(mC.shape[0]))
+        return mIdx, mMasked, (mC.shape[0], mB.shape[2] if self.m_grouped else 1)
+
+    @cute.jit
+    def _tile_walk(self, gA, gC, mMasked, group_bounds):
+        """(K tiles per tile, tiles along M and N, tiles in all, this CTA's first tile, the
+        stride); the masked layout counts each group's tiles of its masked_m rows."""
         k_tiles = cute.size(gA, mode=[3])
         ct_m = cute.size(gC, mode=[2])
         ct_n = cute.size(gC, mode=[3])
+        num_tiles = ct_m * ct_n
+        if cutlass.const_expr(self.masked):
+            num_tiles = self._masked_total(mMasked, group_bounds[0], ct_n)
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
-        return k_tiles, ct_m, ct_n, ct_m * ct_n, first_tile, tile_stride
+        return k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride
+
+    @cute.jit
+    def _locate(self, t, ct_m, ct_n, mMasked, mIdx, group_bounds):
+        """Scheduled tile t → (group, tile m, tile n, whether it computes): a contiguous tile whose
+        first row names no group is padding (no loads, no MMA; its rows of D are zeros or left)."""
+        max_m, num_groups = group_bounds
+        group = cutlass.Int32(0)
+        if cutlass.const_expr(self.masked):
+            group, tile_m, tile_n = self._masked_locate(t, mMasked, max_m, ct_n)
+        else:
+            tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
+        computes = cutlass.Int32(1)
+        if cutlass.const_expr(self.contiguous):
+            group = self._tile_group(mIdx, tile_m, num_groups)
+            computes = cutlass.Int32(1) if group >= 0 else cutlass.Int32(0)
+        return group, tile_m, tile_n, computes
 
     @cute.jit
     def _scale_atom(self, ptr, row_block, k_tile, k_tiles):
         """The 512-byte blocked scale atom of (128-row block, K tile) at byte pointer `ptr`, as a
-        global tensor of UE8M0 scales."""
+        global tensor of UE8M0 scales. A group's atoms follow the previous group's: its row
+        blocks are counted on from theirs."""
         offset = (row_block * k_tiles + k_tile) * MX_ATOM_BYTES
         return cute.make_tensor(cute.recast_ptr(ptr + offset, dtype=self.sf_dtype), cute.make_layout(MX_ATOM_BYTES))
 
@@ -214,6 +261,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         sfb_ptr: cute.Pointer,
         tma_atom_c: cute.CopyAtom,
         mC: cute.Tensor,
+        m_indices_ptr,
+        zero_padding,
+        masked_m_ptr,
         a_staged: cute.ComposedLayout,
         b_staged: cute.ComposedLayout,
         sfa_staged: cute.Layout,
@@ -242,9 +292,13 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         sSFA = storage.sSFA.get_tensor(sfa_staged)
         sSFB = storage.sSFB.get_tensor(sfb_staged)
 
-        gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None))
-        gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None))
-        gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None))
+        # (rows, cols, tiles m, tiles k[, group]): A and D have a group mode in the masked layout,
+        # B in both grouped layouts.
+        rest_a = (None, None, None) if self.masked else (None, None)
+        rest_b = (None, None, None) if self.m_grouped else (None, None)
+        gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), rest_a)
+        gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), rest_b)
+        gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), rest_a)
         thr_mma = tiled_mma.get_slice(0)
         tCgA = thr_mma.partition_A(gA)
         tCgB = thr_mma.partition_B(gB)
@@ -272,7 +326,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
         # ---- loads ---------------------------------------------------------------------------
         if warp_idx == LOAD_WARP:
-            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC)
+            mIdx, mMasked, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.sf_dtype, num_bits_per_copy=MX_ATOM_BYTES * 8)
             sfa_atoms = cute.make_tensor(sSFA.iterator, cute.make_layout((MX_ATOM_BYTES, s.stages)))
             sfb_atoms = cute.make_tensor(
@@ -280,27 +335,38 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             )
             n_blocks = (mC.shape[1] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, s.stages)
+            # A group's scale atoms come after the previous groups': the masked layout's SFA has
+            # ⌈max_m/128⌉ row blocks per group, SFB ⌈N/128⌉ per group in both grouped layouts.
             t = first_tile
             while t < num_tiles:
-                tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
-                tAgA_t = tAgA[(None, tile_m, None)]
-                tBgB_t = tBgB[(None, tile_n, None)]
+                group, tile_m, tile_n, computes = self._locate(t, ct_m, ct_n, mMasked, mIdx, group_bounds)
+                b_group = cutlass.max(group, 0)
+                sfa_block = tile_m
+                if cutlass.const_expr(self.masked):
+                    tAgA_t = tAgA[(None, tile_m, None, group)]
+                    sfa_block = group * ct_m + tile_m
+                else:
+                    tAgA_t = tAgA[(None, tile_m, None)]
+                if cutlass.const_expr(self.m_grouped):
+                    tBgB_t = tBgB[(None, tile_n, None, b_group)]
+                else:
+                    tBgB_t = tBgB[(None, tile_n, None)]
                 state.reset_count()
-                for _k in range(k_tiles):
+                for _k in range(k_tiles * computes):
                     operand_pipeline.producer_acquire(state)
                     barrier = operand_pipeline.producer_get_barrier(state)
                     cute.copy(tma_atom_a, tAgA_t[(None, state.count)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
                     cute.copy(tma_atom_b, tBgB_t[(None, state.count)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
                     with cute.arch.elect_one():
                         cute.copy(
-                            bulk, self._scale_atom(sfa_ptr, tile_m, state.count, k_tiles),
+                            bulk, self._scale_atom(sfa_ptr, sfa_block, state.count, k_tiles),
                             sfa_atoms[(None, state.index)], mbar_ptr=barrier,
                         )
                         for j in cutlass.range_constexpr(self.sfb_atoms):
                             # Past N: the last atom again (its columns are clipped by the store).
                             n_block = cutlass.min(tile_n * self.sfb_atoms + j, n_blocks - 1)
                             cute.copy(
-                                bulk, self._scale_atom(sfb_ptr, n_block, state.count, k_tiles),
+                                bulk, self._scale_atom(sfb_ptr, b_group * n_blocks + n_block, state.count, k_tiles),
                                 sfb_atoms[(None, j, state.index)], mbar_ptr=barrier,
                             )
                     operand_pipeline.producer_commit(state)
@@ -310,7 +376,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
         # ---- MMA -----------------------------------------------------------------------------
         if warp_idx == MMA_WARP:
-            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC)
+            mIdx, mMasked, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(self.acc_dtype)
             tCtAcc = cute.make_tensor(acc_ptr, tCtAcc_layout)
@@ -326,41 +393,47 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
             t = first_tile
             while t < num_tiles:
-                accumulator_pipeline.producer_acquire(acc_state)
-                acc = tCtAcc[(None, None, None, acc_state.index)]
-                tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-                for _k in range(k_tiles):
-                    operand_pipeline.consumer_wait(operand_state)
-                    cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, operand_state.index)], tCtSFA_s2t)
-                    cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, operand_state.index)], tCtSFB_s2t)
-                    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                        cute.gemm(
-                            tiled_mma, acc,
-                            [tCrA[(None, None, kb, operand_state.index)], tCtSFA[(None, None, kb)]],
-                            [tCrB[(None, None, kb, operand_state.index)], tCtSFB[(None, None, kb)]],
-                            acc,
-                        )
-                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
-                    operand_pipeline.consumer_release(operand_state)
-                    operand_state.advance()
-                accumulator_pipeline.producer_commit(acc_state)
-                acc_state.advance()
+                _, _, _, computes = self._locate(t, ct_m, ct_n, mMasked, mIdx, group_bounds)
+                # Runs once, or not at all for a padding tile, which takes no accumulator stage.
+                for _tile in range(computes):
+                    accumulator_pipeline.producer_acquire(acc_state)
+                    acc = tCtAcc[(None, None, None, acc_state.index)]
+                    tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+                    for _k in range(k_tiles):
+                        operand_pipeline.consumer_wait(operand_state)
+                        cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, operand_state.index)], tCtSFA_s2t)
+                        cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, operand_state.index)], tCtSFB_s2t)
+                        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                            cute.gemm(
+                                tiled_mma, acc,
+                                [tCrA[(None, None, kb, operand_state.index)], tCtSFA[(None, None, kb)]],
+                                [tCrB[(None, None, kb, operand_state.index)], tCtSFB[(None, None, kb)]],
+                                acc,
+                            )
+                            tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                        operand_pipeline.consumer_release(operand_state)
+                        operand_state.advance()
+                    accumulator_pipeline.producer_commit(acc_state)
+                    acc_state.advance()
                 t += tile_stride
             accumulator_pipeline.producer_tail(acc_state)
 
         # ---- epilogue ------------------------------------------------------------------------
         if warp_idx < EPILOGUE_WARPS:
             cute.arch.setmaxregister_increase(s.consumer_regs)
-            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC)
+            mIdx, mMasked, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
             tmem.allocate(self._tmem_allocation())
             tmem.wait_for_alloc()
             tidx, _, _ = cute.arch.thread_idx()
             tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
             tCtAcc = cute.make_tensor(tmem_ptr, tCtAcc_layout)
             tiled_t2r, thr_t2r, tTR_tAcc = self._tmem_loads(tCtAcc, tidx)
-            gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None)], s.epi_tile)
+            rest_c = (None, None, None) if self.masked else (None, None)
+            gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, *rest_c)], s.epi_tile)
             tTR_gC = thr_t2r.partition_D(gC_epi)
-            chunk = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0)].shape, self.acc_dtype)
+            first_tile_coord = (0,) * len(rest_c)
+            chunk = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, *first_tile_coord)].shape, self.acc_dtype)
             tiled_r2s, tRS_sC, out_chunk, tRS_rC = self._smem_stores(tiled_t2r, sC, chunk, tidx)
             epilogue_barrier = pipeline.NamedBarrier(
                 barrier_id=EPILOGUE_BARRIER_ID, num_threads=THREADS_PER_WARP * EPILOGUE_WARPS
@@ -373,18 +446,37 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             sub_tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_tiles:
-                tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
-                gC_tile = gC_epi[(None, None, None, None, tile_m, tile_n)]
+                group, tile_m, tile_n, computes = self._locate(t, ct_m, ct_n, mMasked, mIdx, group_bounds)
+                tile_coord = (tile_m, tile_n, group) if self.masked else (tile_m, tile_n)
+                gC_tile = gC_epi[(None, None, None, None, *tile_coord)]
                 bSG_sC, bSG_gC = cpasync.tma_partition(
                     tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_tile, 0, 2)
                 )
                 bSG_gC = cute.group_modes(bSG_gC, 1, cute.rank(bSG_gC))
-                accumulator_pipeline.consumer_wait(acc_state)
+                # The contiguous layout's padding: a tile of padding rows has no accumulator and is
+                # written as zeros (or, with zero_padding 0, not at all); within a tile, this
+                # thread's row (TMEM lane tidx) is zeroed when m_indices names no group for it.
+                write_tile = cutlass.Int32(1)
+                zero_row = cutlass.Int32(0)
+                if cutlass.const_expr(self.contiguous):
+                    write_tile = cutlass.Int32(1) if (computes != 0) | (zero_padding != 0) else cutlass.Int32(0)
+                    row = tile_m * tm + tidx
+                    if zero_padding != 0:
+                        if row < mC.shape[0]:
+                            if self._group_or_padding(mIdx[row], group_bounds[1]) < 0:
+                                zero_row = cutlass.Int32(1)
+                for _tile in range(computes):
+                    accumulator_pipeline.consumer_wait(acc_state)
                 acc_t = tTR_tAcc[(None, None, None, None, None, acc_state.index)]
                 acc_t = cute.group_modes(acc_t, 3, cute.rank(acc_t))
                 sub_tiles = cute.size(acc_t, mode=[3])
                 for sub in cutlass.range_constexpr(sub_tiles):
-                    cute.copy(tiled_t2r, acc_t[(None, None, None, sub)], chunk)
+                    if cutlass.const_expr(self.contiguous):
+                        chunk.fill(0.0)
+                        if (computes != 0) & (zero_row == 0):
+                            cute.copy(tiled_t2r, acc_t[(None, None, None, sub)], chunk)
+                    else:
+                        cute.copy(tiled_t2r, acc_t[(None, None, None, sub)], chunk)
                     # The tensor-memory load is asynchronous: wait for it before reading the chunk.
                     cute.arch.fence_view_async_tmem_load()
                     out_chunk.store(chunk.load().to(self.c_dtype))
@@ -394,14 +486,16 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
                     cute.arch.fence_proxy("async.shared", space="cta")
                     epilogue_barrier.arrive_and_wait()
                     if warp_idx == 0:
-                        cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, sub)])
+                        if write_tile != 0:
+                            cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, sub)])
                         store_pipeline.producer_commit()
                         store_pipeline.producer_acquire()
                     epilogue_barrier.arrive_and_wait()
-                # Every load from the stage has completed: the MMA may overwrite it.
-                with cute.arch.elect_one():
-                    accumulator_pipeline.consumer_release(acc_state)
-                acc_state.advance()
+                for _tile in range(computes):
+                    # Every load from the stage has completed: the MMA may overwrite it.
+                    with cute.arch.elect_one():
+                        accumulator_pipeline.consumer_release(acc_state)
+                    acc_state.advance()
                 sub_tiles_done += sub_tiles
                 t += tile_stride
 
@@ -433,3 +527,11 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
 class BlackwellMxFp8GemmNtKernel(Fp8GemmNtMxEntry, BlackwellBlockScaledKernel):
     """`fp8_gemm_nt` on sm_100a with its UE8M0 scales applied by the MMA (scale = mx)."""
+
+
+class BlackwellMxMGroupedContiguousKernel(MGroupedContiguousMxEntry, BlackwellBlockScaledKernel):
+    """`m_grouped_fp8_gemm_nt_contiguous` on sm_100a with the scales applied by the MMA."""
+
+
+class BlackwellMxMGroupedMaskedKernel(MGroupedMaskedMxEntry, BlackwellBlockScaledKernel):
+    """`m_grouped_fp8_gemm_nt_masked` on sm_100a with the scales applied by the MMA."""

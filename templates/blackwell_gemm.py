@@ -18,7 +18,11 @@ from cutlass.tensor_utils import LayoutEnum
 
 from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.blackwell_block_scaled import BlackwellMxFp8GemmNtKernel
+from cutegen.templates.blackwell_block_scaled import (
+    BlackwellMxFp8GemmNtKernel,
+    BlackwellMxMGroupedContiguousKernel,
+    BlackwellMxMGroupedMaskedKernel,
+)
 from cutegen.templates.gemm_contract import GemmContract, shape_binding, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
 from cutegen.templates.blackwell_common import (
@@ -608,7 +612,11 @@ class BlackwellGemmTemplate(GemmContract):
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
         if schedule.mma_applies_scales:
-            self.kernel = BlackwellMxFp8GemmNtKernel(schedule)
+            self.kernel = (
+                BlackwellMxMGroupedMaskedKernel(schedule) if schedule.op.is_masked
+                else BlackwellMxMGroupedContiguousKernel(schedule) if schedule.op.is_m_grouped
+                else BlackwellMxFp8GemmNtKernel(schedule)
+            )
         elif schedule.op.is_masked:
             self.kernel = BlackwellMaskedFp8GemmKernel(schedule)
         elif schedule.op.is_m_grouped:

@@ -199,8 +199,11 @@ class GemmContract:
         if self.schedule.mma_applies_scales:
             # One blocked atom per 128 rows (of A, of B) and 128-wide K tile.
             atoms_k = f"ceil_div(K, {SCALE_BLOCK})"
-            out += [requirement("SA", ">=", f"ceil_div(M, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}"),
-                    requirement("SB", ">=", f"ceil_div(N, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}")]
+            # Grouped: SFB's atoms for every group (and, masked, SFA's), one group after another.
+            groups_a = "G * " if self.schedule.op.is_masked else ""
+            groups_b = "G * " if self.schedule.op.is_m_grouped else ""
+            out += [requirement("SA", ">=", f"{groups_a}ceil_div(M, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}"),
+                    requirement("SB", ">=", f"{groups_b}ceil_div(N, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}")]
         elif self.schedule.block_scaled:
             out.append(requirement(self.scale_columns, "==", f"ceil_div(K, {SCALE_BLOCK * (4 if self.ue8m0 else 1)})"))
             if not self.schedule.op.scales_b_per_row:

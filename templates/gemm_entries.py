@@ -93,6 +93,45 @@ class MGroupedContiguousEntry:
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, m_indices, zero_padding)
 
 
+class MGroupedContiguousMxEntry:
+    """`m_grouped_fp8_gemm_nt_contiguous` with the scales applied by the MMA: SFA the blocked
+    UE8M0 bytes of all ΣM rows, SFB of each group's [N, K] one group after another."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Pointer,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        m_indices: cute.Pointer,
+        zero_padding: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, m_indices, zero_padding)
+
+
+class MGroupedMaskedMxEntry:
+    """`m_grouped_fp8_gemm_nt_masked` with the scales applied by the MMA: SFA the blocked UE8M0
+    bytes of each group's [max_m, K], SFB of each group's [N, K], one group after another."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Pointer,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        masked_m: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m)
+
+
 class MGroupedMaskedEntry:
     """`m_grouped_fp8_gemm_nt_masked`: for every group g and row r < masked_m[g],
     D[g, r] = (A[g, r] · sfa[g, r]) · (B[g] · sfb[g])ᵀ."""

@@ -38,6 +38,9 @@ SCHEDULES = (
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
     # ... with FP4 weights, TMA-loaded unpacked (16U4_ALIGN16B).
     "cutegen_sm100a_fp8gemm_e4m3_e2m1_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
+    # ... over the grouped layouts.
+    "cutegen_sm100a_mgfp8gemmc_e4m3_e2m1_bf16_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
+    "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rn_g1",
 )
 GROUPS = 3
 # Split-K kernels: the split count passed (the DSL's host code only multiplies the grid by it).
@@ -130,13 +133,23 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
 
     if schedule.mma_applies_scales:  # blocked UE8M0 atoms of 128 rows x 128 K, by address
         atoms_k = -(-k // 128)
-        sa, sb = -(-m // 128) * atoms_k * 512, -(-n // 128) * atoms_k * 512
+        # Grouped: every group's atoms of B (and, masked, of A), one group after another.
+        sa = (GROUPS if masked else 1) * -(-m // 128) * atoms_k * 512
+        sb = (GROUPS if grouped else 1) * -(-n // 128) * atoms_k * 512
         operands["sfa"] = OperandInfo(0x7F3000000000, (sa,), (1,), "u8")
         operands["sfb"] = OperandInfo(0x7F4000000000, (sb,), (1,), "u8")
         a_fake, _, b_fake, _, d_fake = fakes[:5]
         args = [tensor(a_fake, "a"), ap.CPointer(operands["sfa"].ptr), tensor(b_fake, "b"),
                 ap.CPointer(operands["sfb"].ptr), tensor(d_fake, "d")]
         extents = {"M": m, "N": n, "K": k, "SA": sa, "SB": sb}
+        if masked:
+            operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
+            args += [ap.CPointer(operands["masked_m"].ptr)]
+            extents.update(G=GROUPS)
+        elif grouped:
+            operands["m_indices"] = OperandInfo(0x7F5000000000, (m,), (1,), "i32")
+            args += [ap.CPointer(operands["m_indices"].ptr), ap.CScalar(1)]
+            extents.update(G=GROUPS, ZERO_PADDING=1)
     elif schedule.block_scaled:
         kb, nb = -(-k // 128), -(-n // 128)
         lds = -(-m // 4) * 4

@@ -287,3 +287,31 @@ def test_fp4_weights_run_only_on_the_fp4_block_scaled_kernels(on_gpu):
     on_gpu(H200)
     with pytest.raises(InputError, match="'b' holds FP4.*this GPU's catalogue has none"):
         fp8_ops._call_scale(ue8m0, True, 0, "", "e2m1")
+
+
+@pytest.mark.slow
+def test_grouped_packed_scales_run_on_the_block_scaled_kernels(on_gpu):
+    """The grouped GEMMs with packed UE8M0 scales (FP8 or FP4 experts) choose among the
+    block-scaled kernels of their op and B type on Blackwell; fp32 scales keep the promoting
+    ones; on Hopper packed scales and FP4 experts are refused naming the argument."""
+    pytest.importorskip("torch")
+    from cutegen.runtime import grouped_ops
+    from cutegen.runtime.errors import InputError
+
+    ops = on_gpu(B200)
+    for op in ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"):
+        fail = grouped_ops._fail if op.endswith("contiguous") else grouped_ops._fail_masked
+        assert grouped_ops._scale_for_call(op, fail, True, "e4m3", 0, "") == "mx"
+        assert grouped_ops._scale_for_call(op, fail, True, "e2m1", 0, "") == "mx"
+        assert grouped_ops._scale_for_call(op, fail, False, "e4m3", 0, "") == "f32"
+        for b_dtype in ("e4m3", "e2m1"):
+            mx = ops.runnable_kernels(op, scale="mx", b_dtype=b_dtype)
+            assert mx and all(f"_e4m3_{b_dtype}_" in n and "_sfmx_" in n for n in mx)
+            chosen = ops.catalogue().manifest(ops.choose_kernel(op, 4096, 7168, 2048, scale="mx", b_dtype=b_dtype))
+            assert chosen.fact("mma_applies_scales") and chosen.op == op
+        assert all("_sff32_" in n for n in ops.runnable_kernels(op, scale="f32"))
+    on_gpu(H200)
+    with pytest.raises(InputError, match="'sfa' holds packed UE8M0.*this GPU's catalogue has none"):
+        grouped_ops._scale_for_call("m_grouped_fp8_gemm_nt_contiguous", grouped_ops._fail, True, "e4m3", 0, "")
+    with pytest.raises(InputError, match="m_grouped_fp8_gemm_nt_masked: argument 'b' holds FP4"):
+        grouped_ops._scale_for_call("m_grouped_fp8_gemm_nt_masked", grouped_ops._fail_masked, True, "e2m1", 0, "")

@@ -166,9 +166,9 @@ def _fp8(*shape):
                                     torch.empty(4, 8, dtype=torch.bfloat16), recipe_a=(1, 128), recipe_b=(1, 32)),
          NotImplementedError, "torch.float32 scales with FP4"),
         (lambda: dg.m_grouped_fp8_gemm_nt_masked((_fp8(2, 4, 128), torch.ones(2, 4, 1, dtype=torch.int32)),
-                                                 (_fp8(2, 8, 128), torch.ones(2, 8, 1, dtype=torch.int32)),
+                                                 (_fp8(2, 8, 128), torch.ones(2, 1, 1)),
                                                  torch.empty(2, 4, 8, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.int32), 4),
-         NotImplementedError, "UE8M0"),
+         ValueError, "must both be packed UE8M0"),
         (lambda: dg.fp8_gemm_nt(_fp8(4, 128), (_fp8(8, 128), torch.ones(1, 1)), torch.empty(4, 8, dtype=torch.bfloat16)),
          TypeError, "'a' must be a \\(data, scales\\) tuple"),
         (lambda: dg.m_grouped_fp8_gemm_nt_contiguous((_fp8(128, 128), torch.ones(128, 1)), (_fp8(2, 8, 128), torch.ones(2, 1, 1)),
@@ -186,7 +186,7 @@ def _fp8(*shape):
         (lambda: dg.fp8_einsum("bhr,hdr->bhd"), NotImplementedError, "einsum"),
     ],
     ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-mixed", "ue8m0-fp32-d", "ue8m0-sfb-rows", "fp4-default-recipe", "fp4-fp32-scales",
-         "ue8m0-grouped", "not-a-tuple", "psum-hint",
+         "ue8m0-grouped-mixed", "not-a-tuple", "psum-hint",
          "k-not-aligned", "k-psum", "bf16-fp32-d", "mqa", "einsum"],
 )
 def test_refused_before_any_launch(call, error, match):
@@ -256,3 +256,40 @@ def test_fp8_fp4_call_reaches_the_runtime_with_fp4_b(monkeypatch):
                        recipe_a=(1, 128), recipe_b=(1, 32))
     assert seen["qb"] is qb and torch.equal(seen["sfb"], sfb) and seen["sfb"].stride() == (1, 136)
     assert torch.equal(seen["sfa"], sfa)
+
+
+def test_grouped_sm100_calls_reach_the_runtime_in_its_layouts(monkeypatch):
+    """DeepGEMM's SM100 M-grouped calls: packed UE8M0 scales with FP8 experts (SFB per row by
+    default, per block with recipe (1, 128, 128)) and FP4 experts (recipe_a (1, 128), recipe_b
+    (1, 32)) reach `grouped_ops` with every scale tensor MN-major TMA-aligned (per group) or, per
+    block, contiguous."""
+    from cutegen.deep_gemm import gemm
+
+    seen = {}
+    monkeypatch.setattr(gemm.grouped_ops, "m_grouped_fp8_gemm_nt_masked",
+                        lambda qa, sfa, qb, sfb, masked_m, expected_m, out: seen.update(qb=qb, sfa=sfa, sfb=sfb))
+    monkeypatch.setattr(gemm.grouped_ops, "m_grouped_fp8_gemm_nt_contiguous",
+                        lambda qa, sfa, qb, sfb, rows, out, zero_padding: seen.update(qb=qb, sfa=sfa, sfb=sfb))
+    g, m, n, k = 2, 6, 136, 512
+    d = torch.empty(g, m, n, dtype=torch.bfloat16)
+    masked_m = torch.zeros(g, dtype=torch.int32)
+    sfa = torch.arange(g * m, dtype=torch.int32).view(g, m, 1)
+    sfb = torch.arange(g * n, dtype=torch.int32).view(g, n, 1)
+    dg.m_grouped_fp8_gemm_nt_masked((_fp8(g, m, k), sfa), (_fp8(g, n, k), sfb), d, masked_m, 4)
+    assert seen["sfa"].stride() == (8, 1, 8) and torch.equal(seen["sfa"], sfa)
+    assert torch.equal(seen["sfb"], sfb)
+    blocks = torch.arange(g * 2, dtype=torch.int32).view(g, 2, 1)
+    dg.m_grouped_fp8_gemm_nt_masked((_fp8(g, m, k), sfa), (_fp8(g, n, k), blocks), d, masked_m, 4, recipe=(1, 128, 128))
+    assert seen["sfb"].is_contiguous() and torch.equal(seen["sfb"], blocks)
+    qb = torch.zeros(g, n, k // 2, dtype=torch.uint8)
+    sfb4 = torch.arange(g * n * 4, dtype=torch.int32).view(g, n, 4)
+    dg.m_grouped_fp8_fp4_gemm_nt_masked((_fp8(g, m, k), sfa), (qb, sfb4), d, masked_m, 4, recipe_a=(1, 128), recipe_b=(1, 32))
+    assert seen["qb"] is qb and seen["sfb"].stride() == (4 * 136, 1, 136) and torch.equal(seen["sfb"], sfb4)
+    with pytest.raises(NotImplementedError, match="recipe_b=\\(1, 32\\)"):
+        dg.m_grouped_fp8_fp4_gemm_nt_masked((_fp8(g, m, k), sfa), (qb, sfb4), d, masked_m, 4)
+    rows = torch.full((256,), -1, dtype=torch.int32)
+    dg.m_grouped_fp8_gemm_nt_contiguous((_fp8(256, k), torch.zeros(256, 1, dtype=torch.int32)), (_fp8(g, n, k), sfb),
+                                        torch.empty(256, n, dtype=torch.bfloat16), rows)
+    from cutegen.runtime.quant_reference import is_mn_major_tma_aligned
+
+    assert is_mn_major_tma_aligned(seen["sfa"]) and torch.equal(seen["sfb"], sfb)

@@ -35,6 +35,12 @@ def mn_major(rows, cols, dtype=torch.float32):
 
 
 KW = -(-KB // 4)  # UE8M0: four K blocks per int32 word
+
+
+def mn_major_groups(groups, rows, cols, dtype=torch.int32):
+    """[groups, rows, cols], each group MN-major and TMA-aligned, groups back to back."""
+    lds = -(-rows // 4) * 4
+    return torch.empty_strided((groups, rows, cols), (cols * lds, 1, lds), device="cuda", dtype=dtype)
 I32 = torch.int32
 
 
@@ -85,6 +91,14 @@ def test_valid_operands():
         assert wgrad() == (M, N, K)
         assert contiguous() == (M, N, K, G)
         assert masked() == (G, M, N, K)
+        # Packed UE8M0 scales (the block-scaled kernels): SFB per row of each expert or per block,
+        # FP4 experts with SFB per 1x32
+        per_row_b = mn_major_groups(G, N, KW)
+        assert contiguous(sfa=mn_major(M, KW, I32), sfb=per_row_b) == (M, N, K, G)
+        assert contiguous(sfa=mn_major(M, KW, I32), sfb=torch.empty(G, NB, KW, dtype=I32, device="cuda")) == (M, N, K, G)
+        assert contiguous(b=fp4(G, N, K // 2), sfa=mn_major(M, KW, I32), sfb=mn_major_groups(G, N, K // 128)) == (M, N, K, G)
+        assert masked(sfa=mn_major_groups(G, M, KW), sfb=per_row_b) == (G, M, N, K)
+        assert masked(b=fp4(G, N, K // 2), sfa=mn_major_groups(G, M, KW), sfb=mn_major_groups(G, N, K // 128)) == (G, M, N, K)
 
 
 BAD = [
@@ -128,6 +142,15 @@ BAD = [
     (contiguous, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),
     (contiguous, "m_indices", lambda: {"m_indices": torch.empty(M, dtype=torch.int64, device="cuda")}),
     (contiguous, "m_indices", lambda: {"m_indices": torch.empty(M - 1, dtype=torch.int32, device="cuda")}),
+    (contiguous, "sfb", lambda: {"sfa": mn_major(M, KW, I32)}),  # fp32 sfb beside packed sfa
+    (contiguous, "sfa", lambda: {"sfa": mn_major(M, KW + 1, I32), "sfb": mn_major_groups(G, N, KW)}),
+    (contiguous, "sfb", lambda: {"sfa": mn_major(M, KW, I32), "sfb": mn_major_groups(G, N, KW + 1)}),
+    (contiguous, "sfa", lambda: {"b": fp4(G, N, K // 2), "sfb": mn_major_groups(G, N, K // 128)}),  # FP4 needs packed
+    (contiguous, "sfb", lambda: {"b": fp4(G, N, K // 2), "sfa": mn_major(M, KW, I32), "sfb": mn_major_groups(G, N, KW)}),
+    (contiguous, "b", lambda: {"b": fp4(G, N, K), "sfa": mn_major(M, KW, I32), "sfb": mn_major_groups(G, N, K // 128)}),
+    (masked, "sfa", lambda: {"sfa": mn_major_groups(G, M, KB, torch.float32), "sfb": mn_major_groups(G, N, KW)}),
+    (masked, "sfb", lambda: {"b": fp4(G, N, K // 2), "sfa": mn_major_groups(G, M, KW),
+                             "sfb": torch.empty(G, NB, KW, dtype=I32, device="cuda")}),  # FP4: per row only
     (masked, "a", lambda: {"a": fp8(M, K)}),
     (masked, "b", lambda: {"b": fp8(G + 1, N, K)}),
     (masked, "sfa", lambda: {"sfa": torch.empty(G, M, KB, device="cuda")}),

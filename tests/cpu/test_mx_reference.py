@@ -163,3 +163,37 @@ def test_fp8_fp4_operands_give_the_dequantized_product():
     b_values = mx.e2m1_to_float(codes).double()
     want = (a.double() * sa.double().repeat_interleave(128, dim=1)) @ (b_values * sb.double().repeat_interleave(32, dim=1)).T
     assert torch.equal(d, want)
+
+
+def test_grouped_scales_become_each_groups_atoms_in_turn():
+    """The grouped GEMMs' packed scales: SFA over all ΣM rows (contiguous) or each group's max_m
+    rows (masked), SFB of each expert (per row, per 1x32 for FP4, or per 128x128 block), become
+    blocked atoms group after group: each group's bytes are `to_blocked` of its own scales."""
+    g, rows, n, k = 3, 130, 200, 512
+    rng = torch.Generator().manual_seed(14)
+
+    def pow2(*shape):
+        return 2.0 ** torch.randint(-8, 8, shape, generator=rng).float()
+
+    def pack(s3):  # each group packed as DeepGEMM packs it (MN-major words), groups stacked
+        return torch.stack([pack_ue8m0(x) for x in s3])
+
+    sa, sb_rows, sb_fp4, sb_blocks = pow2(g, rows, k // 128), pow2(g, n, k // 128), pow2(g, n, k // 32), pow2(g, 2, k // 128)
+    sfa, sfb = mx.mx_grouped_scale_operands(pack(sa), pack(sb_rows), k)
+    _, sfb4 = mx.mx_grouped_scale_operands(pack(sa), pack(sb_fp4), k, sfb_granularity=32)
+    _, sfbb = mx.mx_grouped_scale_operands(pack(sa), pack(sb_blocks), k, sfb_per_row=False)
+    atoms_a, atoms_b = 2 * (k // 128) * 512, 2 * (k // 128) * 512
+    assert sfa.numel() == g * atoms_a and sfb.numel() == sfb4.numel() == sfbb.numel() == g * atoms_b
+    for i in range(g):
+        a_i = mx.from_blocked(sfa[i * atoms_a:(i + 1) * atoms_a], rows, k // 32)
+        assert torch.equal(a_i, mx.float_to_ue8m0(sa[i]).repeat_interleave(4, dim=1))
+        b_i = mx.from_blocked(sfb[i * atoms_b:(i + 1) * atoms_b], n, k // 32)
+        assert torch.equal(b_i, mx.float_to_ue8m0(sb_rows[i]).repeat_interleave(4, dim=1))
+        b4_i = mx.from_blocked(sfb4[i * atoms_b:(i + 1) * atoms_b], n, k // 32)
+        assert torch.equal(b4_i, mx.float_to_ue8m0(sb_fp4[i]))
+        bb_i = mx.from_blocked(sfbb[i * atoms_b:(i + 1) * atoms_b], n, k // 32)
+        want = mx.float_to_ue8m0(sb_blocks[i]).repeat_interleave(128, dim=0)[:n].repeat_interleave(4, dim=1)
+        assert torch.equal(bb_i, want)
+    flat = pack_ue8m0(sa.reshape(g * rows, -1))  # the contiguous layout's [ΣM, ⌈KB/4⌉]
+    sfa_flat, _ = mx.mx_grouped_scale_operands(flat, pack(sb_rows), k)
+    assert torch.equal(sfa_flat, mx.to_blocked(mx.expand_scales(mx.float_to_ue8m0(sa.reshape(g * rows, -1)), 128)))
