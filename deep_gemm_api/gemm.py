@@ -9,6 +9,7 @@ matching `cutegen.runtime` op:
 | `fp8_gemm_nt`, recipe (1, 128, 128) (the default): bf16 D, no C | `fp8_ops.fp8_gemm_nt` |
 | `fp8_gemm_nt`, recipe (1, 1, 128): fp32 D, D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` |
 | `fp8_gemm_nt`, packed UE8M0 (int32) scales, DeepGEMM's SM100 form: bf16 D, no C | `fp8_ops.fp8_gemm_nt` (Blackwell) |
+| `fp8_gemm_nt`, packed UE8M0 (int32) scales, recipe (1, 1, 128): fp32 D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` (Blackwell) |
 | `fp8_fp4_gemm_nt` (= `fp8_gemm_nt`), packed FP4 B, recipe_a (1, 128), recipe_b (1, 32): bf16 D, no C | `fp8_ops.fp8_gemm_nt` with FP4 `b` (Blackwell) |
 | `m_grouped_fp8_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`) | `grouped_ops.m_grouped_fp8_gemm_nt_contiguous` |
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
@@ -170,22 +171,37 @@ def _fp8_gemm_nt_ue8m0(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: t
                        d: Any, c: Any, family: Recipe) -> None:
     """DeepGEMM's SM100 form: packed UE8M0 scales, int32 [M, ⌈K/512⌉] for A and, by the default
     recipe (1, 1, 128), [N, ⌈K/512⌉] per row of B (with recipe (1, 128, 128), [⌈N/128⌉, ⌈K/512⌉]
-    per block); bf16 D without C, on the kernels that take UE8M0 scales (Blackwell's)."""
+    per block); bf16 D without C, or with recipe (1, 1, 128) an fp32 D = C + A·Bᵀ (the weight
+    gradient), on the kernels that take UE8M0 scales (Blackwell's)."""
     if sfa.dtype != sfb.dtype:
         raise ValueError(
             f"deep_gemm.{function}: the scales of 'a' ({sfa.dtype}) and 'b' ({sfb.dtype}) must both be packed "
             "UE8M0 (torch.int32) or both fp32"
         )
     m, n = qa.shape[0], qb.shape[0]
+    per_row_b = family is Recipe.PER_ROW_1D1D
+    if isinstance(d, torch.Tensor) and d.dtype == torch.float32 and per_row_b:
+        # The weight gradient: fp32 D = C + A·Bᵀ with 1x128 scales per row on both sides.
+        _check_d(function, d, (m, n), (torch.float32,))
+        _check_c(function, c, d)
+        if m == 0 or n == 0:
+            return
+        if qa.shape[1] == 0:
+            _empty_k(d, c)
+            return
+        if c is None:
+            d.zero_()
+        fp8_ops.fp8_wgrad_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb), d, c)
+        return
     if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or c is not None:
-        raise unsupported(function, "fp32 D or C with packed UE8M0 scales (cutegen's UE8M0 kernels write bf16 D without C)")
+        raise unsupported(function, "C, or fp32 D with recipe (1, 128, 128), with packed UE8M0 scales (cutegen's UE8M0 "
+                                    "kernels write bf16 D without C, or fp32 D += A·Bᵀ with recipe (1, 1, 128))")
     _check_d(function, d, (m, n), (torch.bfloat16,))
     if m == 0 or n == 0:
         return
     if qa.shape[1] == 0:
         _empty_k(d, c)
         return
-    per_row_b = family is Recipe.PER_ROW_1D1D
     rows = n if per_row_b else -(-n // SCALE_BLOCK)
     if sfb.dim() != 2 or sfb.shape[0] != rows:
         raise ValueError(

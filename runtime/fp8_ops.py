@@ -401,13 +401,17 @@ def _check_wgrad(a, sfa, b, sfb, d, c) -> tuple[int, int, int]:
     if k % SCALE_BLOCK:
         raise fail("a", f"must have K a multiple of {SCALE_BLOCK}, got K = {k}")
     k_blocks = k // SCALE_BLOCK
+    packed = isinstance(sfa, torch.Tensor) and sfa.dtype == torch.int32
+    # Packed UE8M0 scales (DeepGEMM's SM100 1D1D form), four per int32 word along K.
+    dtype, cols, what = (torch.int32, ceil_div(k_blocks, UE8M0_PER_WORD), "ceil(K/512)") if packed else (torch.float32, k_blocks, "K/128")
     for arg, t, rows in (("sfa", sfa, m), ("sfb", sfb, n)):
-        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != torch.float32:
-            raise fail(arg, f"must be a torch.float32 tensor on {a.device}")
-        if tuple(t.shape) != (rows, k_blocks) or not is_mn_major_tma_aligned(t):
+        if not isinstance(t, torch.Tensor) or t.device != a.device or t.dtype != dtype:
+            raise fail(arg, f"must be a {dtype} tensor on {a.device} (torch.float32 scales, or packed UE8M0 "
+                            f"torch.int32 for both), got {getattr(t, 'dtype', type(t).__name__)}")
+        if tuple(t.shape) != (rows, cols) or not is_mn_major_tma_aligned(t):
             raise fail(
                 arg,
-                f"must be [{rows}, K/128 = {k_blocks}], MN-major and TMA-aligned (strides (1, "
+                f"must be [{rows}, {what} = {cols}], MN-major and TMA-aligned (strides (1, "
                 f"{tma_aligned_rows(rows)})); got shape {list(t.shape)} strides {list(t.stride())}; "
                 "convert with to_mn_major_tma_aligned",
             )
@@ -456,15 +460,36 @@ def _wgrad_impl(
     n = b.shape[0]
     if m == 0 or n == 0 or k == 0:
         return
-    _check_pointers(OP_FP8_WGRAD, PTR_ALIGN_BYTES, a=a, sfa=sfa, b=b, sfb=sfb, out=d)
+    packed = sfa.dtype == torch.int32
+    if packed:
+        _check_pointers(OP_FP8_WGRAD, PTR_ALIGN_BYTES, a=a, b=b, out=d)
+    else:
+        _check_pointers(OP_FP8_WGRAD, PTR_ALIGN_BYTES, a=a, sfa=sfa, b=b, sfb=sfb, out=d)
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel_name)
-        prepared = launch(
-            loaded, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}, stream=current_stream(a),
-            extents={"TAIL_SPLIT": split},
-        )
+        scale = _wgrad_scale(packed, device, kernel_name)
+        loaded = kernel_for(OP_FP8_WGRAD, m, n, k, device, kernel_name, scale)
+        operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": d}
+        if packed:
+            # The block-scaled MMA's blocked scales, made per call: nothing is remembered.
+            operands["sfa"], operands["sfb"] = mx_scale_operands(sfa, sfb, m, n, k, sfb_per_row=True)
+            launch(loaded, operands, stream=current_stream(a), extents={"TAIL_SPLIT": split})
+            return
+        prepared = launch(loaded, operands, stream=current_stream(a), extents={"TAIL_SPLIT": split})
     _wgrad_calls.remember(key, Launched(loaded, prepared, _CALL_OPERANDS, outputs={"d": "d"}), (a, sfa, b, sfb, d))
+
+
+def _wgrad_scale(packed: bool, device: int, forced: str) -> str:
+    """The scale format of the weight-gradient kernels a call may run: "f32", or "mx" for packed
+    UE8M0 scales (Blackwell's block-scaled kernels), refused naming 'sfa' where none runs."""
+    if not packed:
+        return "f32"
+    if forced or runnable_kernels(OP_FP8_WGRAD, device, "mx"):
+        return "mx"
+    raise InputError(
+        f"{OP_FP8_WGRAD}: argument 'sfa' holds packed UE8M0 (int32) scales: only kernels whose tensor cores "
+        "apply the scales (scale mx, sm_100a) take them, and this GPU's catalogue has none"
+    )
 
 
 def _wgrad_fake(a, sfa, b, sfb, d, c=None, kernel_name: str = "") -> None:
@@ -488,7 +513,10 @@ def fp8_wgrad_gemm_nt(
 
     A [M, K] and B [N, K] are e4m3 with fp32 scales per 1x128 along K on **both** sides (sfa
     [M, K/128] and sfb [N, K/128], each MN-major and TMA-aligned, as the per-token quantize
-    writes them with ``scale_layout="mn-major-tma-aligned"``). Without ``c``, D accumulates into
+    writes them with ``scale_layout="mn-major-tma-aligned"``), or packed UE8M0 scales on both
+    sides (int32 [M, ⌈K/512⌉] and [N, ⌈K/512⌉], MN-major and TMA-aligned: DeepGEMM's SM100 1D1D
+    form), which only Blackwell's block-scaled kernels take (converted per call; refused naming
+    ``sfa`` elsewhere). Those kernels split no tile, so D is bitwise reproducible there. Without ``c``, D accumulates into
     itself (C = D); with ``c``, D is first set to C. The kernel adds its fp32 tile into D with a
     TMA reduce-add, so D must not alias A, B or the scales.
     """

@@ -42,7 +42,7 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.FP8_GEMM_NT: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({Arch.SM90A, Arch.SM100A}),
-    Op.FP8_WGRAD_GEMM_NT: frozenset({Arch.SM90A}),
+    Op.FP8_WGRAD_GEMM_NT: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A}),
@@ -78,7 +78,8 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     # The grouped GEMMs also let Blackwell's tensor cores apply UE8M0 scales (MX).
     Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32, ScaleFormat.MX}),
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({ScaleFormat.F32, ScaleFormat.MX}),
-    Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32}),
+    # On sm_100a with the scales applied by the MMA (MX).
+    Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32, ScaleFormat.MX}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),

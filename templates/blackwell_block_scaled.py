@@ -28,7 +28,12 @@ from cutegen.schedules.spec import (
 )
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.gemm_contract import shape_binding, tma_binding, with_group_mode
-from cutegen.templates.gemm_entries import Fp8GemmNtMxEntry, MGroupedContiguousMxEntry, MGroupedMaskedMxEntry
+from cutegen.templates.gemm_entries import (
+    Fp8GemmNtMxEntry,
+    Fp8WgradMxEntry,
+    MGroupedContiguousMxEntry,
+    MGroupedMaskedMxEntry,
+)
 from cutegen.templates.blackwell_common import (
     EPILOGUE_BARRIER_ID,
     EPILOGUE_WARPS,
@@ -91,6 +96,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         self.m_grouped = s.op.is_m_grouped
         self.masked = s.op.is_masked
         self.contiguous = self.m_grouped and not self.masked
+        # The weight gradient: D (fp32) += the tile, by a TMA reduce-add.
+        self.wgrad = s.op.scales_b_per_row
         self.buffer_align_bytes = 1024
         # Scale atoms per stage (SFA's, SFB's) and the accumulator stages that fit beside their
         # tensor-memory columns.
@@ -135,12 +142,14 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
                 {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
                 {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
             ]
+        elif self.wgrad:
+            params.append({"name": "tail_split", "kind": "scalar", "dtype": "i32", "expr": "TAIL_SPLIT"})
         return params
 
     # ---- host side --------------------------------------------------------------------------
     @cute.jit
     def _launch(self, a, b, c, sfa_ptr, sfb_ptr, max_active_clusters, stream, m_indices=None, zero_padding=None,
-                masked_m=None):
+                masked_m=None, tail_split=None):
         s = self.schedule
         tiled_mma = self._make_tiled_mma()
         cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
@@ -167,8 +176,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
             + MX_ATOM_BYTES * (self.sfa_atoms + self.sfb_atoms)
         )
+        store_op = cpasync.CopyReduceBulkTensorTileS2GOp() if self.wgrad else cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), c, cute.slice_(epi_staged, (None, None, 0)), s.epi_tile
+            store_op, c, cute.slice_(epi_staged, (None, None, 0)), s.epi_tile
         )
 
         @cute.struct
@@ -191,9 +201,13 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
         persistent = self._persistent_clusters(c, self.masked, max_active_clusters)
+        if cutlass.const_expr(self.wgrad):
+            # The op's grid rule: with TAIL_SPLIT 1, every cluster the GPU holds; this kernel
+            # splits no tile, so the clusters past the tiles exit at once.
+            persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
         kernel_call = self.kernel(
             tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, sfa_ptr, sfb_ptr, tma_atom_c, tma_tensor_c,
-            m_indices, zero_padding, masked_m,
+            m_indices, zero_padding, masked_m, tail_split,
             a_staged, b_staged, sfa_staged, sfb_staged, epi_staged, cluster_layout_vmnk,
         )
         self._launch_persistent(kernel_call, persistent, stream)
@@ -264,6 +278,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         m_indices_ptr,
         zero_padding,
         masked_m_ptr,
+        tail_split,  # the weight gradient's: it sizes the grid only (see `_launch`)
         a_staged: cute.ComposedLayout,
         b_staged: cute.ComposedLayout,
         sfa_staged: cute.Layout,
@@ -527,6 +542,10 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
 class BlackwellMxFp8GemmNtKernel(Fp8GemmNtMxEntry, BlackwellBlockScaledKernel):
     """`fp8_gemm_nt` on sm_100a with its UE8M0 scales applied by the MMA (scale = mx)."""
+
+
+class BlackwellMxFp8WgradKernel(Fp8WgradMxEntry, BlackwellBlockScaledKernel):
+    """`fp8_wgrad_gemm_nt` on sm_100a: D (fp32) += (A · sfa) · (B · sfb)ᵀ, the scales applied by the MMA."""
 
 
 class BlackwellMxMGroupedContiguousKernel(MGroupedContiguousMxEntry, BlackwellBlockScaledKernel):

@@ -20,6 +20,7 @@ from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.blackwell_block_scaled import (
     BlackwellMxFp8GemmNtKernel,
+    BlackwellMxFp8WgradKernel,
     BlackwellMxMGroupedContiguousKernel,
     BlackwellMxMGroupedMaskedKernel,
 )
@@ -615,6 +616,7 @@ class BlackwellGemmTemplate(GemmContract):
             self.kernel = (
                 BlackwellMxMGroupedMaskedKernel(schedule) if schedule.op.is_masked
                 else BlackwellMxMGroupedContiguousKernel(schedule) if schedule.op.is_m_grouped
+                else BlackwellMxFp8WgradKernel(schedule) if schedule.op.scales_b_per_row
                 else BlackwellMxFp8GemmNtKernel(schedule)
             )
         elif schedule.op.is_masked:

@@ -47,6 +47,26 @@ class Fp8GemmNtMxEntry:
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
 
 
+class Fp8WgradMxEntry:
+    """`fp8_wgrad_gemm_nt` with the scales applied by the MMA: D (fp32) += (A · sfa) · (B · sfb)ᵀ,
+    SFA and SFB the blocked UE8M0 bytes of every row of A and of B; ``tail_split`` sizes the grid
+    as the op's grid rule does."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Pointer,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        tail_split: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, tail_split=tail_split)
+
+
 class Fp8GemmNtSplitKEntry:
     """`fp8_gemm_nt` with the K blocks of each tile split over `k_splits` CTAs: each writes its fp32
     partial sum to `split_partials` and counts itself in `split_counters` (one int32 per tile,

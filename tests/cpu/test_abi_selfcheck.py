@@ -41,6 +41,8 @@ SCHEDULES = (
     # ... over the grouped layouts.
     "cutegen_sm100a_mgfp8gemmc_e4m3_e2m1_bf16_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rn_g1",
+    # ... and the weight gradient (fp32 D, TMA reduce-add).
+    "cutegen_sm100a_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
 )
 GROUPS = 3
 # Split-K kernels: the split count passed (the DSL's host code only multiplies the grid by it).
@@ -150,6 +152,9 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             operands["m_indices"] = OperandInfo(0x7F5000000000, (m,), (1,), "i32")
             args += [ap.CPointer(operands["m_indices"].ptr), ap.CScalar(1)]
             extents.update(G=GROUPS, ZERO_PADDING=1)
+        elif schedule.op.splits_last_wave:  # the weight gradient's tail-split switch, on
+            args += [ap.CScalar(1)]
+            extents.update(TAIL_SPLIT=1)
     elif schedule.block_scaled:
         kb, nb = -(-k // 128), -(-n // 128)
         lds = -(-m // 4) * 4

@@ -18,7 +18,7 @@ from cutegen.schedules.naming import procedural_name
 from cutegen.schedules.predicates import violations
 from cutegen.schedules.spec import Arch, DType, Op
 
-SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED}
+SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT}
 
 
 def sm100_schedules():
@@ -112,6 +112,8 @@ def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
         assert mmas and all(len(re.findall(r"tmem\[", line)) == 3 for line in mmas), name
         assert "UTCCP.T.S.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
         assert not re.search(r"\bLDL|\bSTL", sass), name
+        # The weight gradient adds its tiles into D (TMA reduce-add); the others store them.
+        assert ("UTMAREDG.2D.ADD" in sass) == s.op.scales_b_per_row, name
 
 
 # The MMA instruction descriptor's B format field (bits 10-12 of kind::mxf8f6f4): E4M3 0, E2M1 5.
@@ -315,3 +317,22 @@ def test_grouped_packed_scales_run_on_the_block_scaled_kernels(on_gpu):
         grouped_ops._scale_for_call("m_grouped_fp8_gemm_nt_contiguous", grouped_ops._fail, True, "e4m3", 0, "")
     with pytest.raises(InputError, match="m_grouped_fp8_gemm_nt_masked: argument 'b' holds FP4"):
         grouped_ops._scale_for_call("m_grouped_fp8_gemm_nt_masked", grouped_ops._fail_masked, True, "e2m1", 0, "")
+
+
+@pytest.mark.slow
+def test_weight_gradient_packed_scales_run_on_the_block_scaled_kernels(on_gpu):
+    """The weight gradient with packed UE8M0 scales chooses among the block-scaled kernels on
+    Blackwell and is refused naming 'sfa' on Hopper; fp32 scales ask for fp32 kernels."""
+    pytest.importorskip("torch")
+    from cutegen.runtime import fp8_ops
+    from cutegen.runtime.errors import InputError
+
+    ops = on_gpu(B200)
+    assert fp8_ops._wgrad_scale(True, 0, "") == "mx" and fp8_ops._wgrad_scale(False, 0, "") == "f32"
+    mx = ops.runnable_kernels("fp8_wgrad_gemm_nt", scale="mx")
+    assert mx and all("_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_" in n for n in mx)
+    chosen = ops.catalogue().manifest(ops.choose_kernel("fp8_wgrad_gemm_nt", 7168, 2048, 4096, scale="mx"))
+    assert chosen.fact("mma_applies_scales") and chosen.arch == "sm_100a"
+    on_gpu(H200)
+    with pytest.raises(InputError, match="'sfa' holds packed UE8M0.*this GPU's catalogue has none"):
+        fp8_ops._wgrad_scale(True, 0, "")

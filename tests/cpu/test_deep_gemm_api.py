@@ -155,8 +155,8 @@ def _fp8(*shape):
                                 torch.empty(4, 8, dtype=torch.bfloat16)), NotImplementedError, "FP4"),
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1)),
                                 torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, "both be packed UE8M0"),
-        (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(8, 1, dtype=torch.int32)),
-                                torch.empty(4, 8)), NotImplementedError, "fp32 D or C with packed UE8M0"),
+        (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1, dtype=torch.int32)),
+                                torch.empty(4, 8), recipe=(1, 128, 128)), NotImplementedError, "fp32 D with recipe \\(1, 128, 128\\)"),
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1, dtype=torch.int32)),
                                 torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, r"8 rows under recipe \(1, 1, 128\)"),
         (lambda: dg.fp8_fp4_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)),
@@ -293,3 +293,23 @@ def test_grouped_sm100_calls_reach_the_runtime_in_its_layouts(monkeypatch):
     from cutegen.runtime.quant_reference import is_mn_major_tma_aligned
 
     assert is_mn_major_tma_aligned(seen["sfa"]) and torch.equal(seen["sfb"], sfb)
+
+
+def test_sm100_weight_gradient_call_reaches_the_runtime(monkeypatch):
+    """DeepGEMM's SM100 1D1D call (packed UE8M0 per row on both sides, fp32 D, optional C)
+    reaches `fp8_ops.fp8_wgrad_gemm_nt` with MN-major scales, D zeroed first when there is no C."""
+    from cutegen.deep_gemm import gemm
+
+    seen = {}
+    monkeypatch.setattr(gemm.fp8_ops, "fp8_wgrad_gemm_nt",
+                        lambda qa, sfa, qb, sfb, d, c: seen.update(sfa=sfa, sfb=sfb, d=d, c=c))
+    m, n, k = 5, 9, 1024
+    sfa = torch.arange(m * 2, dtype=torch.int32).view(m, 2)
+    sfb = torch.arange(n * 2, dtype=torch.int32).view(n, 2)
+    d = torch.full((m, n), 7.0)
+    dg.fp8_gemm_nt((_fp8(m, k), sfa), (_fp8(n, k), sfb), d)
+    assert seen["c"] is None and seen["d"] is d and bool((d == 0).all())
+    assert seen["sfa"].stride() == (1, 8) and seen["sfb"].stride() == (1, 12) and torch.equal(seen["sfb"], sfb)
+    c = torch.ones(m, n)
+    dg.fp8_gemm_nt((_fp8(m, k), sfa), (_fp8(n, k), sfb), d, c=c)
+    assert seen["c"] is c

@@ -89,6 +89,7 @@ def test_valid_operands():
         # K not a multiple of 128: the last scale block is partial (K = 576: 5 scale blocks)
         assert dense(a=fp8(M, 576), b=fp8(N, 576), sfa=mn_major(M, 5), sfb=torch.empty(NB, 5, device="cuda")) == (M, N, 576)
         assert wgrad() == (M, N, K)
+        assert wgrad(sfa=mn_major(M, KW, I32), sfb=mn_major(N, KW, I32)) == (M, N, K)  # packed UE8M0 (sm_100a)
         assert contiguous() == (M, N, K, G)
         assert masked() == (G, M, N, K)
         # Packed UE8M0 scales (the block-scaled kernels): SFB per row of each expert or per block,
@@ -133,6 +134,8 @@ BAD = [
     (dense, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
     (dense, "out", lambda: {"out": torch.empty(M, N + 8, dtype=torch.bfloat16, device="cuda")}),
     (wgrad, "sfb", lambda: {"sfb": torch.empty(NB, KB, device="cuda")}),  # 128x128 blocks, not per row
+    (wgrad, "sfb", lambda: {"sfa": mn_major(M, KW, I32)}),  # packed sfa, fp32 sfb
+    (wgrad, "sfa", lambda: {"sfa": mn_major(M, KW + 1, I32), "sfb": mn_major(N, KW, I32)}),
     (wgrad, "d", lambda: {"d": torch.empty(M, N, dtype=torch.bfloat16, device="cuda")}),
     (wgrad, "d", lambda: {"d": torch.empty(N, M, device="cuda")}),
     (wgrad, "c", lambda: {"c": torch.empty(M, N - 1, device="cuda")}),

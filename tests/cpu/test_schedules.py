@@ -109,7 +109,7 @@ def test_default_files_and_filters():
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
-        Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED
+        Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT
     }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
     assert all(e.valid and e.family == "hopper_bf16_gemm" and e.stages_auto for e in entries)
@@ -838,7 +838,7 @@ def test_256_wide_block_scaled_tiles_run_in_column_waves():
     ):
         assert other.column_waves == 1 and other.all_waves == other.waves
     wgrad = dataclasses.replace(
-        next(x for x in default_schedules(op="fp8_wgrad_gemm_nt") if x.tile_m == 128), tile_n=256, stages=3
+        next(x for x in default_schedules(arch="sm_90a", op="fp8_wgrad_gemm_nt") if x.tile_m == 128), tile_n=256, stages=3
     )
     assert wgrad.column_waves == 1
     assert "accumulator_registers" in {v.name for v in violations(wgrad)}
