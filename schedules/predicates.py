@@ -44,8 +44,9 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
-    Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A}),
-    Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A}),
+    # The quantize templates use no tensor-core or Hopper-only instruction: sm_100a too.
+    Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
+    Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: frozenset({Arch.SM90A}),
 }
 
@@ -137,10 +138,11 @@ SM100_MATH_WARPGROUPS = (1,)
 
 _SM90 = frozenset({Arch.SM90A})
 _SM100 = frozenset({Arch.SM100A})
-_SM100_OPS = frozenset(op for op, archs in OP_ARCHS.items() if Arch.SM100A in archs)
 # Quantize ops (no MMA): the GEMM rules below do not apply to them; the quant_* rules do.
 _QUANT_OPS = frozenset(op for op in Op if op.is_quantize)
 _GEMM_OPS = frozenset(Op) - _QUANT_OPS
+# The sm_100a GEMMs (the tcgen05 rules apply to them).
+_SM100_OPS = frozenset(op for op, archs in OP_ARCHS.items() if Arch.SM100A in archs) & _GEMM_OPS
 # Quantize templates: the group, the CTA tile per op, warpgroups, stages (see the quant_* rules).
 QUANT_TILES: dict[Op, tuple[int, int]] = {
     # (tile_m, tile_n) of the ops with one CTA tile; per-token tiles are PER_TOKEN_TILE_COLS.

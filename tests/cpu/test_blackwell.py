@@ -22,7 +22,8 @@ SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_F
 
 
 def sm100_schedules():
-    return [s for s in default_schedules() if s.arch == Arch.SM100A]
+    """The sm_100a GEMM schedules (the quantizers are checked in test_quant_build.py)."""
+    return [s for s in default_schedules() if s.arch == Arch.SM100A and not s.op.is_quantize]
 
 
 def test_default_catalogue_has_every_sm100_op_on_one_cta_and_a_pair():
@@ -67,7 +68,8 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("sm100")
     mp = pytest.MonkeyPatch()
     mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
-    report = build_schedules(sm100_schedules(), root / "out", jobs=2, progress=False)
+    quantizers = [s for s in default_schedules() if s.arch == Arch.SM100A and s.op.is_quantize]
+    report = build_schedules(sm100_schedules() + quantizers, root / "out", jobs=2, progress=False)
     mp.undo()
     assert report.ok, report.summary()
     return root / "out"
@@ -152,6 +154,8 @@ def test_manifests_carry_a_blackwell_launch(built):
     for m in cat.manifests():
         s = m.schedule
         assert m.arch == "sm_100a"
+        if m.op.endswith("_quant_fp8"):  # the quantizers: checked in test_quant_build.py
+            continue
         assert m.block == (256, 1, 1)
         assert m.cluster == (s["cluster_m"], s["cluster_n"], 1)
         assert 0 < m.smem_bytes <= 232448
@@ -336,3 +340,21 @@ def test_weight_gradient_packed_scales_run_on_the_block_scaled_kernels(on_gpu):
     on_gpu(H200)
     with pytest.raises(InputError, match="'sfa' holds packed UE8M0.*this GPU's catalogue has none"):
         fp8_ops._wgrad_scale(True, 0, "")
+
+
+@pytest.mark.slow
+def test_quantizers_for_blackwell_are_chosen_there(on_gpu):
+    """A Blackwell GPU quantizes with the sm_100a builds of the quantize templates (per-token with
+    packed UE8M0 scales among them: the block-scaled kernels' activations), Hopper with its own."""
+    from cutegen.runtime import quant_ops
+
+    on_gpu(B200)
+    for op, dtype, scale in (("per_token_quant_fp8", "bf16", "ue8m0"), ("per_token_quant_fp8", "f32", "fp32"),
+                             ("per_block_quant_fp8", "bf16", "fp32")):
+        names = quant_ops.quant_kernels(op, dtype, scale, 0)
+        assert names and all(n.startswith("cutegen_sm100a_") for n in names), (op, names)
+    from cutegen.runtime.errors import ArtifactError
+
+    on_gpu(H200)  # this build holds sm_100a kernels only
+    with pytest.raises(ArtifactError, match="runs on sm_90"):
+        quant_ops.quant_kernels("per_token_quant_fp8", "bf16", "ue8m0", 0)

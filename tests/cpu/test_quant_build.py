@@ -34,6 +34,11 @@ PER_TOKEN_WIDE = PER_TOKEN.replace("_8x512x128_", "_4x1024x128_")
 PER_TOKEN_STAGES = {"bf16": 1, "f16": 1, "f32": 1}
 PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_e4m3_sff32_128x128x128_s1_wg2"
 GROUPED = "cutegen_sm90a_gtquant_bf16_e4m3_sff32_128x64x128_s2_wg2"
+def sm100(name: str) -> str:
+    """The same quantizer compiled for Blackwell (the Hopper templates, built for sm_100a)."""
+    return name.replace("cutegen_sm90a_", "cutegen_sm100a_")
+
+
 # Registers the occupancy design assumes: per-token 4 CTAs of 256 threads per SM, grouped 3
 # (its .minnctapersm), per-block 2.
 MAX_REGISTERS = {"ptquant": 64, "gtquant": 85, "pbquant": 128}
@@ -41,12 +46,14 @@ MIN_CTAS = {"ptquant": 4, "gtquant": 3, "pbquant": 2}
 
 
 def test_default_quant_schedules():
-    assert len(NAMES) == 16
+    assert len(NAMES) == 16 + 9
     for dt in ("bf16", "f16", "f32"):
         for sf in ("sff32", "sfue8m0"):
             assert PER_TOKEN.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]) in NAMES
             assert PER_TOKEN_WIDE.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]) in NAMES
+            assert sm100(PER_TOKEN).format(dt=dt, sf=sf, st=1) in NAMES
         assert PER_BLOCK.format(dt=dt) in NAMES
+        assert sm100(PER_BLOCK).format(dt=dt) in NAMES
     assert GROUPED in NAMES
 
 
@@ -90,11 +97,13 @@ def test_ptx_uses_the_specified_numerics(built, name):
     assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx  # IEEE s = max(amax, eps)/448 and 1/s
     for approx in ("div.approx", "div.full", "rcp.approx", ".ftz"):
         assert approx not in ptx, approx
-    assert "ld.global.v4" in ptx  # 128-bit loads
+    # 128-bit loads: four 32-bit words, or (as NVVM writes some for sm_100a) two 64-bit ones.
+    assert re.search(r"ld\.global[.\w]*\.(v4\.[bfus]32|v2\.[bfus]64)\b", ptx)
     if "_gtquant_" in name:
         assert "st.global.v4" in ptx  # 128-bit stores of q
     if "_ptquant_" in name and "_ptquant_f32_" not in name:
-        assert "st.global.v2.b32" in ptx  # a lane's 8 q bytes per 16-byte input piece
+        # A lane's 8 q bytes per 16-byte input piece: two words, or one 64-bit word (sm_100a).
+        assert re.search(r"st\.global[.\w]*\.(v2\.b32|b64)\b", ptx)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -159,6 +168,9 @@ PER_TOKEN_CASES = [
     ("bf16", "sff32", 37, 640, 0, "mn-major", 7, PER_TOKEN),
     ("f32", "sfue8m0", 1, 128, 4, "mn-major", 3, PER_TOKEN),
     ("f16", "sfue8m0", 4096, 7168, 0, "k-major", 528, PER_TOKEN_WIDE),
+    # Blackwell: the activations the block-scaled kernels take (packed UE8M0, MN-major).
+    ("bf16", "sfue8m0", 1000, 7168, 0, "mn-major", 592, sm100(PER_TOKEN)),
+    ("f32", "sff32", 37, 640, 16, "k-major", 500, sm100(PER_TOKEN)),
 ]
 
 
@@ -184,6 +196,15 @@ def test_abi_per_block(compile_dir):
         "sf": OperandInfo(0x7F2000000000, (3, 3), (3, 1), "f32"),
     }
     _probe(PER_BLOCK.format(dt="bf16"), operands, {"eps": 0.25}, 264, compile_dir)
+
+
+def test_abi_per_block_sm100(compile_dir):
+    operands = {
+        "w": OperandInfo(0x7F0000000000, (300, 272), (288, 1), "bf16"),
+        "q": OperandInfo(0x7F1000000000, (300, 272), (272, 1), "e4m3"),
+        "sf": OperandInfo(0x7F2000000000, (3, 3), (3, 1), "f32"),
+    }
+    _probe(sm100(PER_BLOCK).format(dt="bf16"), operands, {"eps": 0.25}, 296, compile_dir)
 
 
 def test_abi_grouped(compile_dir):
