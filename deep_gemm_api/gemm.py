@@ -16,6 +16,7 @@ matching `cutegen.runtime` op:
 | the M-grouped GEMMs with packed UE8M0 scales or FP4 experts (DeepGEMM's SM100 forms) | the same ops on the block-scaled kernels (Blackwell) |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
 | `bf16_gemm_nt`, bf16 D, no C | `ops.bf16_gemm_nt` |
+| `m_grouped_bf16_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`), `m_grouped_bf16_gemm_nt_masked` | `bf16_grouped_ops` (sm_90a) |
 
 Scales are taken as DeepGEMM takes them and brought into the layout the kernels read: fp32
 1 x 128 scales given row-major (what engines' own quantizers write) are copied once per call into
@@ -30,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, ops
+from cutegen.runtime import bf16_grouped_ops, fp8_ops, grouped_ops, k_grouped_ops, ops
 from cutegen.runtime.quant_reference import to_mn_major_tma_aligned
 
 from .recipes import Recipe, default_recipe, operand_pair, resolve, unsupported
@@ -285,30 +286,42 @@ def m_grouped_fp8_gemm_nt_contiguous(
     unless ``ensure_zero_padding=False``. ``expected_m_for_psum_layout`` is a hint and not needed.
     """
     function = "m_grouped_fp8_gemm_nt_contiguous"
+    grouped_layout = _grouped_layout_argument(function, grouped_layout, m_indices)
+    qa, sfa, qb, sfb = _grouped_operands(function, a, b, recipe, recipe_a, recipe_b)
+    check_mk_alignment(function)
+    m, k = _rows_cols(function, "a", qa, 2)
+    g, n, _ = _rows_cols(function, "b", qb, 3)
+    _check_d(function, d, (m, n), (torch.bfloat16,))
+    row_groups = _row_groups(function, grouped_layout, use_psum_layout, expected_m_for_psum_layout, g, m)
+    if m == 0:
+        return
+    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sfb, row_groups, out=d, zero_padding=bool(ensure_zero_padding))
+
+
+def _grouped_layout_argument(function: str, grouped_layout: Any, m_indices: Any) -> torch.Tensor:
+    """``grouped_layout``, or DeepGEMM's older keyword ``m_indices`` for it."""
     if m_indices is not None:
         if grouped_layout is not None:
             raise TypeError(f"deep_gemm.{function}: give 'grouped_layout' or its old name 'm_indices', not both")
         grouped_layout = m_indices
     if not isinstance(grouped_layout, torch.Tensor):
         raise TypeError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 CUDA tensor, got {type(grouped_layout).__name__}")
-    qa, sfa, qb, sfb = _grouped_operands(function, a, b, recipe, recipe_a, recipe_b)
-    check_mk_alignment(function)
-    m, k = _rows_cols(function, "a", qa, 2)
-    g, n, _ = _rows_cols(function, "b", qb, 3)
-    _check_d(function, d, (m, n), (torch.bfloat16,))
     if grouped_layout.dtype != torch.int32:
         raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be torch.int32, got {grouped_layout.dtype}")
+    return grouped_layout
+
+
+def _row_groups(function: str, grouped_layout: torch.Tensor, use_psum_layout: bool, expected_m_for_psum_layout: Any,
+                g: int, m: int) -> torch.Tensor:
+    """Each row's group (m_indices): ``grouped_layout`` itself, or with ``use_psum_layout`` the
+    [G] cumulative group ends turned into per-row indices on the GPU (no host synchronisation)."""
     if use_psum_layout:
         if tuple(grouped_layout.shape) != (g,):
             raise ValueError(f"deep_gemm.{function}: with use_psum_layout, 'grouped_layout' must be the [G] = [{g}] group ends, got {list(grouped_layout.shape)}")
-        row_groups = grouped_ops.m_indices_from_group_ends(grouped_layout, m)
-    else:
-        if expected_m_for_psum_layout is not None:
-            raise ValueError(f"deep_gemm.{function}: 'expected_m_for_psum_layout' applies only with use_psum_layout=True")
-        row_groups = grouped_layout
-    if m == 0:
-        return
-    grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sfa, qb, sfb, row_groups, out=d, zero_padding=bool(ensure_zero_padding))
+        return grouped_ops.m_indices_from_group_ends(grouped_layout, m)
+    if expected_m_for_psum_layout is not None:
+        raise ValueError(f"deep_gemm.{function}: 'expected_m_for_psum_layout' applies only with use_psum_layout=True")
+    return grouped_layout
 
 
 m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
@@ -456,6 +469,65 @@ def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
     bf16_gemm_nt(a.transpose(0, 1), b, d, c, compiled_dims)
 
 
+def m_grouped_bf16_gemm_nt_contiguous(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    d: torch.Tensor,
+    grouped_layout: torch.Tensor | None = None,
+    compiled_dims: str = "nk",
+    use_psum_layout: bool = False,
+    ensure_zero_padding: bool = True,
+    expected_m_for_psum_layout: int | None = None,
+    *,
+    m_indices: torch.Tensor | None = None,
+) -> None:
+    """BF16 experts over one [ΣM, K] activation: D[r] = A[r] @ B[g]ᵀ for every row r of group g,
+    ``grouped_layout`` as in `m_grouped_fp8_gemm_nt_contiguous` (per-row groups, or cumulative group
+    ends with ``use_psum_layout``); padding rows of D zeroed unless ``ensure_zero_padding=False``."""
+    function = "m_grouped_bf16_gemm_nt_contiguous"
+    grouped_layout = _grouped_layout_argument(function, grouped_layout, m_indices)
+    for arg, t, rank in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' must be a torch.bfloat16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        _rows_cols(function, arg, t, rank)
+    check_mk_alignment(function)
+    m, _ = a.shape
+    g, n, _ = b.shape
+    _check_d(function, d, (m, n), (torch.bfloat16,))
+    row_groups = _row_groups(function, grouped_layout, use_psum_layout, expected_m_for_psum_layout, g, m)
+    if m == 0:
+        return
+    bf16_grouped_ops.m_grouped_bf16_gemm_nt_contiguous(a, b, row_groups, out=d, zero_padding=bool(ensure_zero_padding))
+
+
+def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False,
+                                      ensure_zero_padding=True) -> None:
+    """`m_grouped_bf16_gemm_nt_contiguous` with each B[g] given as [K, N]."""
+    m_grouped_bf16_gemm_nt_contiguous(a, b.transpose(1, 2), d, grouped_layout, compiled_dims, use_psum_layout,
+                                      ensure_zero_padding)
+
+
+def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
+                                  expected_m: int, compiled_dims: str = "nk") -> None:
+    """Decode-time BF16 experts: A [G, max_m, K], D [G, max_m, N]; rows [0, masked_m[g]) of group g
+    are computed (masked_m int32 [G] stays on the GPU: CUDA-graph capturable); ``expected_m`` guides
+    the kernel choice only."""
+    function = "m_grouped_bf16_gemm_nt_masked"
+    for arg, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' must be a torch.bfloat16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        _rows_cols(function, arg, t, 3)
+    g, max_m, _ = a.shape
+    n = b.shape[1]
+    _check_d(function, d, (g, max_m, n), (torch.bfloat16,))
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"deep_gemm.{function}: argument 'expected_m' must be a positive int, got {expected_m!r}")
+    bf16_grouped_ops.m_grouped_bf16_gemm_nt_masked(a, b, masked_m, int(expected_m), out=d)
+
+
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
+
+
 def _cublaslt(function: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> None:
     """D = C + A·Bᵀ on cuBLASLt through torch (FP8 without scales: `torch._scaled_mm` at scale 1)."""
     if a.dtype == torch.float8_e4m3fn:
@@ -489,12 +561,13 @@ def cublaslt_gemm_tt(a, b, d, c=None) -> None:
 
 
 __all__ = [
-    "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt",
+    "bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "bf16_m_grouped_gemm_nt_masked",
     "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
     "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
     "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked",
     "k_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
 ]

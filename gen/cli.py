@@ -193,13 +193,13 @@ def _catalogue_names() -> frozenset[str]:
 
 def _hardware(e: Expanded) -> str:
     """What hardware has run this schedule point. Only the shipped catalogue's points carry their
-    architecture's evidence ("ran on H200" / "compiled only"); a point only a user's schedule file
+    evidence ("ran on H200" / "compiled only", `Schedule.hardware_evidence`); a point only a user's schedule file
     names, or one the rules refuse, has run nowhere."""
     if not e.valid or e.schedule is None:
         return "none (invalid)"
     if e.name not in _catalogue_names():
         return "none (not in catalogue)"
-    return e.schedule.arch.hardware_evidence
+    return e.schedule.hardware_evidence
 
 
 def _entry_json(e: Expanded) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from .kernel_choice import kernel_for, runnable_kernels
 from .launch import launch
 from .mx_reference import mx_grouped_scale_operands
 from .params import OperandInfo
-from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out
+from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_group_out, new_bf16_out
 
 # Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.
 M_ALIGNMENT = 128
@@ -357,11 +357,6 @@ def _check_masked(a, sfa, b, sfb, masked_m, out) -> tuple[int, int, int, int]:
     return g, max_m, n, k
 
 
-def _new_masked_out(a, g, max_m, n):
-    row = (n + 7) // 8 * 8
-    return torch.empty_strided((g, max_m, n), (max_m * row, row, 1), dtype=torch.bfloat16, device=a.device)
-
-
 def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> Any:
     """Launch; returns what `_masked_calls` remembers of it, None when nothing was launched."""
     g, max_m, k = a.shape
@@ -399,12 +394,12 @@ def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> torc
     key = _masked_calls.key(tensors, expected_m, kernel)
     call = _masked_calls.get(key)
     if call is not None:
-        d = out if out is not None else _new_masked_out(a, a.shape[0], a.shape[1], b.shape[1])
+        d = out if out is not None else new_bf16_group_out(a, a.shape[0], a.shape[1], b.shape[1])
         if _masked_calls.launch(call, (a, sfa, b, sfb, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
     if out is None:
-        d = _new_masked_out(a, g, max_m, n)
+        d = new_bf16_group_out(a, g, max_m, n)
         _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel))
         return d
     check_disjoint(OP_MASKED, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m})
@@ -422,7 +417,7 @@ def _masked_impl(
 
 def _masked_fake(a, sfa, b, sfb, masked_m, expected_m: int, kernel_name: str = ""):
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, None)
-    return _new_masked_out(a, g, max_m, n)
+    return new_bf16_group_out(a, g, max_m, n)
 
 
 def _masked_out_impl(

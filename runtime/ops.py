@@ -1,6 +1,6 @@
 """The torch-facing runtime in one place: every op's entry point, and the catalogue and kernel choice they share.
 
-The ops live in modules of their own (`bf16_ops`, `fp8_ops`, `grouped_ops`, `k_grouped_ops`,
+The ops live in modules of their own (`bf16_ops`, `bf16_grouped_ops`, `fp8_ops`, `grouped_ops`, `k_grouped_ops`,
 `quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
 checks; `torch_ops`: registration, eager dispatch, streams; `call_cache` and `launch`: the
 remembered calls and their plans). Importing any op module registers its ``torch.ops.cutegen``
@@ -9,6 +9,7 @@ ops; ``import cutegen.runtime`` registers all of them when torch is already impo
 
 from __future__ import annotations
 
+from .bf16_grouped_ops import m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked
 from .bf16_ops import OP_BF16_GEMM_NT, bf16_gemm_nt
 from .fp8_ops import fp8_gemm_nt, fp8_wgrad_gemm_nt, to_mn_major_tma_aligned
 from .grouped_ops import m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked
@@ -34,6 +35,8 @@ __all__ = [
     "fp8_wgrad_gemm_nt",
     "grouped_transposed_quant_fp8",
     "k_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "per_block_quant_fp8",

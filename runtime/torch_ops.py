@@ -119,12 +119,20 @@ def new_bf16_out(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
     return torch.empty_strided((m, n), bf16_out_strides(n), dtype=torch.bfloat16, device=like.device)
 
 
+def new_bf16_group_out(like: torch.Tensor, g: Any, m: Any, n: Any) -> torch.Tensor:
+    """A new bf16 [G, M, N] output on the device of ``like``: each group's rows padded as
+    `bf16_out_strides`, groups back to back."""
+    row, _ = bf16_out_strides(n)
+    return torch.empty_strided((g, m, n), (m * row, row, 1), dtype=torch.bfloat16, device=like.device)
+
+
 __all__ = [
     "LIBRARY_NAME",
     "TorchOp",
     "bf16_out_strides",
     "current_stream",
     "device_ordinal",
+    "new_bf16_group_out",
     "new_bf16_out",
     "nothing_to_launch",
     "plain_eager",

@@ -44,6 +44,8 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.M_GROUPED_FP8_GEMM_NT_MASKED: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.FP8_WGRAD_GEMM_NT: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
+    Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
+    Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({Arch.SM90A}),
     # The quantize templates use no tensor-core or Hopper-only instruction: sm_100a too.
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
@@ -65,6 +67,8 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     # Weight gradients accumulate into an fp32 output.
     Op.FP8_WGRAD_GEMM_NT: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
+    Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
+    Op.M_GROUPED_BF16_GEMM_NT_MASKED: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: _QUANT_IN(DType.BF16),
@@ -82,6 +86,8 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     # On sm_100a with the scales applied by the MMA (MX).
     Op.FP8_WGRAD_GEMM_NT: frozenset({ScaleFormat.F32, ScaleFormat.MX}),
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
+    Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
+    Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({ScaleFormat.NONE}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({ScaleFormat.F32}),
@@ -559,7 +565,7 @@ def contiguous_single_cta_mma(s: Schedule) -> str | None:
     )
 
 
-@_rule(archs=_SM90, ops=frozenset({Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS}))
+@_rule(archs=_SM90, ops=frozenset({Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS}))
 def contiguous_tile_within_one_expert(s: Schedule) -> str | None:
     """The contiguous layout aligns experts to 128 rows and the Hopper template computes all of a
     tile's rows with the B of its first row's expert, so a tile has at most 128 rows."""

@@ -48,6 +48,8 @@ class Op(str, enum.Enum):
     M_GROUPED_FP8_GEMM_NT_MASKED = "m_grouped_fp8_gemm_nt_masked"
     FP8_WGRAD_GEMM_NT = "fp8_wgrad_gemm_nt"
     K_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "k_grouped_fp8_gemm_nt_contiguous"
+    M_GROUPED_BF16_GEMM_NT_CONTIGUOUS = "m_grouped_bf16_gemm_nt_contiguous"
+    M_GROUPED_BF16_GEMM_NT_MASKED = "m_grouped_bf16_gemm_nt_masked"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
@@ -61,6 +63,8 @@ class Op(str, enum.Enum):
             "m_grouped_fp8_gemm_nt_masked": "mgfp8gemmm",
             "fp8_wgrad_gemm_nt": "fp8wgrad",
             "k_grouped_fp8_gemm_nt_contiguous": "kgfp8wgrad",
+            "m_grouped_bf16_gemm_nt_contiguous": "mgbf16gemmc",
+            "m_grouped_bf16_gemm_nt_masked": "mgbf16gemmm",
             "per_token_quant_fp8": "ptquant",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
@@ -68,8 +72,11 @@ class Op(str, enum.Enum):
 
     @property
     def is_m_grouped(self) -> bool:
-        """A mixture-of-experts GEMM: B and SFB carry a group mode, rows of A belong to groups."""
-        return self.value in ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")
+        """A mixture-of-experts GEMM: B (and SFB) carry a group mode, rows of A belong to groups."""
+        return self.value in (
+            "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
+            "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
+        )
 
     @property
     def scales_b_per_row(self) -> bool:
@@ -95,7 +102,7 @@ class Op(str, enum.Enum):
     @property
     def is_masked(self) -> bool:
         """The masked M-grouped layout: A and D carry a group mode, masked_m[g] rows are real."""
-        return self.value == "m_grouped_fp8_gemm_nt_masked"
+        return self.value in ("m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked")
 
     @property
     def is_quantize(self) -> bool:
@@ -301,6 +308,11 @@ SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
+# Ops of an architecture whose GPU has run kernels (`Arch.hardware_evidence`) that have been
+# compiled and checked on the CPU but not yet run on that GPU.
+COMPILED_ONLY_OPS: dict[Arch, frozenset[Op]] = {
+    Arch.SM90A: frozenset({Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_MASKED}),
+}
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
 QUANT_GROUP = 128
 QUANT_MAX_GROUPS = 1024
@@ -429,6 +441,15 @@ class Schedule:
             return self.math_warpgroups * THREADS_PER_WARPGROUP
         # One producer warpgroup (one TMA warp working, three idle) plus the math warpgroups.
         return (1 + self.math_warpgroups) * THREADS_PER_WARPGROUP
+
+    @property
+    def hardware_evidence(self) -> str:
+        """What has been done with this schedule's kernels: its architecture's evidence
+        (`Arch.hardware_evidence`), or "compiled only" for an op not yet run there
+        (`COMPILED_ONLY_OPS`)."""
+        if self.op in COMPILED_ONLY_OPS.get(self.arch, frozenset()):
+            return "compiled only"
+        return self.arch.hardware_evidence
 
     @property
     def block_scaled(self) -> bool:

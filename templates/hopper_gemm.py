@@ -188,8 +188,9 @@ class HopperGemmKernel(
         self.fast_raster = self.contiguous
         # Contiguous layout, one wave per warpgroup: a math warpgroup whose rows of the tile are
         # all padding issues no WGMMAs (it only walks the stages), so the tensor cores run the
-        # other warpgroup's alone (`_warpgroup_rows_real`).
-        self.skips_padding_warpgroups = self.contiguous and s.waves == 1
+        # other warpgroup's alone (`_warpgroup_rows_real`). The block-scaled path only: the
+        # unscaled one (BF16) computes a tile's padding rows and zeroes them after.
+        self.skips_padding_warpgroups = self.contiguous and s.waves == 1 and s.block_scaled
         self.group_size = s.group_size
         # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
         self.masked_tile_rows = s.tile_m
@@ -598,6 +599,17 @@ class HopperGemmKernel(
                     read_state = self._walk_stages(mainloop_pipeline, read_state, tile_k_tiles)
             else:
                 read_state = self._block_scaled_tile(tiled_mma, *tile_args, read_state, *loop_args)
+        elif cutlass.const_expr(self.contiguous):
+            # A tile (or, in a 2x1 cluster, a pair) of padding rows only is neither loaded nor
+            # computed: its accumulators are zeros. The branch builds its own tiled MMA (a field
+            # set inside a dynamic branch must not be read after it).
+            if tile_k_tiles > 0:
+                read_state, release_state = self._mainloop(
+                    self._make_tiled_mma(), fragments.accumulators, fragments.tCrA, fragments.tCrB,
+                    mainloop_pipeline, read_state, release_state, tile_k_tiles, num_k_blocks,
+                )
+            else:
+                fragments.accumulators.fill(0.0)
         else:
             read_state, release_state = self._mainloop(
                 tiled_mma, fragments.accumulators, fragments.tCrA, fragments.tCrB, mainloop_pipeline, read_state,
@@ -620,6 +632,41 @@ class HopperMGroupedFp8GemmKernel(MGroupedContiguousEntry, HopperGemmKernel):
 
 class HopperMaskedFp8GemmKernel(MGroupedMaskedEntry, HopperGemmKernel):
     """`m_grouped_fp8_gemm_nt_masked` on sm_90a."""
+
+
+class HopperMGroupedBf16GemmKernel(HopperGemmKernel):
+    """`m_grouped_bf16_gemm_nt_contiguous`: per row r of A, D[r] = A[r] · B[g]ᵀ with
+    g = m_indices[r]; rows with g = -1 are padding."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        d: cute.Tensor,
+        m_indices: cute.Pointer,
+        zero_padding: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, None, None, max_active_clusters, stream, m_indices, zero_padding)
+
+
+class HopperMaskedBf16GemmKernel(HopperGemmKernel):
+    """`m_grouped_bf16_gemm_nt_masked`: for every group g and row r < masked_m[g],
+    D[g, r] = A[g, r] · B[g]ᵀ."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        d: cute.Tensor,
+        masked_m: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, None, None, max_active_clusters, stream, masked_m=masked_m)
 
 
 class HopperFp8WgradKernel(HopperGemmKernel):
@@ -673,9 +720,11 @@ class HopperGemmTemplate(GemmContract):
         elif schedule.op.scales_b_per_row:
             self.kernel = HopperFp8WgradKernel(schedule)
         elif schedule.op.is_masked:
-            self.kernel = HopperMaskedFp8GemmKernel(schedule)
+            masked = HopperMaskedFp8GemmKernel if schedule.block_scaled else HopperMaskedBf16GemmKernel
+            self.kernel = masked(schedule)
         elif schedule.op.is_m_grouped:
-            self.kernel = HopperMGroupedFp8GemmKernel(schedule)
+            contiguous = HopperMGroupedFp8GemmKernel if schedule.block_scaled else HopperMGroupedBf16GemmKernel
+            self.kernel = contiguous(schedule)
         elif schedule.splits_k:
             self.kernel = HopperSplitKFp8GemmKernel(schedule)
         elif schedule.block_scaled:

@@ -228,8 +228,10 @@ class HopperSetup:
                 for _ in range(self.schedule.wgmma_accumulators)
             )
             promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
+        if cutlass.const_expr(self.schedule.block_scaled or self.contiguous):
             # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
-            # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's).
+            # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's): the
+            # columns' scales, the rows' groups (contiguous layout).
             thr_mma_own = tiled_mma.get_slice(tidx - THREADS_PER_WARPGROUP)
             tCcC = thr_mma_own.partition_C(cute.make_identity_tensor((tm, tn)))
         return MathFragments(tCrA, tCrB, accumulators, promoted, accs, tCcC)

@@ -28,6 +28,8 @@ SCHEDULES = (
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
     "cutegen_sm90a_fp8wgrad_e4m3_e4m3_f32_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_kgfp8wgrad_e4m3_e4m3_f32_f32_sff32_128x128x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_mgbf16gemmc_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
+    "cutegen_sm90a_mgbf16gemmm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
     # Blackwell: every sm_100a op, one CTA and a CTA pair (only compiled: no sm_100 GPU here).
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x64x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
@@ -217,6 +219,14 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]
         extents = {"M": m, "N": n, "K": k}
+        if masked:  # the BF16 grouped layouts: no scales
+            operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
+            args += [ap.CPointer(operands["masked_m"].ptr)]
+            extents.update(G=GROUPS)
+        elif grouped:
+            operands["m_indices"] = OperandInfo(0x7F5000000000, (m,), (1,), "i32")
+            args += [ap.CPointer(operands["m_indices"].ptr), ap.CScalar(0)]
+            extents.update(G=GROUPS, ZERO_PADDING=0)
     args += [ap.CScalar(max_clusters), ap.CStream(0x5000)]
     captured = ap.capture_launch(art["compiled"], args, tmp_path / "probe")
 

@@ -223,9 +223,9 @@ def test_show_decodes_names_not_in_files(capsys, tmp_path):
 
 
 def test_show_unique_fragment(capsys, tmp_path):
-    rc, out, _ = run(capsys, "show", "128x256x64_c2x1", "--build-dir", str(tmp_path))
+    rc, out, _ = run(capsys, "show", "gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1", "--build-dir", str(tmp_path))
     assert rc == 0 and out.splitlines()[0] == NAME
-    rc, _, err = run(capsys, "show", "128x256x64")
+    rc, _, err = run(capsys, "show", "gemm_bf16_bf16_bf16_f32_nosf_128x256x64")
     assert rc == 2 and "matches 2" in err
 
 

@@ -49,7 +49,7 @@ def test_the_runtime_passes_each_op_its_contract_operands():
     """The runtime's per-op operand lists (what a call binds, in entry order; the workspaces it
     supplies itself left out) are the contract's."""
     pytest.importorskip("torch")
-    from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, quant_ops
+    from cutegen.runtime import bf16_grouped_ops, fp8_ops, grouped_ops, k_grouped_ops, quant_ops
 
     supplied = {"split_counters", "split_partials", "workspace", "tile_counter"}
 
@@ -65,6 +65,8 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "m_grouped_fp8_gemm_nt_contiguous": grouped_ops._CALL_OPERANDS,
         "m_grouped_fp8_gemm_nt_masked": grouped_ops._MASKED_OPERANDS,
         "k_grouped_fp8_gemm_nt_contiguous": k_grouped_ops._CALL_OPERANDS,
+        "m_grouped_bf16_gemm_nt_contiguous": bf16_grouped_ops._CONTIGUOUS_OPERANDS,
+        "m_grouped_bf16_gemm_nt_masked": bf16_grouped_ops._MASKED_OPERANDS,
         "grouped_transposed_quant_fp8": quant_ops._GROUPED_OPERANDS,
         "per_token_quant_fp8": quant_ops._PER_TOKEN_OPERANDS,
         "per_block_quant_fp8": quant_ops._PER_BLOCK_OPERANDS,

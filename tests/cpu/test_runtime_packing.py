@@ -756,7 +756,7 @@ def test_runtime_import_is_light_and_ops_never_imports_cutlass():
 
 # The torch-facing modules; the rest of the runtime works without torch.
 TORCH_FACING = {
-    "ops.py", "bf16_ops.py", "fp8_ops.py", "grouped_ops.py", "k_grouped_ops.py", "quant_ops.py", "quant_reference.py",
+    "ops.py", "bf16_ops.py", "bf16_grouped_ops.py", "fp8_ops.py", "grouped_ops.py", "k_grouped_ops.py", "quant_ops.py", "quant_reference.py",
     "split_k.py", "stream_scratch.py", "checks.py", "torch_ops.py",
 }
 

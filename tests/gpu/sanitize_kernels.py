@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from cutegen.runtime import fp8_ops, grouped_ops, k_grouped_ops, ops, quant_ops
+from cutegen.runtime import bf16_grouped_ops, fp8_ops, grouped_ops, k_grouped_ops, ops, quant_ops
 
 
 def _fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,6 +115,30 @@ def run_masked(name: str) -> None:
         grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 96, kernel=name)
 
 
+def run_bf16_contiguous(name: str) -> None:
+    align = grouped_ops.contiguous_alignment()
+    # As run_contiguous; out-of-range groups among the padding rows; N and K no tile multiples.
+    rows = [align, 0, 3 * align]
+    m_indices = torch.cat(
+        [torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)]
+    )
+    m_indices[align - 5 : align] = torch.tensor([-1, 3, 1000, 2**31 - 1, -7], dtype=torch.int32)
+    for k in (200, 1000):
+        a = torch.randn(int(m_indices.numel()), k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(3, 456, k, device="cuda", dtype=torch.bfloat16)
+        for zero_padding in (True, False):
+            bf16_grouped_ops.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices, kernel=name, zero_padding=zero_padding)
+
+
+def run_bf16_masked(name: str) -> None:
+    groups, max_m = 3, 192
+    masked_m = torch.tensor([70, -3, 2**31 - 1], dtype=torch.int32, device="cuda")
+    for k in (200, 1000):
+        a = torch.randn(groups, max_m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(groups, 456, k, device="cuda", dtype=torch.bfloat16)
+        bf16_grouped_ops.m_grouped_bf16_gemm_nt_masked(a, b, masked_m, 96, kernel=name)
+
+
 def run_quant(name: str) -> None:
     manifest = ops.catalogue().manifest(name)
     op, schedule = manifest.op, manifest.schedule
@@ -143,6 +167,8 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "k_grouped_fp8_gemm_nt_contiguous": run_k_grouped,
     "m_grouped_fp8_gemm_nt_contiguous": run_contiguous,
     "m_grouped_fp8_gemm_nt_masked": run_masked,
+    "m_grouped_bf16_gemm_nt_contiguous": run_bf16_contiguous,
+    "m_grouped_bf16_gemm_nt_masked": run_bf16_masked,
     "per_token_quant_fp8": run_quant,
     "per_block_quant_fp8": run_quant,
     "grouped_transposed_quant_fp8": run_quant,

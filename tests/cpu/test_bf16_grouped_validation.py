@@ -1,0 +1,120 @@
+"""CPU tier: the M-grouped BF16 GEMMs' input validation and fake implementations on fake CUDA
+tensors (no GPU), and their DeepGEMM names' argument handling: bad inputs are refused with an
+error naming the argument before anything could be launched."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from cutegen.runtime import bf16_grouped_ops as ops  # noqa: E402
+from cutegen.runtime.errors import InputError  # noqa: E402
+
+M, N, K, G = 256, 384, 520, 3
+BF16 = torch.bfloat16
+
+
+def bf16(*shape):
+    return torch.empty(*shape, dtype=BF16, device="cuda")
+
+
+def i32(*shape):
+    return torch.empty(*shape, dtype=torch.int32, device="cuda")
+
+
+def contiguous(**changes):
+    args = {"a": bf16(M, K), "b": bf16(G, N, K), "m_indices": i32(M), "out": None}
+    args.update(changes)
+    return ops.check_contiguous(args["a"], args["b"], args["m_indices"], args["out"])
+
+
+def masked(**changes):
+    args = {"a": bf16(G, M, K), "b": bf16(G, N, K), "masked_m": i32(G), "out": None}
+    args.update(changes)
+    return ops.check_masked(args["a"], args["b"], args["masked_m"], args["out"])
+
+
+def test_valid_operands():
+    with FakeTensorMode():
+        assert contiguous() == (M, N, K, G)
+        assert contiguous(out=bf16(M, N)) == (M, N, K, G)
+        # Row strides padded past K (16-byte aligned) and an N that is no tile multiple.
+        assert contiguous(a=torch.empty_strided((M, K), (K + 8, 1), dtype=BF16, device="cuda"), b=bf16(G, 1000, K)) == (M, 1000, K, G)
+        assert masked() == (G, M, N, K)
+        assert masked(out=bf16(G, M, N)) == (G, M, N, K)
+        assert masked(a=bf16(G, 1, K)) == (G, 1, N, K)
+
+
+BAD = [
+    (contiguous, "a", lambda: {"a": torch.empty(M, K, dtype=torch.float8_e4m3fn, device="cuda")}),
+    (contiguous, "a", lambda: {"a": bf16(M - 8, K), "m_indices": i32(M - 8)}),  # ΣM not 128-aligned
+    (contiguous, "a", lambda: {"a": torch.empty_strided((M, K), (K + 4, 1), dtype=BF16, device="cuda")}),  # 8-byte rows
+    (contiguous, "a", lambda: {"a": bf16(M, K).t()}),  # M-major
+    (contiguous, "b", lambda: {"b": bf16(N, K)}),  # no group mode
+    (contiguous, "b", lambda: {"b": bf16(G, N, K - 8)}),
+    (contiguous, "b", lambda: {"b": bf16(G, K, N).transpose(1, 2)}),  # N-major experts ("nn")
+    (contiguous, "b", lambda: {"b": torch.empty(G, N, K, dtype=torch.float32, device="cuda")}),
+    (contiguous, "m_indices", lambda: {"m_indices": torch.empty(M, dtype=torch.int64, device="cuda")}),
+    (contiguous, "m_indices", lambda: {"m_indices": i32(M - 1)}),
+    (contiguous, "m_indices", lambda: {"m_indices": torch.empty_strided((M,), (2,), dtype=torch.int32, device="cuda")}),
+    (contiguous, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
+    (contiguous, "out", lambda: {"out": bf16(M, N + 8)}),
+    (masked, "a", lambda: {"a": bf16(M, K)}),
+    (masked, "a", lambda: {"a": torch.empty_strided((G, M, K), (M * (K + 4), K + 4, 1), dtype=BF16, device="cuda")}),
+    (masked, "b", lambda: {"b": bf16(G + 1, N, K)}),
+    (masked, "b", lambda: {"b": bf16(G, N, K + 8)}),
+    (masked, "masked_m", lambda: {"masked_m": i32(G + 1)}),
+    (masked, "masked_m", lambda: {"masked_m": torch.empty(G, dtype=torch.int64, device="cuda")}),
+    (masked, "out", lambda: {"out": torch.empty(G, M, N, device="cuda")}),
+    (masked, "out", lambda: {"out": bf16(G, M, N - 8)}),
+]
+
+
+@pytest.mark.parametrize("check, arg, change", BAD, ids=[f"{c.__name__}-{a}-{i}" for i, (c, a, _) in enumerate(BAD)])
+def test_bad_input_names_the_argument(check, arg, change):
+    with FakeTensorMode():
+        with pytest.raises(InputError, match=f"'{arg}'"):
+            check(**change())
+
+
+def test_fake_implementations_give_the_output_shapes():
+    with FakeTensorMode():
+        out = torch.ops.cutegen.m_grouped_bf16_gemm_nt_contiguous(bf16(M, K), bf16(G, 1000, K), i32(M))
+        assert tuple(out.shape) == (M, 1000) and out.dtype == BF16 and out.stride() == (1000, 1)
+        out = torch.ops.cutegen.m_grouped_bf16_gemm_nt_masked(bf16(G, M, K), bf16(G, 100, K), i32(G), 64)
+        assert tuple(out.shape) == (G, M, 100) and out.dtype == BF16 and out.stride() == (M * 104, 104, 1)
+        with pytest.raises(InputError, match="'m_indices'"):
+            torch.ops.cutegen.m_grouped_bf16_gemm_nt_contiguous(bf16(M, K), bf16(G, N, K), i32(M + 1))
+
+
+def test_python_entry_points_check_their_own_arguments():
+    with FakeTensorMode():
+        with pytest.raises(InputError, match="'kernel'"):
+            ops.m_grouped_bf16_gemm_nt_contiguous(bf16(M, K), bf16(G, N, K), i32(M), kernel=3)
+        with pytest.raises(InputError, match="'expected_m'"):
+            ops.m_grouped_bf16_gemm_nt_masked(bf16(G, M, K), bf16(G, N, K), i32(G), 64.0)
+
+
+def test_deep_gemm_names_refuse_what_deep_gemm_refuses():
+    import cutegen.deep_gemm as deep_gemm
+
+    with FakeTensorMode():
+        a, b, layout = bf16(M, K), bf16(G, N, K), i32(M)
+        with pytest.raises(ValueError, match="'d'"):
+            deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, torch.empty(M, N, device="cuda"), layout)
+        with pytest.raises(ValueError, match="'a'"):
+            deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a.float(), b, bf16(M, N), layout)
+        with pytest.raises(ValueError, match="'grouped_layout'"):
+            deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, bf16(M, N), i32(M + 1), use_psum_layout=True)
+        with pytest.raises(ValueError, match="expected_m_for_psum_layout"):
+            deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, bf16(M, N), layout, expected_m_for_psum_layout=64)
+        with pytest.raises(TypeError, match="not both"):
+            deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, bf16(M, N), layout, m_indices=layout)
+        with pytest.raises(ValueError, match="'expected_m'"):
+            deep_gemm.m_grouped_bf16_gemm_nt_masked(bf16(G, M, K), b, bf16(G, M, N), i32(G), 0)
+        with pytest.raises(ValueError, match="'d'"):
+            deep_gemm.bf16_m_grouped_gemm_nt_masked(bf16(G, M, K), b, bf16(G, M, N + 1), i32(G), 64)
+    assert "m_grouped_bf16_gemm_nt_contiguous" not in deep_gemm.unsupported.MISSING
