@@ -64,7 +64,7 @@ GEMM_OPS = (
     "fp8_wgrad_gemm_nt",
     "k_grouped_fp8_gemm_nt_contiguous",
 )
-KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize", "host")
+KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize", "host", "bf16_family")
 # Folder files that are not reports.
 NOT_REPORTS = {LATEST, "README.md", "NOTES.md", "STATUS.md"}
 
@@ -690,6 +690,7 @@ TITLES = {
     "(`k_grouped_fp8_gemm_nt_contiguous`)",
     "quantize": "FP8 quantize (`quantize`)",
     "host": "Host cost per call (`host`)",
+    "bf16_family": "The BF16 family beside torch (`bf16_family`)",
 }
 
 
@@ -927,6 +928,12 @@ def render(
 
         body += ["", f"## {TITLES['host']}", "", *bench_host.table_lines(results["host"])]
         summary.append(bench_host.summary_line(results["host"]))
+
+    if isinstance(results.get("bf16_family"), dict):
+        from cutegen.bench import bf16 as bench_bf16
+
+        body += ["", f"## {TITLES['bf16_family']}", "", *bench_bf16.render(results["bf16_family"]).splitlines()[2:]]
+        summary += [f"- {line}" for line in bench_bf16.summary(results["bf16_family"])]
 
     roof_points = [sec for sec in sections if any(p.ai and p.ours_tflops for p in sec.points)]
     roof_lines: list[str] = []

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from cutegen.bench.deepgemm_anchor import CONTIGUOUS_ALIGNMENT, IN_RUN_LABEL, short_config
 from cutegen.bench.report import GEMM_OPS, shape_columns, short_kernel
-from cutegen.bench.timing import conditions, host_overhead_us, time_cuda, timer
+from cutegen.bench.timing import conditions, fresh_allocations, host_overhead_us, time_cuda, timer
 from cutegen.runtime.params import SCALE_BLOCK, align, ceil_div
 
 BF16_SHAPES = [
@@ -117,19 +117,6 @@ FP8_SHAPES = sorted(set(DEEPGEMM_FP8_TFLOPS) | {(m, 576, 7168) for m in (64, 128
 # Decode-sized M (`cutegen bench --decode`): the (N, K) pairs of FP8_SHAPES at M = 1, 16 and 32, where
 # DeepGEMM published no numbers; the anchor is cuBLAS blockwise in the same run.
 DECODE_SHAPES = [(m, n, k) for m in (1, 16, 32) for n, k in sorted({(n, k) for _, n, k in FP8_SHAPES})]
-
-
-def fresh_allocations() -> None:
-    """Hand every unused block of torch's CUDA caching allocator back to the driver, so that the
-    next shape's operands are fresh allocations. Called before each GEMM shape: the same kernel on
-    same-sized operands ran up to 14% longer in blocks reused from the shapes timed before
-    (NOTES N36), so a shape's time would depend on the shapes timed before it."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def _fp8_inputs(m: int, n: int, k: int):
@@ -721,7 +708,7 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
 
 # Every GEMM op the report has a section for, the quantize ops together, and the host cost per call
 # of every op (`cutegen.bench.host`).
-OPS = (*GEMM_OPS, "quantize", "host")
+OPS = (*GEMM_OPS, "quantize", "host", "bf16_family")
 
 
 def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
@@ -806,6 +793,12 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
             quant = bench_quant.bench_quant(every_kernel=every_kernel)
             print(bench_quant.render(quant, env))
             results["quantize"] = quant
+    if "bf16_family" in ops:
+        from cutegen.bench import bf16 as bench_bf16
+
+        print("the BF16 family beside torch (interleaved, medians):", flush=True)
+        results["bf16_family"] = bench_bf16.bench_bf16_family()
+        print(bench_bf16.render(results["bf16_family"]))
     if "host" in ops:
         from cutegen.bench import host as bench_host
 

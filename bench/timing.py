@@ -135,3 +135,16 @@ def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / calls * 1e6
+
+
+def fresh_allocations() -> None:
+    """Hand every unused block of torch's CUDA caching allocator back to the driver, so that the
+    next shape's operands are fresh allocations. Called before each GEMM shape: the same kernel on
+    same-sized operands ran up to 14% longer in blocks reused from the shapes timed before
+    (NOTES N36), so a shape's time would depend on the shapes timed before it."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()

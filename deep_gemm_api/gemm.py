@@ -15,7 +15,7 @@ matching `cutegen.runtime` op:
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
 | the M-grouped GEMMs with packed UE8M0 scales or FP4 experts (DeepGEMM's SM100 forms) | the same ops on the block-scaled kernels (Blackwell) |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
-| `bf16_gemm_nt`, bf16 D, no C | `ops.bf16_gemm_nt` |
+| `bf16_gemm_nt`, bf16 or fp32 D, D = C + A·Bᵀ with C optional | `ops.bf16_gemm_nt` |
 | `m_grouped_bf16_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`), `m_grouped_bf16_gemm_nt_masked` | `bf16_grouped_ops` (sm_90a) |
 
 Scales are taken as DeepGEMM takes them and brought into the layout the kernels read: fp32
@@ -440,18 +440,20 @@ def _bf16_operands(function: str, a: Any, b: Any) -> tuple[int, int, int]:
 
 
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None, compiled_dims: str = "nk") -> None:
-    """D[M, N] = A @ Bᵀ in bf16 (fp32 accumulation), written into ``d``. cutegen's BF16 kernels
-    write bf16 D without C: fp32 D and C raise `NotImplementedError`."""
+    """D[M, N] = C + A @ Bᵀ (fp32 accumulation), written into ``d``: bf16 or fp32 D, C optional
+    and of D's type (copied into D unless it is ``d``; K == 0 gives C or zeros)."""
     function = "bf16_gemm_nt"
     m, n, k = _bf16_operands(function, a, b)
     _check_d(function, d, (m, n), (torch.bfloat16, torch.float32))
-    if d.dtype == torch.float32:
-        raise unsupported(function, "fp32 D for the BF16 GEMM (cutegen's BF16 kernels write bf16)")
-    if c is not None:
-        raise unsupported(function, "C (D = C + A·Bᵀ) for the BF16 GEMM")
+    if c is not None and (not isinstance(c, torch.Tensor) or c.dtype != d.dtype or tuple(c.shape) != (m, n)):
+        raise ValueError(f"deep_gemm.{function}: argument 'c' must be a {d.dtype} [M, N] = {[m, n]} tensor like 'd', got "
+                         f"{getattr(c, 'dtype', type(c).__name__)} {list(getattr(c, 'shape', []))}")
     if m == 0 or n == 0:
         return
-    ops.bf16_gemm_nt(a, b, out=d)
+    if k == 0:
+        _empty_k(d, c)
+        return
+    ops.bf16_gemm_nt(a, b, out=d, c=c)
 
 
 def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk") -> None:

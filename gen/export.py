@@ -407,7 +407,13 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
         cc_minor=cc_minor,
         arch_rule=rule,
         cubin_bytes=cubin_bytes,
-        signature_key=tuple((a.ctype, a.name) for a in args),
+        # The arguments, the operands' element types and whether D is added to: kernels that
+        # differ in any of them cannot serve one call of the op's dispatcher.
+        signature_key=(
+            *((a.ctype, a.name) for a in args),
+            *((f"dtype {spec.name}", spec.dtype) for spec in manifest.operands),
+            ("adds into d", str(manifest.schedule.get("epilogue") == "tma_store_add")),
+        ),
         grid_exprs=grid_exprs,
         int_scalars=[n for n, t in scalars.items() if t == "int64_t"],
         requirements=requirements,
@@ -625,9 +631,11 @@ def _env() -> Any:
 @dataclasses.dataclass
 class OpGroup:
     """An op's exported kernels. `cutegen_<op>_launch` dispatches over `dispatched`: the kernels
-    with the op's most common signature (e.g. the fp8_gemm_nt kernels without split K); the others
-    take more arguments (a split-K kernel's workspace and split count) and are launched through
-    their own `<name>_launch`."""
+    of one signature (arguments, operand types, adding into D), those storing D before those
+    adding into it, then the most common, then the first in name order (e.g. the fp8_gemm_nt
+    kernels without split K, the bf16_gemm_nt kernels writing a bf16 D); the others take other
+    arguments (a split-K kernel's workspace and split count) or operand types and are launched
+    through their own `<name>_launch`."""
 
     op: str
     kernels: list[KernelView]
@@ -652,8 +660,9 @@ def op_groups(views: Sequence[KernelView]) -> list[OpGroup]:
         groups.setdefault(v.manifest.op, []).append(v)
     out = []
     for op, kernels in sorted(groups.items()):
-        # The most common signature; ties go to the one seen first (most_common is stable).
-        common = collections.Counter(k.signature_key for k in kernels).most_common(1)[0][0]
+        counts = collections.Counter(k.signature_key for k in kernels)
+        first_seen = {key: i for i, key in reversed(list(enumerate(k.signature_key for k in kernels)))}
+        common = min(counts, key=lambda key: (dict(key).get("adds into d") == "True", -counts[key], first_seen[key]))
         out.append(OpGroup(op, kernels, [k for k in kernels if k.signature_key == common]))
     return out
 
@@ -742,7 +751,8 @@ class ExportReport:
     out_dir: Path
     kernels: list[str]
     files: list[str]
-    # (op, kernels outside cutegen_<op>_launch): kernels whose signature is not the op's common one
+    # (op, kernels outside cutegen_<op>_launch): kernels whose signature (arguments, operand types,
+    # adding into D) is not the op's common one
     skipped_dispatch: list[tuple[str, list[str]]]
 
     def summary(self) -> str:
@@ -752,7 +762,7 @@ class ExportReport:
         lines.append(f"C sources ({len(srcs)}): {', '.join(srcs[:4])}{' ...' if len(srcs) > 4 else ''}")
         for op, names in self.skipped_dispatch:
             lines.append(
-                f"note: {len(names)} {op} kernel(s) take other arguments than cutegen_{op}_launch "
+                f"note: {len(names)} {op} kernel(s) take other arguments or operand types than cutegen_{op}_launch "
                 f"(e.g. {names[0]}); launch them with their own <name>_launch"
             )
         lines.append(f"usage: {self.out_dir / README_FILE}")

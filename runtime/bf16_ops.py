@@ -1,24 +1,35 @@
-"""The BF16 GEMM ``bf16_gemm_nt`` (``torch.ops.cutegen.bf16_gemm_nt``): D = A·Bᵀ in bf16 with fp32 accumulation.
+"""The BF16 GEMM ``bf16_gemm_nt`` (``torch.ops.cutegen.bf16_gemm_nt``): D = A·Bᵀ (+ C) with fp32 accumulation, bf16 or fp32 D.
 
-``bf16_gemm_nt(a, b, out=None, *, kernel=None)`` computes D[M, N] = A[M, K] @ B[N, K]^T in bf16
-with fp32 accumulation (DeepGEMM's ``nt`` convention):
+``bf16_gemm_nt(a, b, out=None, *, c=None, kernel=None)`` computes D[M, N] = A[M, K] @ B[N, K]^T,
+plus C when given, with fp32 accumulation (DeepGEMM's ``nt`` convention and its
+``bf16_gemm_nt(a, b, d, c)``):
 
 * ``a`` [M, K] and ``b`` [N, K]: ``torch.bfloat16`` CUDA tensors on one device, K-major
   (``stride(1) == 1``), row strides multiples of 8 elements (16 bytes), base addresses 16-byte
   aligned (TMA's rules; a mode of extent 1 is exempt from its stride rule).
-* ``out`` (optional): ``torch.bfloat16`` [M, N] on the same device, ``stride(1) == 1``, row stride
-  a multiple of 8, 16-byte aligned; written in place and returned.
-* Without ``out`` the result is a new [M, N] tensor whose row stride is N rounded up to a
-  multiple of 8 (so it is contiguous whenever N % 8 == 0).
-* M == 0 or N == 0: nothing is launched. K == 0: the result is zero-filled (an empty sum), nothing
-  is launched.
+* ``out`` (optional): ``torch.bfloat16`` or ``torch.float32`` [M, N] on the same device,
+  ``stride(1) == 1``, a 16-byte aligned row stride and base; written in place and returned.
+* ``c`` (optional): [M, N] of D's type (``out``'s, or bf16 without ``out``). D = C + A·Bᵀ: C is
+  copied into D unless it is ``out`` itself (then D += A·Bᵀ in place, no copy), and the kernel
+  adds each fp32 tile into D by the TMA's reduce-add: one addition per element in D's type, so an
+  fp32 D gets fp32(C + A·Bᵀ) and a bf16 D bf16(C + bf16(A·Bᵀ)). Without ``out`` the result has
+  C's dtype.
+* Without ``out`` the result is a new [M, N] tensor whose row stride is N rounded up to 16 bytes
+  (so it is contiguous whenever N % 8 == 0).
+* M == 0 or N == 0: nothing is launched. K == 0: D is C, or zeros (an empty sum), nothing is
+  launched.
 * ``kernel``: force a kernel of the catalogue by name (else the heuristic chooses; see
-  `cutegen.runtime.heuristics`).
+  `cutegen.runtime.heuristics`); it must write D's type, and add into D exactly when C is given.
+
+The fp32-D and accumulating kernels are compiled and checked on the CPU and have not yet run on
+an H200 (`cutegen list bf16_gemm_nt` says so per kernel).
 
 Bad inputs raise `InputError` naming the argument before anything is launched. Kernels launch
 on torch's current stream of ``a``'s device, so the op composes with streams, ``torch.compile``
-(a fake implementation is registered) and CUDA-graph capture (run each shape once before
-capturing, so that the kernel is loaded outside the capture).
+(fake implementations are registered) and CUDA-graph capture (run each shape once before
+capturing, so that the kernel is loaded outside the capture). ``torch.ops.cutegen.bf16_gemm_nt``
+(new bf16 D), ``bf16_gemm_nt_out`` (into ``out``) and ``bf16_gemm_nt_accumulate`` (``out`` +=
+A·Bᵀ) are the registered ops.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from .checks import check_aligned, check_disjoint, check_matrix, check_not_overl
 from .errors import InputError, KernelLoadError
 from .kernel_choice import kernel_for
 from .launch import launch
-from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
+from .torch_ops import ROW_ALIGN_BYTES, TorchOp, bf16_out_strides, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
 
 OP_BF16_GEMM_NT = "bf16_gemm_nt"
 
@@ -41,11 +52,27 @@ def _fail(arg: str, what: str) -> InputError:
     return InputError(f"{OP_BF16_GEMM_NT}: argument '{arg}' {what}")
 
 
-def _check_matrix(arg: str, t: Any, device: Any | None) -> None:
-    check_matrix(OP_BF16_GEMM_NT, arg, t, device, torch.bfloat16, ROW_ALIGN_ELEMS)
+# D's types and their names in the manifests.
+D_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
-def check_meta(a: Any, b: Any, out: Any | None) -> tuple[int, int, int]:
+def _check_matrix(arg: str, t: Any, device: Any | None, dtype: torch.dtype = torch.bfloat16) -> None:
+    check_matrix(OP_BF16_GEMM_NT, arg, t, device, dtype, ROW_ALIGN_BYTES // dtype.itemsize)
+
+
+def _check_d(arg: str, t: Any, device: Any, shape: tuple[int, int], dtype: torch.dtype | None = None) -> None:
+    """D (``out``) or C: a bf16 or fp32 [M, N] matrix (of ``dtype`` when given)."""
+    if not isinstance(t, torch.Tensor):
+        raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in D_DTYPES or (dtype is not None and t.dtype != dtype):
+        want = dtype if dtype is not None else "torch.bfloat16 or torch.float32"
+        raise _fail(arg, f"must be {want}{' (the type of D)' if dtype is not None else ''}, got {t.dtype}")
+    _check_matrix(arg, t, device, t.dtype)
+    if tuple(t.shape) != shape:
+        raise _fail(arg, f"must have shape [M, N] = [{shape[0]}, {shape[1]}], got {list(t.shape)}")
+
+
+def check_meta(a: Any, b: Any, out: Any | None, c: Any | None = None) -> tuple[int, int, int]:
     """Everything checkable without data (also under fake tensors); returns (M, N, K)."""
     for arg, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -57,24 +84,27 @@ def check_meta(a: Any, b: Any, out: Any | None) -> tuple[int, int, int]:
     if kb != k:
         raise _fail("b", f"must have K = a.shape[1] = {k} columns, got shape {list(b.shape)}")
     if out is not None:
-        _check_matrix("out", out, a.device)
-        if tuple(out.shape) != (m, n):
-            raise _fail("out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
+        _check_d("out", out, a.device, (m, n))
         check_not_overlapping_itself(OP_BF16_GEMM_NT, "out", out)
+    if c is not None:
+        _check_d("c", c, a.device, (m, n), out.dtype if out is not None else None)
     return m, n, k
 
 
-def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str) -> Launched | None:
-    """Launch; returns what `_calls` remembers of it, None if nothing ran."""
+def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str, adds: bool = False) -> Launched | None:
+    """Launch (``adds``: a kernel adding its tiles into ``out``); returns what `_calls` remembers
+    of it, None if nothing ran."""
     for arg, t in (("a", a), ("b", b), ("out", out)):
         check_aligned(OP_BF16_GEMM_NT, arg, t)
     m, k = a.shape
     n = b.shape[0]
+    if m == 0 or n == 0 or (adds and k == 0):
+        return None
     if nothing_to_launch(out, m, n, k):
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP_BF16_GEMM_NT, m, n, k, device, kernel)
+        loaded = kernel_for(OP_BF16_GEMM_NT, m, n, k, device, kernel, d_dtype=D_DTYPES[out.dtype], adds=adds)
         specs = loaded.manifest.operands
         if len(specs) != 3:
             raise KernelLoadError(
@@ -122,16 +152,37 @@ def _out_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: 
     check_meta(a, b, out)
 
 
+_accumulations = CallCache(f"{OP_BF16_GEMM_NT}_accumulate")
+
+
+def _accumulate_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
+    key = _accumulations.key((a, b, out), kernel_name)
+    call = _accumulations.get(key)
+    if call is not None and _accumulations.launch(call, (a, b, out), current_stream(a)):
+        return
+    check_meta(a, b, out)
+    check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})
+    ran = _run(a, b, out, kernel_name, adds=True)
+    _accumulations.remember(key, ran and ran._replace(outputs={ran.names[2]: "out"}), (a, b, out))
+
+
 # The schema's string argument is `kernel_name`, not `kernel`: Inductor's FallbackKernel.create()
 # takes a parameter named `kernel`, and an op argument of that name breaks torch.compile lowering.
 BF16_GEMM_NT = TorchOp(OP_BF16_GEMM_NT, _impl, _fake)
 BF16_GEMM_NT_OUT = TorchOp(f"{OP_BF16_GEMM_NT}_out", _out_impl, _out_fake, mutates=("out",))
+# out += A·Bᵀ (D = C + A·Bᵀ once C is in D).
+BF16_GEMM_NT_ACCUMULATE = TorchOp(f"{OP_BF16_GEMM_NT}_accumulate", _accumulate_impl, _out_fake, mutates=("out",))
+
+
+def _is_same_matrix(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride() and x.dtype == y.dtype
 
 
 def bf16_gemm_nt(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, kernel: str | None = None
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, c: torch.Tensor | None = None,
+    kernel: str | None = None,
 ) -> torch.Tensor:
-    """D[M, N] = A[M, K] @ B[N, K]^T in bf16 (fp32 accumulation); see the module docstring.
+    """D[M, N] = A[M, K] @ B[N, K]^T (+ C), fp32 accumulation, bf16 or fp32 D; see the module docstring.
 
     ``kernel`` forces a catalogue kernel by name (testing, benchmarking); by default the
     heuristic (or the tuning table) chooses.
@@ -139,10 +190,23 @@ def bf16_gemm_nt(
     # The tensors are checked by the op itself (once per call layout), naming each argument.
     if kernel is not None and not isinstance(kernel, str):
         raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if c is None:
+        if out is None:
+            return BF16_GEMM_NT(a, b, kernel or "")
+        BF16_GEMM_NT_OUT(a, b, out, kernel or "")
+        return out
+    if not isinstance(c, torch.Tensor):
+        raise _fail("c", f"must be a torch.Tensor or None, got {type(c).__name__}")
     if out is None:
-        return BF16_GEMM_NT(a, b, kernel or "")
-    BF16_GEMM_NT_OUT(a, b, out, kernel or "")
+        check_meta(a, b, None, c)
+        out = torch.empty_strided(tuple(c.shape), bf16_out_strides(c.shape[1], c.element_size()), dtype=c.dtype, device=c.device)
+        out.copy_(c)
+    elif not (isinstance(out, torch.Tensor) and _is_same_matrix(c, out)):
+        check_meta(a, b, out, c)
+        check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"c": c})
+        out.copy_(c)
+    BF16_GEMM_NT_ACCUMULATE(a, b, out, kernel or "")
     return out
 
 
-__all__ = ["OP_BF16_GEMM_NT", "bf16_gemm_nt", "check_meta"]
+__all__ = ["D_DTYPES", "OP_BF16_GEMM_NT", "bf16_gemm_nt", "check_meta"]

@@ -22,7 +22,7 @@ _CHOICE_CACHE_SIZE = 4096
 _lock = threading.RLock()
 _catalogue: KernelCatalogue | None = None
 _build_dir: str | os.PathLike[str] | None = None
-# (op, device, M, N, K, scale, B dtype, rows per group, SM budget) -> kernel name.
+# (op, device, M, N, K, scale, B dtype, D dtype, adds, rows per group, SM budget) -> kernel name.
 _choices: dict[tuple, str] = {}
 
 
@@ -48,10 +48,34 @@ def catalogue() -> KernelCatalogue:
     return cat
 
 
-def candidates(op: str, ordinal: int, scale: str | None = None, b_dtype: str | None = None) -> list[Any]:
+# The epilogue whose kernels add their tiles into D (D = C + A·Bᵀ with D holding C).
+STORE_ADD_EPILOGUE = "tma_store_add"
+
+
+def _filters(scale: str | None, b_dtype: str | None, d_dtype: str | None, adds: bool | None) -> list[tuple]:
+    """(what a kernel must take, how a manifest says what it takes, the value wanted) for each
+    requested kernel property."""
+    out = []
+    if scale is not None:
+        out.append(("scales", lambda m: m.schedule.get("scale", "none"), scale))
+    if b_dtype is not None:
+        out.append(("B", lambda m: m.schedule.get("b_dtype", "?"), b_dtype))
+    if d_dtype is not None:
+        out.append(("D", lambda m: m.schedule.get("c_dtype", "?"), d_dtype))
+    if adds is not None:
+        out.append(("adding into D", lambda m: m.schedule.get("epilogue") == STORE_ADD_EPILOGUE, adds))
+    return out
+
+
+def candidates(
+    op: str, ordinal: int, scale: str | None = None, b_dtype: str | None = None, *,
+    d_dtype: str | None = None, adds: bool | None = None,
+) -> list[Any]:
     """The catalogue's ``op`` kernels that run on GPU ``ordinal``; with ``scale`` ("f32",
     "ue8m0", "mx"), only those taking block scales in that format; with ``b_dtype`` ("e4m3",
-    "e2m1"), only those whose B has that element type."""
+    "e2m1"), only those whose B has that element type; with ``d_dtype`` ("bf16", "f32"), only
+    those writing D of that type; with ``adds``, only those that add their tiles into D (True)
+    or store them (False)."""
     cat = catalogue()
     info = driver.device_info(ordinal)
     runnable = [m for m in cat.compatible(op, info.capability) if m.smem_bytes <= info.smem_optin]
@@ -61,50 +85,49 @@ def candidates(op: str, ordinal: int, scale: str | None = None, b_dtype: str | N
             f"{op}: no kernel in the catalogue at {cat.build_dir} runs on {info.arch} "
             f"({info.name}); kernels of this op are built for: {', '.join(built)}"
         )
-    if scale is not None:
-        formats = sorted({m.schedule.get("scale", "none") for m in runnable})
-        runnable = [m for m in runnable if m.schedule.get("scale") == scale]
+    wanted = []
+    for what, value_of, value in _filters(scale, b_dtype, d_dtype, adds):
+        found = sorted({str(value_of(m)) for m in runnable})
+        runnable = [m for m in runnable if value_of(m) == value]
+        wanted.append(f"{what} {value}")
         if not runnable:
             raise ArtifactError(
-                f"{op}: no kernel taking {scale} scales runs on {info.arch} ({info.name}); the "
-                f"catalogue's kernels for this GPU take: {', '.join(formats)}"
-            )
-    if b_dtype is not None:
-        types = sorted({m.schedule.get("b_dtype", "?") for m in runnable})
-        runnable = [m for m in runnable if m.schedule.get("b_dtype") == b_dtype]
-        if not runnable:
-            raise ArtifactError(
-                f"{op}: no kernel with {b_dtype} B{f' and {scale} scales' if scale else ''} runs on {info.arch} "
-                f"({info.name}); the catalogue's kernels for this GPU take B in: {', '.join(types)}"
+                f"{op}: no kernel with {', '.join(wanted)} runs on {info.arch} ({info.name}); the catalogue's "
+                f"kernels for this GPU that remain have {what}: {', '.join(found)}"
             )
     return runnable
 
 
-def runnable_kernels(op: str, device: int = 0, scale: str | None = None, b_dtype: str | None = None) -> list[str]:
+def runnable_kernels(
+    op: str, device: int = 0, scale: str | None = None, b_dtype: str | None = None, *,
+    d_dtype: str | None = None, adds: bool | None = None,
+) -> list[str]:
     """Names of the catalogue's ``op`` kernels that run on GPU ``device`` (its architecture and
-    shared memory), optionally only those taking ``scale`` block scales; kernels built for other
-    architectures, e.g. sm_100a on a Hopper GPU, are left out (and, with ``b_dtype``, those whose B
-    has another element type). Empty when none run there."""
+    shared memory), optionally only those with the properties `candidates` filters on; kernels
+    built for other architectures, e.g. sm_100a on a Hopper GPU, are left out. Empty when none
+    run there."""
     try:
-        return [m.name for m in candidates(op, device, scale, b_dtype)]
+        return [m.name for m in candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds)]
     except ArtifactError:
         return []
 
 
 def choose_kernel(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
-    rows_per_group: int | None = None, b_dtype: str | None = None,
+    rows_per_group: int | None = None, b_dtype: str | None = None, *,
+    d_dtype: str | None = None, adds: bool | None = None,
 ) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
-    (among those taking ``scale`` block scales, when given; ``rows_per_group``: M is that many
-    rows per group, as the masked grouped GEMM's groups, see `heuristics.score`; ``b_dtype``: only
-    kernels whose B has that element type)."""
-    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, rows_per_group, sm_budget.budget())
+    among those with the properties `candidates` filters on (``scale``, ``b_dtype``, ``d_dtype``,
+    ``adds``, when given); ``rows_per_group``: M is that many rows per group, as the masked
+    grouped GEMM's groups, see `heuristics.score`."""
+    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, d_dtype, adds, rows_per_group, sm_budget.budget())
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
         manifest = heuristics.choose(
-            op, candidates(op, device, scale, b_dtype), m, n, k, sm_budget.usable_sms(info.sm_count),
+            op, candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds), m, n, k,
+            sm_budget.usable_sms(info.sm_count),
             build_dir=catalogue().build_dir,
             rows_per_group=rows_per_group,
         )
@@ -117,22 +140,26 @@ def choose_kernel(
 
 def explain(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
-    rows_per_group: int | None = None, b_dtype: str | None = None,
+    rows_per_group: int | None = None, b_dtype: str | None = None, *,
+    d_dtype: str | None = None, adds: bool | None = None,
 ) -> list[heuristics.Score]:
     """The heuristic's scored table for this problem on this GPU, best first: the candidates
-    `choose_kernel` weighs, scored as it does, with the same ``scale``, ``rows_per_group`` and
-    ``b_dtype``."""
+    `choose_kernel` weighs, scored as it does, with the same arguments."""
     info = driver.device_info(device)
     return heuristics.explain(
-        op, candidates(op, device, scale, b_dtype), m, n, k, sm_budget.usable_sms(info.sm_count),
+        op, candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds), m, n, k,
+        sm_budget.usable_sms(info.sm_count),
         build_dir=catalogue().build_dir,
         rows_per_group=rows_per_group,
     )
 
 
-def forced_manifest(op: str, forced: str, scale: str | None = None, b_dtype: str | None = None) -> Any:
+def forced_manifest(
+    op: str, forced: str, scale: str | None = None, b_dtype: str | None = None, *,
+    d_dtype: str | None = None, adds: bool | None = None,
+) -> Any:
     """The manifest of the kernel a caller forced by name; InputError unless it is an `op` kernel
-    (taking ``scale`` block scales and ``b_dtype`` B, when given)."""
+    with the properties asked for (`candidates`' filters, when given)."""
     cat = catalogue()
     if forced not in cat:
         known = ", ".join(cat.names(op)) or "none"
@@ -153,16 +180,27 @@ def forced_manifest(op: str, forced: str, scale: str | None = None, b_dtype: str
             f"{op}: argument 'kernel' names {forced!r}, whose B is {manifest.schedule.get('b_dtype')}, "
             f"but the B passed is {b_dtype}"
         )
+    if d_dtype is not None and manifest.schedule.get("c_dtype") != d_dtype:
+        raise InputError(
+            f"{op}: argument 'kernel' names {forced!r}, which writes a {manifest.schedule.get('c_dtype')} D, "
+            f"but the D passed is {d_dtype}"
+        )
+    if adds is not None and (manifest.schedule.get("epilogue") == STORE_ADD_EPILOGUE) != adds:
+        does = "adds its tiles into D" if not adds else "stores its tiles"
+        wants = "C is given" if adds else "no C is given"
+        raise InputError(f"{op}: argument 'kernel' names {forced!r}, which {does}, but {wants}")
     return manifest
 
 
 def kernel_for(
     op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None,
-    rows_per_group: int | None = None, b_dtype: str | None = None,
+    rows_per_group: int | None = None, b_dtype: str | None = None, *,
+    d_dtype: str | None = None, adds: bool | None = None,
 ) -> Any:
+    """The loaded kernel for a call: the one forced by name, or the heuristic's choice."""
     name = (
-        forced_manifest(op, forced, scale, b_dtype).name if forced
-        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype)
+        forced_manifest(op, forced, scale, b_dtype, d_dtype=d_dtype, adds=adds).name if forced
+        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype, d_dtype=d_dtype, adds=adds)
     )
     return catalogue().load(name, device)
 

@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-ROW_ALIGN_ELEMS = 8  # 16 bytes of bf16
+ROW_ALIGN_BYTES = 16  # TMA's row-stride alignment
+ROW_ALIGN_ELEMS = ROW_ALIGN_BYTES // 2  # in bf16 elements
 LIBRARY_NAME = "cutegen"
 
 _library = torch.library.Library(LIBRARY_NAME, "FRAGMENT")
@@ -109,9 +110,11 @@ def device_ordinal(t: torch.Tensor) -> int:
     return t.get_device()
 
 
-def bf16_out_strides(n: Any) -> tuple[Any, int]:
-    """The strides of a new bf16 [M, N] output: rows padded to 16 bytes (contiguous when N % 8 == 0)."""
-    return ((n + ROW_ALIGN_ELEMS - 1) // ROW_ALIGN_ELEMS * ROW_ALIGN_ELEMS, 1)
+def bf16_out_strides(n: Any, element_bytes: int = 2) -> tuple[Any, int]:
+    """The strides of a new [M, N] output (bf16 unless ``element_bytes`` says otherwise): rows
+    padded to 16 bytes (contiguous when they are whole 16 bytes already)."""
+    row = ROW_ALIGN_BYTES // element_bytes
+    return ((n + row - 1) // row * row, 1)
 
 
 def new_bf16_out(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
@@ -128,6 +131,8 @@ def new_bf16_group_out(like: torch.Tensor, g: Any, m: Any, n: Any) -> torch.Tens
 
 __all__ = [
     "LIBRARY_NAME",
+    "ROW_ALIGN_BYTES",
+    "ROW_ALIGN_ELEMS",
     "TorchOp",
     "bf16_out_strides",
     "current_stream",

@@ -56,7 +56,9 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
 # Quantize ops: a = b = the input dtype, c = e4m3 (the output), acc = f32 (the math).
 _QUANT_IN = lambda *dts: frozenset((d, d, DType.E4M3, DType.F32) for d in dts)  # noqa: E731
 OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, DType, DType, DType]]] = {
-    Op.BF16_GEMM_NT: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
+    # bf16 or fp32 D (DeepGEMM's bf16_gemm_nt takes both).
+    Op.BF16_GEMM_NT: frozenset({(DType.BF16, DType.BF16, DType.BF16, DType.F32),
+                                (DType.BF16, DType.BF16, DType.F32, DType.F32)}),
     # FP8 x FP4 (e2m1 weights) on the block-scaled MMA only (`fp4_on_block_scaled_mma`).
     Op.FP8_GEMM_NT: frozenset({(DType.E4M3, DType.E4M3, DType.BF16, DType.F32),
                                (DType.E4M3, DType.E2M1, DType.BF16, DType.F32)}),
@@ -98,7 +100,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
 ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
     Arch.SM90A: frozenset({
         Epilogue.TMA_STORE, Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP,
-        Epilogue.SPLIT_K_TMA_STORE,
+        Epilogue.SPLIT_K_TMA_STORE, Epilogue.TMA_STORE_ADD,
     }),
     Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
 }
@@ -718,6 +720,20 @@ def split_k_only_dense_fp8(s: Schedule) -> str | None:
     if not s.epilogue.splits_k or s.op == Op.FP8_GEMM_NT:
         return None
     return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
+
+
+# Ops whose kernels take the tma_store_add epilogue (D = C + A·Bᵀ with D holding C).
+STORE_ADD_OPS = frozenset({Op.BF16_GEMM_NT})
+
+
+@_rule()
+def store_add_ops(s: Schedule) -> str | None:
+    """The tma_store_add epilogue serves the ops that take C (`STORE_ADD_OPS`); the weight
+    gradients add into D whatever their epilogue."""
+    if s.epilogue != Epilogue.TMA_STORE_ADD or s.op in STORE_ADD_OPS:
+        return None
+    ops = ", ".join(sorted(o.value for o in STORE_ADD_OPS))
+    return f"epilogue={s.epilogue.value}: only ops {ops} add their tiles into D, not op={s.op.value}"
 
 
 @_rule()

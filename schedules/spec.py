@@ -197,6 +197,10 @@ class Epilogue(str, enum.Enum):
     warpgroup's epilogue and next tile's start overlap the other's main loop (Hopper, two math
     warpgroups, 16-bit output).
 
+    ``tma_store_add``: the ``tma_store`` path with the TMA's reduce-add: each tile is added into
+    D (D += A·Bᵀ, one fp32 or bf16 addition per element, by the one CTA that computed the tile),
+    so D = C + A·Bᵀ takes D holding C. The weight gradients add into D with any epilogue.
+
     ``split_k_tma_store``: the K blocks of a tile are split over several CTAs (the split count is
     a launch argument); each CTA writes its fp32 partial sum to a global workspace and the last one
     to finish a tile adds the others' and stores the tile with TMA. Small-M problems whose few
@@ -207,12 +211,13 @@ class Epilogue(str, enum.Enum):
     TMA_STORE_WHOLE_TILE = "tma_store_whole_tile"
     TMA_STORE_PER_WARPGROUP = "tma_store_per_warpgroup"
     SPLIT_K_TMA_STORE = "split_k_tma_store"
+    TMA_STORE_ADD = "tma_store_add"
 
     @property
     def tag(self) -> str:
         return {
             "tma_store": "epitma", "tma_store_whole_tile": "epitmaw", "tma_store_per_warpgroup": "epiwg",
-            "split_k_tma_store": "episk",
+            "split_k_tma_store": "episk", "tma_store_add": "epiadd",
         }[self.value]
 
     @property
@@ -308,11 +313,17 @@ SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
-# Ops of an architecture whose GPU has run kernels (`Arch.hardware_evidence`) that have been
-# compiled and checked on the CPU but not yet run on that GPU.
-COMPILED_ONLY_OPS: dict[Arch, frozenset[Op]] = {
-    Arch.SM90A: frozenset({Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_MASKED}),
-}
+def _sm90a_not_yet_run(s: "Schedule") -> bool:
+    """sm_90a kernels compiled and checked on the CPU but not yet run on an H200: the M-grouped
+    BF16 GEMMs, and the BF16 GEMM's fp32-D and accumulating kernels."""
+    if s.op in (Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_MASKED):
+        return True
+    return s.op == Op.BF16_GEMM_NT and (s.c_dtype == DType.F32 or s.adds_into_d)
+
+
+# Per architecture whose GPU has run kernels (`Arch.hardware_evidence`): which of its kernels
+# have only been compiled and checked on the CPU.
+COMPILED_ONLY: dict[Arch, Any] = {Arch.SM90A: _sm90a_not_yet_run}
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
 QUANT_GROUP = 128
 QUANT_MAX_GROUPS = 1024
@@ -443,11 +454,17 @@ class Schedule:
         return (1 + self.math_warpgroups) * THREADS_PER_WARPGROUP
 
     @property
+    def adds_into_d(self) -> bool:
+        """Tiles are added into D by the TMA's reduce-add instead of stored: the weight
+        gradients' recipe (`Op.scales_b_per_row`) and the ``tma_store_add`` epilogue."""
+        return self.op.scales_b_per_row or self.epilogue == Epilogue.TMA_STORE_ADD
+
+    @property
     def hardware_evidence(self) -> str:
         """What has been done with this schedule's kernels: its architecture's evidence
-        (`Arch.hardware_evidence`), or "compiled only" for an op not yet run there
-        (`COMPILED_ONLY_OPS`)."""
-        if self.op in COMPILED_ONLY_OPS.get(self.arch, frozenset()):
+        (`Arch.hardware_evidence`), or "compiled only" for one not yet run there (`COMPILED_ONLY`)."""
+        not_yet_run = COMPILED_ONLY.get(self.arch)
+        if not_yet_run is not None and not_yet_run(self):
             return "compiled only"
         return self.arch.hardware_evidence
 

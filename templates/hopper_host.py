@@ -183,10 +183,10 @@ class HopperHost:
             (tn, tk),
             num_multicast=cm if self.is_b_mcast else 1,
         )
-        # D += tile (TMA reduce-add) for the weight-gradient recipe, else a plain TMA store.
+        # D += tile (TMA reduce-add) where the schedule adds into D, else a plain TMA store.
         store_op = (
             cpasync.CopyReduceBulkTensorTileS2GOp()
-            if self.schedule.op.scales_b_per_row
+            if self.schedule.adds_into_d
             else cpasync.CopyBulkTensorTileS2GOp()
         )
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(

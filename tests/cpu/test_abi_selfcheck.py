@@ -22,6 +22,8 @@ pytestmark = pytest.mark.slow
 SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
+    # fp32 D added into by the TMA's reduce-add (D = C + A·Bᵀ).
+    "cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epiadd_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x32x128_c1x2_mca_s14_wg1_r40x232_episk_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",

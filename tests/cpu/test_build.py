@@ -302,3 +302,27 @@ def test_concurrent_builds_into_one_folder_and_one_cache(built, tmp_path):
     assert cubin == (built["out"] / name / "kernel.cubin").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == [".cutegen.lock", "catalogue.json", name]
     assert not [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".") and p.name != ".cutegen.lock"]
+
+
+@pytest.mark.slow
+def test_accumulating_bf16_kernels_add_their_tiles_into_d(tmp_path):
+    """The tma_store_add epilogue: where its storing twin (same tile, cluster, stages, D type)
+    stores tiles with the TMA (UTMASTG), the kernel adds them into D (the PTX's
+    cp.reduce.async.bulk.tensor .add, UTMAREDG.ADD) and stores nothing."""
+    from cutegen.gen.build import _compile
+    from cutegen.gen.sass import disassemble
+    from cutegen.schedules.naming import parse_name
+
+    adding = "cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_64x128x64_c2x1_mcb_s8_wg1_r40x232_epiadd_rm_g8"
+    names = (adding, adding.replace("_epiadd_", "_epitma_"))
+    for n in names:
+        (tmp_path / n).mkdir()
+    arts = {n: _compile(parse_name(n), tmp_path / n) for n in names}
+    (add_ptx, store_ptx), (add_cubin, store_cubin) = ([a[k] for a in arts.values()] for k in ("ptx", "cubin"))
+    reduce_lines = [line for line in add_ptx.splitlines() if "cp.reduce.async.bulk.tensor" in line]
+    assert reduce_lines and all(".add." in line for line in reduce_lines)
+    assert "cp.reduce.async.bulk.tensor" not in store_ptx
+    add_sass, _ = disassemble(add_cubin)
+    store_sass, _ = disassemble(store_cubin)
+    assert "UTMAREDG.2D.ADD" in add_sass and "UTMASTG" not in add_sass
+    assert "UTMASTG.2D" in store_sass and "UTMAREDG" not in store_sass

@@ -180,14 +180,15 @@ def _fp8(*shape):
         (lambda: dg.k_grouped_fp8_gemm_nt_contiguous((_fp8(128 * 4), torch.ones(4, 1)), (_fp8(128 * 4), torch.ones(4, 1)),
                                                      torch.empty(1, 4, 4), [128], torch.zeros(1, dtype=torch.int32),
                                                      use_psum_layout=True), NotImplementedError, "use_psum_layout"),
-        (lambda: dg.bf16_gemm_nt(torch.zeros(4, 16, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16), torch.empty(4, 8)),
-         NotImplementedError, "fp32 D"),
+        (lambda: dg.bf16_gemm_nt(torch.zeros(4, 16, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16), torch.empty(4, 8),
+                                 c=torch.empty(4, 8, dtype=torch.bfloat16)),
+         ValueError, "argument 'c' must be a torch.float32"),
         (lambda: dg.fp8_mqa_logits(), NotImplementedError, "fp8_mqa_logits"),
         (lambda: dg.fp8_einsum("bhr,hdr->bhd"), NotImplementedError, "einsum"),
     ],
     ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-mixed", "ue8m0-fp32-d", "ue8m0-sfb-rows", "fp4-default-recipe", "fp4-fp32-scales",
          "ue8m0-grouped-mixed", "not-a-tuple", "psum-hint",
-         "k-not-aligned", "k-psum", "bf16-fp32-d", "mqa", "einsum"],
+         "k-not-aligned", "k-psum", "bf16-c-dtype", "mqa", "einsum"],
 )
 def test_refused_before_any_launch(call, error, match):
     with pytest.raises(error, match=match):

@@ -658,3 +658,32 @@ def test_masked_rows_name_their_conditions_and_count_real_rows(tmp_path):
     assert rows[0]["cutegen TFLOPS"] == f"{_gemm_tflops(1080, 4096, 7168, 100.0):.0f}"
     assert rows[1]["vs DeepGEMM †"] == "n/a"
     assert "ragged: masked_m drawn 0.7-1.3x" in text
+
+
+def test_bf16_family_section(tmp_path):
+    """The BF16 family's tables (dense bf16 and fp32 D beside torch.matmul, grouped beside the best
+    torch alternative) and its summary lines against the targets."""
+    family = {
+        "dense": [
+            {"d": "bf16", "m": 1, "n": 4096, "k": 7168, "kernel": "k1", "ours_us": 10.0, "torch_us": 11.0,
+             "ours_tflops": 5.9, "torch_tflops": 5.3, "ratio": 1.1},
+            {"d": "bf16", "m": 333, "n": 12288, "k": 5120, "kernel": "k2", "ours_us": 100.0, "torch_us": 90.0,
+             "ours_tflops": 420.0, "torch_tflops": 466.0, "ratio": 0.9},
+            {"d": "f32", "m": 128, "n": 256, "k": 7168, "kernel": "k3", "ours_us": 8.0, "torch_us": 8.0,
+             "ours_tflops": 58.7, "torch_tflops": 58.7, "ratio": 1.0},
+        ],
+        "grouped": [
+            {"layout": "masked", "groups": 32, "expected": 192, "n": 4096, "k": 4096, "rows": 6000,
+             "ours_us": 200.0, "ours_tflops": 1000.0, "torch_us": {"torch.matmul loop": 400.0, "torch._grouped_mm": 300.0},
+             "best_torch": "torch._grouped_mm", "ratio": 1.5},
+        ],
+    }
+    text = report.write_report({"environment": ENV, "bf16_family": family}, tmp_path,
+                               settings=report.Settings(plots=False))[0].read_text()
+    assert "## The BF16 family beside torch (`bf16_family`)" in text
+    assert "bf16_gemm_nt, bf16 D: 0.995x torch.matmul (geometric mean over 2 shapes; worst 0.90x" in text
+    assert "bf16_gemm_nt, f32 D: 1.000x" in text
+    assert "m_grouped_bf16_gemm_nt_masked: 1.500x the best torch alternative" in text
+    assert "| bf16 | 333, 12288, 5120 | `k2` | 100.0 | 420 | 90.0 | 466 | 0.90 |" in text
+    assert "torch.matmul loop 400.0, torch._grouped_mm 300.0 | 1.50 (torch._grouped_mm) |" in text
+    assert "not rendered" not in text

@@ -41,15 +41,15 @@ from cutegen.schedules import predicates as preds
 from cutegen.schedules.spec import K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES
 from schedule_files import bf16_family  # noqa: E402
 
+# bf16_gemm_nt: bf16 or fp32 D stored by each tile, and (tma_store_add) added into D.
+_BF16_TILES = (("128x128x64", 6, 2), ("128x256x64", 4, 2), ("64x128x64", 8, 1), ("64x256x64", 5, 1))
 EXPECTED_DEFAULT_NAMES = sorted(
-    f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_epitma_rm_g8"
-    for tile, stages, wg in (
-        ("128x128x64", 6, 2),
-        ("128x256x64", 4, 2),
-        ("64x128x64", 8, 1),
-        ("64x256x64", 5, 1),
-    )
+    f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_{epilogue}_rm_g8"
+    for tile, stages, wg in _BF16_TILES
     for cluster in ("c1x1_mc0", "c2x1_mcb")
+    for d in ("bf16", "f32")
+    for epilogue in ("epitma", "epiadd")
+    if epilogue == "epitma" or not tile.startswith("64x256")
 )
 
 BASE = Schedule(
@@ -105,7 +105,7 @@ def test_default_schedules_are_valid_unique_and_expected():
 def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
-    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 8
+    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 28
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -113,7 +113,8 @@ def test_default_files_and_filters():
         Op.PER_TOKEN_QUANT_FP8, Op.PER_BLOCK_QUANT_FP8,
     }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
-    assert all(e.valid and e.family == "hopper_bf16_gemm" and e.stages_auto for e in entries)
+    assert all(e.valid and e.stages_auto for e in entries)
+    assert {e.family for e in entries} == {"hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate"}
 
 
 # ---- predicates --------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_default_files_and_filters():
 # rule name → (crafted bad schedule, field the reason must mention)
 CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     "op_supported_on_arch": [(bad(arch=Arch.SM100A), "arch")],
-    "dtypes_for_op": [(bad(c_dtype=DType.F32), "c_dtype"), (bad(acc_dtype=DType.F16), "acc_dtype")],
+    "dtypes_for_op": [(bad(c_dtype=DType.E4M3), "c_dtype"), (bad(acc_dtype=DType.F16), "acc_dtype")],
     "stages_at_least_two": [(bad(stages=1), "stages")],
     "smem_fits": [(bad(stages=5), "stages")],
     "tile_k_matches_dtype": [(bad(tile_k=32), "tile_k"), (bad(tile_k=128), "tile_k")],
@@ -159,6 +160,11 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     ],
     # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
     "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
+    # Only the BF16 GEMM takes C to add its tiles to.
+    "store_add_ops": [
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128,
+             epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
+    ],
     "whole_tile_epilogue_16bit_output": [
         (bad(epilogue=Epilogue.TMA_STORE_WHOLE_TILE, c_dtype=DType.F32), "c_dtype"),
         (bad(epilogue=Epilogue.TMA_STORE_PER_WARPGROUP, c_dtype=DType.F32), "c_dtype"),

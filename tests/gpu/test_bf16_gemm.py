@@ -247,3 +247,107 @@ def test_cuda_graph_capture_and_replay(ops, gemm_kernels):
     ref = reference(new_a, new_b)
     assert_matches(out, ref, "graph replay (out=)")
     assert_matches(fresh, ref, "graph replay (new output)")
+
+
+# ------------------------------------------------------------------------------------------------
+# fp32 D and D = C + A·Bᵀ (DeepGEMM's bf16_gemm_nt(a, b, d, c))
+
+FP32_SHAPES = [(1, 256, 7168), (128, 129280, 7168), (4096, 4096, 512), (333, 1000, 1000)]
+
+
+def kernels_of(ops, d_dtype: str, adds: bool) -> list[str]:
+    names = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=adds)
+    if not names:
+        pytest.skip(f"no bf16_gemm_nt kernel writing {d_dtype} D (adds={adds}) runs on this GPU")
+    return names
+
+
+def exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.double() @ b.double().T
+
+
+@pytest.mark.parametrize("m, n, k", FP32_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in FP32_SHAPES])
+def test_fp32_output(ops, m, n, k):
+    kernels_of(ops, "f32", False)
+    a, b = inputs(m, n, k, seed=7)
+    out = torch.full((m, n), float("nan"), device="cuda")
+    assert ops.bf16_gemm_nt(a, b, out=out) is out
+    assert calc_diff(out, exact(a, b)) < 1e-9
+    # Within fp32 accumulation error of the float64 product, element by element.
+    assert torch.allclose(out.double(), exact(a, b), rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("d_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("k", [64, 1000])
+def test_every_fp32_and_accumulating_kernel_runs(ops, d_dtype, k):
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[d_dtype]
+    m, n = 1000, 776
+    a, b = inputs(m, n, k, seed=8)
+    c = torch.randn(m, n, device="cuda").to(dtype)
+    ref = exact(a, b)
+    stores = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=False)
+    for name in stores if d_dtype == "f32" else []:
+        out = torch.full((m, n), float("nan"), device="cuda")
+        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
+        assert calc_diff(out, ref) < 1e-9, name
+    for name in kernels_of(ops, d_dtype, True):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name)
+        # One addition per element in D's type: C + what the storing twin (same tile, cluster
+        # and stages) writes, fp32(C + tile) or bf16(C + bf16(tile)).
+        twin = name.replace("_epiadd_", "_epitma_")
+        tile = ops.bf16_gemm_nt(a, b, out=torch.empty(m, n, device="cuda", dtype=dtype), kernel=twin)
+        assert torch.equal(out, (c.float() + tile.float()).to(dtype)), name
+        assert calc_diff(out, c.double() + ref) < (1e-9 if dtype == torch.float32 else 1e-5), name
+
+
+def test_accumulate_in_place_and_aliases(ops):
+    kernels_of(ops, "f32", True)
+    m, n, k = 512, 384, 768
+    a, b = inputs(m, n, k, seed=9)
+    d = torch.randn(m, n, device="cuda")
+    start = d.clone()
+    assert ops.bf16_gemm_nt(a, b, out=d, c=d) is d  # D += A·Bᵀ, no copy
+    assert calc_diff(d, start.double() + exact(a, b)) < 1e-9
+    fresh = ops.bf16_gemm_nt(a, b, c=start)  # a new D of C's type
+    assert fresh.dtype == torch.float32 and torch.equal(fresh, d)
+    torch.ops.cutegen.bf16_gemm_nt_accumulate(a, b, fresh, "")
+    assert calc_diff(fresh, start.double() + 2 * exact(a, b)) < 1e-9
+    # K = 0: D = C, nothing launched.
+    empty = torch.full((m, n), float("nan"), device="cuda")
+    ops.bf16_gemm_nt(a[:, :0], b[:, :0], out=empty, c=start)
+    assert torch.equal(empty, start)
+
+
+def test_fp32_and_accumulate_refusals(ops):
+    kernels_of(ops, "f32", True)
+    a, b = inputs(128, 256, 128, seed=10)
+    with pytest.raises(InputError, match="'c'"):
+        ops.bf16_gemm_nt(a, b, out=torch.empty(128, 256, device="cuda"), c=torch.empty(128, 256, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="'c'"):
+        ops.bf16_gemm_nt(a, b, c=torch.empty(128, 255, device="cuda"))
+    with pytest.raises(InputError, match="'out'"):
+        ops.bf16_gemm_nt(a, b, out=torch.empty(128, 256, device="cuda", dtype=torch.float16))
+    with pytest.raises(InputError, match="'out'"):  # an fp32 row stride not a multiple of 16 bytes
+        ops.bf16_gemm_nt(a, b, out=torch.empty(128, 258, device="cuda")[:, :256])
+    with pytest.raises(InputError, match="'kernel'"):  # a storing kernel for an accumulation
+        name = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype="f32", adds=False)[0]
+        ops.bf16_gemm_nt(a, b, out=torch.empty(128, 256, device="cuda"), c=torch.zeros(128, 256, device="cuda"), kernel=name)
+
+
+def test_fp32_opcheck_and_graph(ops):
+    kernels_of(ops, "f32", True)
+    a, b = inputs(128, 256, 128, seed=11)
+    out = torch.empty(128, 256, device="cuda")
+    torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt_out.default, (a, b, out, ""))
+    torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt_accumulate.default, (a, b, out, ""))
+    d = torch.zeros(128, 256, device="cuda")
+    ops.bf16_gemm_nt(a, b, out=d, c=d)  # load outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.bf16_gemm_nt(a, b, out=d, c=d)
+    d.zero_()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert calc_diff(d, 3 * exact(a, b)) < 1e-9

@@ -207,13 +207,21 @@ def test_bf16_gemm_nt_and_what_is_not_there(dg):
     d = poisoned((300, 512), torch.bfloat16)
     dg.bf16_gemm_nt(a, b, d)
     assert bitwise_equal(d, ops.bf16_gemm_nt(a, b))
-    with pytest.raises(NotImplementedError, match="bf16_gemm_nt: fp32 D"):
-        dg.bf16_gemm_nt(a, b, torch.empty(300, 512, device="cuda"))
+    # fp32 D, then D = C + A·Bᵀ with C apart from D and with C = D (SGLang's and the weight
+    # gradients' calls), the same bits as cutegen's own op.
+    d32 = poisoned((300, 512), torch.float32)
+    dg.bf16_gemm_nt(a, b, d32)
+    assert bitwise_equal(d32, ops.bf16_gemm_nt(a, b, out=torch.empty_like(d32)))
+    c = torch.randn(300, 512, device="cuda")
+    dg.bf16_gemm_nt(a, b, d32, c=c)
+    assert bitwise_equal(d32, ops.bf16_gemm_nt(a, b, c=c))
+    dg.bf16_gemm_nt(a, b, d32, c=d32)
+    assert calc_diff(d32, c + 2 * (a.float() @ b.float().T)) < 1e-6
     qa = torch.zeros(128, 64, dtype=torch.int8, device="cuda")
     with pytest.raises(NotImplementedError, match="FP4"):
         dg.fp8_gemm_nt((qa, torch.ones(128, 1, device="cuda")), (qa, torch.ones(128, 1, device="cuda")), d)
-    with pytest.raises(NotImplementedError, match="m_grouped_bf16_gemm_nt_masked"):
-        dg.m_grouped_bf16_gemm_nt_masked(a, b, d, None, 1)
+    with pytest.raises(NotImplementedError, match="k_grouped_bf16_gemm_tn_contiguous"):
+        dg.k_grouped_bf16_gemm_tn_contiguous(a, b, d, [128], None)
 
 
 def test_set_num_sms_caps_the_persistent_grid(dg):

@@ -1,6 +1,7 @@
-"""CPU tier: the M-grouped BF16 GEMMs' input validation and fake implementations on fake CUDA
-tensors (no GPU), and their DeepGEMM names' argument handling: bad inputs are refused with an
-error naming the argument before anything could be launched."""
+"""CPU tier: the BF16 GEMMs' input validation and fake implementations on fake CUDA tensors (no
+GPU): the dense GEMM's bf16 or fp32 D and C, the M-grouped layouts, and their DeepGEMM names'
+argument handling. Bad inputs are refused with an error naming the argument before anything could
+be launched."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from cutegen.runtime import bf16_grouped_ops as ops  # noqa: E402
+from cutegen.runtime import bf16_ops  # noqa: E402
 from cutegen.runtime.errors import InputError  # noqa: E402
 
 M, N, K, G = 256, 384, 520, 3
@@ -118,3 +120,60 @@ def test_deep_gemm_names_refuse_what_deep_gemm_refuses():
         with pytest.raises(ValueError, match="'d'"):
             deep_gemm.bf16_m_grouped_gemm_nt_masked(bf16(G, M, K), b, bf16(G, M, N + 1), i32(G), 64)
     assert "m_grouped_bf16_gemm_nt_contiguous" not in deep_gemm.unsupported.MISSING
+
+
+# ---- the dense GEMM: bf16 or fp32 D, C of D's type ------------------------------------------
+def f32(*shape):
+    return torch.empty(*shape, device="cuda")
+
+
+def dense(**changes):
+    args = {"a": bf16(M, K), "b": bf16(N, K), "out": None, "c": None}
+    args.update(changes)
+    return bf16_ops.check_meta(args["a"], args["b"], args["out"], args["c"])
+
+
+def test_dense_valid_operands():
+    with FakeTensorMode():
+        assert dense(out=f32(M, N)) == (M, N, K)
+        assert dense(out=f32(M, N), c=f32(M, N)) == (M, N, K)
+        assert dense(out=bf16(M, N), c=bf16(M, N)) == (M, N, K)
+        assert dense(c=f32(M, N)) == (M, N, K)  # a new D of C's type
+
+
+DENSE_BAD = [
+    ("out", lambda: {"out": torch.empty(M, N, dtype=torch.float16, device="cuda")}),
+    ("out", lambda: {"out": torch.empty_strided((M, N), (N + 2, 1), device="cuda")}),  # fp32 rows of 8-byte multiples
+    ("out", lambda: {"out": f32(M, N + 4)}),
+    ("c", lambda: {"out": f32(M, N), "c": bf16(M, N)}),  # C of another type than D
+    ("c", lambda: {"c": f32(M, N - 4)}),
+    ("c", lambda: {"c": torch.empty(M, N, dtype=torch.float64, device="cuda")}),
+]
+
+
+@pytest.mark.parametrize("arg, change", DENSE_BAD, ids=[f"{a}-{i}" for i, (a, _) in enumerate(DENSE_BAD)])
+def test_dense_bad_input_names_the_argument(arg, change):
+    with FakeTensorMode():
+        with pytest.raises(InputError, match=f"'{arg}'"):
+            dense(**change())
+
+
+def test_dense_python_entry_point_and_fakes():
+    with FakeTensorMode():
+        with pytest.raises(InputError, match="'c'"):
+            bf16_ops.bf16_gemm_nt(bf16(M, K), bf16(N, K), c=3.0)
+        d = f32(M, N)
+        torch.ops.cutegen.bf16_gemm_nt_out(bf16(M, K), bf16(N, K), d)
+        torch.ops.cutegen.bf16_gemm_nt_accumulate(bf16(M, K), bf16(N, K), d)
+        with pytest.raises(InputError, match="'out'"):
+            torch.ops.cutegen.bf16_gemm_nt_accumulate(bf16(M, K), bf16(N, K), f32(M, N + 4))
+
+
+def test_deep_gemm_bf16_gemm_nt_takes_fp32_d_and_c():
+    import cutegen.deep_gemm as deep_gemm
+
+    with FakeTensorMode():
+        with pytest.raises(ValueError, match="'c'"):
+            deep_gemm.bf16_gemm_nt(bf16(M, K), bf16(N, K), f32(M, N), c=f32(M, N + 1))
+        with pytest.raises(ValueError, match="'d'"):
+            deep_gemm.bf16_gemm_nt(bf16(M, K), bf16(N, K), torch.empty(M, N, dtype=torch.float16, device="cuda"))
