@@ -58,7 +58,7 @@ def bench_dense() -> list[dict]:
     rows = []
     for d_dtype, ms, nks in (("bf16", DENSE_M, DENSE_NK), ("f32", FP32_M, FP32_NK)):
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[d_dtype]
-        if not ops.runnable_kernels("bf16_gemm_nt", d_dtype=d_dtype, adds=False):
+        if not ops.runnable_kernels("bf16_gemm_nt", d_dtype=d_dtype, adds=False, layout="nt"):
             continue
         for n, k in nks:
             for m in ms:
@@ -75,7 +75,7 @@ def bench_dense() -> list[dict]:
                 flops = 2.0 * m * n * k
                 rows.append({
                     "d": d_dtype, "m": m, "n": n, "k": k,
-                    "kernel": ops.choose_kernel("bf16_gemm_nt", m, n, k, d_dtype=d_dtype, adds=False),
+                    "kernel": ops.choose_kernel("bf16_gemm_nt", m, n, k, d_dtype=d_dtype, adds=False, layout="nt"),
                     "ours_us": t["ours"], "torch_us": t["torch"], "ours_tflops": flops / t["ours"] / 1e6,
                     "torch_tflops": flops / t["torch"] / 1e6, "ratio": t["torch"] / t["ours"],
                 })

@@ -83,7 +83,7 @@ def bench_bf16_gemm(shapes=BF16_SHAPES) -> tuple[list[BenchRow], dict]:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        kernel = ops.choose_kernel("bf16_gemm_nt", m, n, k)
+        kernel = ops.choose_kernel("bf16_gemm_nt", m, n, k, d_dtype="bf16", adds=False, layout="nt")
         ours = time_cuda(lambda: ops.bf16_gemm_nt(a, b, out=out))
         ref = time_cuda(lambda: torch.matmul(a, b.t(), out=out))
         rows.append(BenchRow("bf16_gemm_nt", (m, n, k), kernel, ours, "torch.matmul", ref))

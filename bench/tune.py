@@ -42,6 +42,11 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+# The kernels a tuning run times: those serving the call `_runner` makes (bf16_gemm_nt: a bf16 D
+# stored, K-major operands; its other kernels serve other calls).
+TUNED_CALL: dict[str, dict] = {"bf16_gemm_nt": {"d_dtype": "bf16", "adds": False, "layout": "nt"}}
+
+
 def _runner(
     op: str, m: int, n: int, k: int, groups: int = K_GROUPED_TUNE_GROUPS
 ) -> tuple[Callable[[str], object], Callable[[], object], Callable[[], object]]:
@@ -126,7 +131,7 @@ def tune(
 
     if op not in TUNABLE_OPS:
         raise ValueError(f"op {op!r} cannot be tuned; tunable ops: {', '.join(TUNABLE_OPS)}")
-    names = ops.runnable_kernels(op)
+    names = ops.runnable_kernels(op, **TUNED_CALL.get(op, {}))
     if not names:
         raise ValueError(f"no {op} kernel of the catalogue at {ops.catalogue().build_dir} runs on this GPU")
     choices: dict[str, str] = {}

@@ -407,11 +407,11 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
         cc_minor=cc_minor,
         arch_rule=rule,
         cubin_bytes=cubin_bytes,
-        # The arguments, the operands' element types and whether D is added to: kernels that
-        # differ in any of them cannot serve one call of the op's dispatcher.
+        # The arguments, the operands' element types and contiguous modes, and whether D is added
+        # to: kernels that differ in any of them cannot serve one call of the op's dispatcher.
         signature_key=(
             *((a.ctype, a.name) for a in args),
-            *((f"dtype {spec.name}", spec.dtype) for spec in manifest.operands),
+            *((f"operand {spec.name}", f"{spec.dtype}, contiguous mode {spec.contiguous_mode}") for spec in manifest.operands),
             ("adds into d", str(manifest.schedule.get("epilogue") == "tma_store_add")),
         ),
         grid_exprs=grid_exprs,
@@ -631,7 +631,7 @@ def _env() -> Any:
 @dataclasses.dataclass
 class OpGroup:
     """An op's exported kernels. `cutegen_<op>_launch` dispatches over `dispatched`: the kernels
-    of one signature (arguments, operand types, adding into D), those storing D before those
+    of one signature (arguments, operand types and majorness, adding into D), those storing D before those
     adding into it, then the most common, then the first in name order (e.g. the fp8_gemm_nt
     kernels without split K, the bf16_gemm_nt kernels writing a bf16 D); the others take other
     arguments (a split-K kernel's workspace and split count) or operand types and are launched
@@ -751,8 +751,8 @@ class ExportReport:
     out_dir: Path
     kernels: list[str]
     files: list[str]
-    # (op, kernels outside cutegen_<op>_launch): kernels whose signature (arguments, operand types,
-    # adding into D) is not the op's common one
+    # (op, kernels outside cutegen_<op>_launch): kernels whose signature (arguments, operand types
+    # and majorness, adding into D) is not the op's common one
     skipped_dispatch: list[tuple[str, list[str]]]
 
     def summary(self) -> str:

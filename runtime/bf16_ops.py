@@ -5,8 +5,11 @@ plus C when given, with fp32 accumulation (DeepGEMM's ``nt`` convention and its
 ``bf16_gemm_nt(a, b, d, c)``):
 
 * ``a`` [M, K] and ``b`` [N, K]: ``torch.bfloat16`` CUDA tensors on one device, K-major
-  (``stride(1) == 1``), row strides multiples of 8 elements (16 bytes), base addresses 16-byte
-  aligned (TMA's rules; a mode of extent 1 is exempt from its stride rule).
+  (``stride(1) == 1``) or MN-major (``stride(0) == 1``: a transposed view ``x.t()`` of a [K, M]
+  or [K, N] matrix, DeepGEMM's ``nn``, ``tn`` and ``tt`` forms, read as they lie), the other
+  stride a multiple of 8 elements (16 bytes), base addresses 16-byte aligned (TMA's rules; a mode
+  of extent 1 is exempt from its stride rule). The MN-major kernels (layouts ``nn``, ``tn``,
+  ``tt`` in `cutegen list`) are compiled and checked, not yet run on an H200.
 * ``out`` (optional): ``torch.bfloat16`` or ``torch.float32`` [M, N] on the same device,
   ``stride(1) == 1``, a 16-byte aligned row stride and base; written in place and returned.
 * ``c`` (optional): [M, N] of D's type (``out``'s, or bf16 without ``out``). D = C + A·Bᵀ: C is
@@ -43,7 +46,7 @@ from .checks import check_aligned, check_disjoint, check_matrix, check_not_overl
 from .errors import InputError, KernelLoadError
 from .kernel_choice import kernel_for
 from .launch import launch
-from .torch_ops import ROW_ALIGN_BYTES, TorchOp, bf16_out_strides, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
+from .torch_ops import ROW_ALIGN_BYTES, ROW_ALIGN_ELEMS, TorchOp, bf16_out_strides, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
 
 OP_BF16_GEMM_NT = "bf16_gemm_nt"
 
@@ -72,13 +75,39 @@ def _check_d(arg: str, t: Any, device: Any, shape: tuple[int, int], dtype: torch
         raise _fail(arg, f"must have shape [M, N] = [{shape[0]}, {shape[1]}], got {list(t.shape)}")
 
 
+def mn_major(t: torch.Tensor) -> bool:
+    """Whether the [rows, K] operand `t` is MN-major (its rows contiguous: a transposed view of a
+    [K, rows] matrix) rather than K-major; a matrix of one column is K-major."""
+    rows, cols = t.shape
+    return cols > 1 and t.stride(1) != 1 and (rows == 1 or t.stride(0) == 1)
+
+
+def layout_of(a: torch.Tensor, b: torch.Tensor) -> str:
+    """DeepGEMM's letters for the majorness of A and B: "nt" (both K-major), "nn", "tn", "tt"."""
+    return {(False, False): "nt", (False, True): "nn", (True, True): "tn", (True, False): "tt"}[(mn_major(a), mn_major(b))]
+
+
+def _check_operand(arg: str, t: Any, device: Any | None) -> None:
+    """A bf16 [rows, K] operand, K-major (`_check_matrix`) or MN-major (its transposed view
+    [K, rows] K-major: unit stride along the rows, a 16-byte aligned stride between them)."""
+    if not isinstance(t, torch.Tensor):
+        raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() == 2 and mn_major(t):
+        if t.stride(1) % ROW_ALIGN_ELEMS:
+            raise _fail(arg, f"is MN-major (unit stride along its rows) and must have a stride between its "
+                             f"columns that is a multiple of {ROW_ALIGN_ELEMS} elements (16 bytes), got stride(1) = {t.stride(1)}")
+        _check_matrix(arg, t.t(), device)  # dtype, device, extents
+        return
+    _check_matrix(arg, t, device)
+
+
 def check_meta(a: Any, b: Any, out: Any | None, c: Any | None = None) -> tuple[int, int, int]:
     """Everything checkable without data (also under fake tensors); returns (M, N, K)."""
     for arg, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise _fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
-    _check_matrix("a", a, None)
-    _check_matrix("b", b, a.device)
+    _check_operand("a", a, None)
+    _check_operand("b", b, a.device)
     m, k = a.shape
     n, kb = b.shape
     if kb != k:
@@ -104,7 +133,9 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str, adds:
         return None
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP_BF16_GEMM_NT, m, n, k, device, kernel, d_dtype=D_DTYPES[out.dtype], adds=adds)
+        loaded = kernel_for(
+            OP_BF16_GEMM_NT, m, n, k, device, kernel, d_dtype=D_DTYPES[out.dtype], adds=adds, layout=layout_of(a, b)
+        )
         specs = loaded.manifest.operands
         if len(specs) != 3:
             raise KernelLoadError(
@@ -209,4 +240,4 @@ def bf16_gemm_nt(
     return out
 
 
-__all__ = ["D_DTYPES", "OP_BF16_GEMM_NT", "bf16_gemm_nt", "check_meta"]
+__all__ = ["D_DTYPES", "OP_BF16_GEMM_NT", "bf16_gemm_nt", "check_meta", "layout_of", "mn_major"]

@@ -22,7 +22,7 @@ _CHOICE_CACHE_SIZE = 4096
 _lock = threading.RLock()
 _catalogue: KernelCatalogue | None = None
 _build_dir: str | os.PathLike[str] | None = None
-# (op, device, M, N, K, scale, B dtype, D dtype, adds, rows per group, SM budget) -> kernel name.
+# (op, device, M, N, K, scale, B dtype, D dtype, adds, layout, rows per group, SM budget) -> kernel name.
 _choices: dict[tuple, str] = {}
 
 
@@ -52,10 +52,14 @@ def catalogue() -> KernelCatalogue:
 STORE_ADD_EPILOGUE = "tma_store_add"
 
 
-def _filters(scale: str | None, b_dtype: str | None, d_dtype: str | None, adds: bool | None) -> list[tuple]:
+def _filters(
+    scale: str | None, b_dtype: str | None, d_dtype: str | None, adds: bool | None, layout: str | None = None,
+) -> list[tuple]:
     """(what a kernel must take, how a manifest says what it takes, the value wanted) for each
     requested kernel property."""
     out = []
+    if layout is not None:
+        out.append(("layout", lambda m: m.schedule.get("layout", "nt"), layout))
     if scale is not None:
         out.append(("scales", lambda m: m.schedule.get("scale", "none"), scale))
     if b_dtype is not None:
@@ -69,13 +73,14 @@ def _filters(scale: str | None, b_dtype: str | None, d_dtype: str | None, adds: 
 
 def candidates(
     op: str, ordinal: int, scale: str | None = None, b_dtype: str | None = None, *,
-    d_dtype: str | None = None, adds: bool | None = None,
+    d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
 ) -> list[Any]:
     """The catalogue's ``op`` kernels that run on GPU ``ordinal``; with ``scale`` ("f32",
     "ue8m0", "mx"), only those taking block scales in that format; with ``b_dtype`` ("e4m3",
     "e2m1"), only those whose B has that element type; with ``d_dtype`` ("bf16", "f32"), only
     those writing D of that type; with ``adds``, only those that add their tiles into D (True)
-    or store them (False)."""
+    or store them (False); with ``layout`` ("nt", "nn", "tn", "tt"), only those reading A and B
+    with that majorness."""
     cat = catalogue()
     info = driver.device_info(ordinal)
     runnable = [m for m in cat.compatible(op, info.capability) if m.smem_bytes <= info.smem_optin]
@@ -86,7 +91,7 @@ def candidates(
             f"({info.name}); kernels of this op are built for: {', '.join(built)}"
         )
     wanted = []
-    for what, value_of, value in _filters(scale, b_dtype, d_dtype, adds):
+    for what, value_of, value in _filters(scale, b_dtype, d_dtype, adds, layout):
         found = sorted({str(value_of(m)) for m in runnable})
         runnable = [m for m in runnable if value_of(m) == value]
         wanted.append(f"{what} {value}")
@@ -100,14 +105,14 @@ def candidates(
 
 def runnable_kernels(
     op: str, device: int = 0, scale: str | None = None, b_dtype: str | None = None, *,
-    d_dtype: str | None = None, adds: bool | None = None,
+    d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
 ) -> list[str]:
     """Names of the catalogue's ``op`` kernels that run on GPU ``device`` (its architecture and
     shared memory), optionally only those with the properties `candidates` filters on; kernels
     built for other architectures, e.g. sm_100a on a Hopper GPU, are left out. Empty when none
     run there."""
     try:
-        return [m.name for m in candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds)]
+        return [m.name for m in candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout)]
     except ArtifactError:
         return []
 
@@ -115,18 +120,18 @@ def runnable_kernels(
 def choose_kernel(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
-    d_dtype: str | None = None, adds: bool | None = None,
+    d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
 ) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
     among those with the properties `candidates` filters on (``scale``, ``b_dtype``, ``d_dtype``,
     ``adds``, when given); ``rows_per_group``: M is that many rows per group, as the masked
     grouped GEMM's groups, see `heuristics.score`."""
-    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, d_dtype, adds, rows_per_group, sm_budget.budget())
+    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, d_dtype, adds, layout, rows_per_group, sm_budget.budget())
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
         manifest = heuristics.choose(
-            op, candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds), m, n, k,
+            op, candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout), m, n, k,
             sm_budget.usable_sms(info.sm_count),
             build_dir=catalogue().build_dir,
             rows_per_group=rows_per_group,
@@ -141,13 +146,13 @@ def choose_kernel(
 def explain(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
-    d_dtype: str | None = None, adds: bool | None = None,
+    d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
 ) -> list[heuristics.Score]:
     """The heuristic's scored table for this problem on this GPU, best first: the candidates
     `choose_kernel` weighs, scored as it does, with the same arguments."""
     info = driver.device_info(device)
     return heuristics.explain(
-        op, candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds), m, n, k,
+        op, candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout), m, n, k,
         sm_budget.usable_sms(info.sm_count),
         build_dir=catalogue().build_dir,
         rows_per_group=rows_per_group,
@@ -156,7 +161,7 @@ def explain(
 
 def forced_manifest(
     op: str, forced: str, scale: str | None = None, b_dtype: str | None = None, *,
-    d_dtype: str | None = None, adds: bool | None = None,
+    d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
 ) -> Any:
     """The manifest of the kernel a caller forced by name; InputError unless it is an `op` kernel
     with the properties asked for (`candidates`' filters, when given)."""
@@ -185,6 +190,11 @@ def forced_manifest(
             f"{op}: argument 'kernel' names {forced!r}, which writes a {manifest.schedule.get('c_dtype')} D, "
             f"but the D passed is {d_dtype}"
         )
+    if layout is not None and manifest.schedule.get("layout", "nt") != layout:
+        raise InputError(
+            f"{op}: argument 'kernel' names {forced!r}, which reads layout {manifest.schedule.get('layout', 'nt')}, "
+            f"but the operands passed are {layout}"
+        )
     if adds is not None and (manifest.schedule.get("epilogue") == STORE_ADD_EPILOGUE) != adds:
         does = "adds its tiles into D" if not adds else "stores its tiles"
         wants = "C is given" if adds else "no C is given"
@@ -195,12 +205,12 @@ def forced_manifest(
 def kernel_for(
     op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
-    d_dtype: str | None = None, adds: bool | None = None,
+    d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
 ) -> Any:
     """The loaded kernel for a call: the one forced by name, or the heuristic's choice."""
     name = (
-        forced_manifest(op, forced, scale, b_dtype, d_dtype=d_dtype, adds=adds).name if forced
-        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype, d_dtype=d_dtype, adds=adds)
+        forced_manifest(op, forced, scale, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout).name if forced
+        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout)
     )
     return catalogue().load(name, device)
 

@@ -23,7 +23,7 @@ from .predicates import (
     predicate_results,
     violations,
 )
-from .spec import Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
+from .spec import Arch, DType, Epilogue, Layout, Multicast, Op, Raster, ScaleFormat, Schedule
 
 __all__ = [
     "MAX_POINTS",
@@ -31,6 +31,7 @@ __all__ = [
     "DType",
     "Epilogue",
     "Expanded",
+    "Layout",
     "Multicast",
     "Op",
     "PREDICATES",

@@ -77,7 +77,8 @@ def op_contract(schedule: Schedule) -> list[Arg]:
             Arg("workspace", "i64", ("W",), 0, TENSORMAP_BYTES, pointer=True, written=True),
         ]
     grouped = ("G",) if op.is_masked else ()
-    args = [Arg("a", a, (*grouped, "M", "K"), len(grouped) + 1)]
+    # An MN-major operand (`Schedule.layout`) is contiguous along its M (N) dimension.
+    args = [Arg("a", a, (*grouped, "M", "K"), len(grouped) + (0 if s.layout.a_mn_major else 1))]
     if s.mma_applies_scales:
         # The MMA's blocked UE8M0 scales, 512-byte atoms of 128 rows by 4 scales (one per 32
         # elements), as bytes (`requires` gives their sizes).
@@ -87,7 +88,8 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         args.append(Arg("sfa", scale, (*grouped, "M", kc), len(grouped)))
     b_grouped = ("G",) if op.is_m_grouped else ()
     # FP4 is TMA-loaded unpacked (16U4_ALIGN16B), which needs a 32-byte aligned base.
-    args.append(Arg("b", b, (*b_grouped, "N", "K"), len(b_grouped) + 1, 32 if b == "e2m1" else 16))
+    args.append(Arg("b", b, (*b_grouped, "N", "K"), len(b_grouped) + (0 if s.layout.b_mn_major else 1),
+                    32 if b == "e2m1" else 16))
     if s.mma_applies_scales:
         args.append(Arg("sfb", "u8", ("SB",), 0, 16, pointer=True))
     elif s.block_scaled:

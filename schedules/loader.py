@@ -43,6 +43,8 @@ AUTO = "auto"
 AUTO_MAX_STAGES = 8
 AUTO_MIN_STAGES = 2
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Schedule))
+# Fields a schedule file may leave out: they take their default (`Schedule.layout`: "nt").
+DEFAULTED = frozenset(f.name for f in dataclasses.fields(Schedule) if f.default is not dataclasses.MISSING)
 _FAMILY_KEYS = ("name", "description", "extends", "base", "sweep")
 # A family whose sweep expands to more points than this is refused before it is expanded (a
 # mistyped axis can mean millions of points and minutes of listing); `--max-points` raises it.
@@ -224,7 +226,7 @@ def expand_family(
             # A quantizer's unused fields default to their neutral values (stated ones are checked
             # by the quant_unused_fields_neutral rule).
             fields = {**QUANT_NEUTRAL, **({"b_dtype": fields["a_dtype"]} if "a_dtype" in fields else {}), **fields}
-        missing = [f for f in FIELDS if f not in fields]
+        missing = [f for f in FIELDS if f not in fields and f not in DEFAULTED]
         if missing:
             raise ScheduleFileError(
                 f"{where}: field(s) {', '.join(map(repr, missing))} missing; set them in "

@@ -8,6 +8,10 @@ A GEMM's name encodes every field of the schedule, in a fixed order, as 17 parts
     tile_m x tile_n x tile_k, cluster cMxN, multicast, stages sN, math warpgroups wgN,
     registers rPRODUCERxCONSUMER, epilogue, raster, swizzle group gN.
 
+A GEMM whose operand layout is not the default ``nt`` (`Layout`: which of A and B is MN-major)
+names it in an 18th part, e.g. ``..._epitma_rm_g8_tn``; ``nt`` is never written, so a name of 18
+parts ending in ``nt`` is not canonical.
+
 A quantizer whose unused fields hold their neutral values (`Schedule.quant_neutral`, every valid
 one) is named by the fields it uses, 9 parts::
 
@@ -27,7 +31,7 @@ import enum
 import re
 from typing import Any, Callable
 
-from .spec import _FIELD_TYPES, QUANT_NEUTRAL, Arch, DType, Epilogue, Multicast, Op, Raster, ScaleFormat, Schedule
+from .spec import _FIELD_TYPES, QUANT_NEUTRAL, Arch, DType, Epilogue, Layout, Multicast, Op, Raster, ScaleFormat, Schedule
 
 PREFIX = "cutegen"
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
@@ -56,7 +60,7 @@ def _build_tags(cls: type[enum.Enum]) -> dict[str, Any]:
 
 
 _TAGS: dict[type, dict[str, Any]] = {
-    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster)
+    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout)
 }
 
 
@@ -104,6 +108,8 @@ def procedural_name(s: Schedule) -> str:
     ]
     if s.quant_neutral:
         parts = [parts[i] for i in _QUANT_PARTS_AT]
+    elif s.layout != Layout.NT:
+        parts.append(_enum(s.layout, "layout"))
     return "_".join(parts)
 
 
@@ -158,6 +164,9 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
 )
 
+# A GEMM whose layout is not "nt" names it in one more, last part.
+_LAYOUT_PART = _tag("layout")
+
 # The short form's parsers (`_QUANT_PARTS_AT`).
 _QUANT_PARTS = tuple(_PARTS[i - 1] for i in _QUANT_PARTS_AT[1:])
 
@@ -171,11 +180,14 @@ def parse_name(name: str) -> Schedule:
     parts = name.split("_")
     if parts[0] != PREFIX:
         raise ValueError(f"{name!r} is not a cutegen kernel name: it must start with '{PREFIX}_' (e.g. {_EXAMPLE})")
-    grammar = {1 + len(_PARTS): _PARTS, 1 + len(_QUANT_PARTS): _QUANT_PARTS}.get(len(parts))
+    grammar = {
+        1 + len(_PARTS): _PARTS, 2 + len(_PARTS): (*_PARTS, _LAYOUT_PART), 1 + len(_QUANT_PARTS): _QUANT_PARTS,
+    }.get(len(parts))
     if grammar is None:
         raise ValueError(
             f"{name!r} is not a cutegen kernel name: expected {1 + len(_PARTS)} '_'-separated "
-            f"parts (a quantizer: {1 + len(_QUANT_PARTS)}), got {len(parts)} (e.g. {_EXAMPLE})"
+            f"parts ({2 + len(_PARTS)} with a layout other than nt; a quantizer: {1 + len(_QUANT_PARTS)}), "
+            f"got {len(parts)} (e.g. {_EXAMPLE})"
         )
     values: dict[str, Any] = {}
     for i, (part, parser) in enumerate(zip(parts[1:], grammar), start=2):

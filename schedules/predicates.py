@@ -28,6 +28,7 @@ from .spec import (
     Arch,
     DType,
     Epilogue,
+    Layout,
     Multicast,
     Op,
     ScaleFormat,
@@ -720,6 +721,23 @@ def split_k_only_dense_fp8(s: Schedule) -> str | None:
     if not s.epilogue.splits_k or s.op == Op.FP8_GEMM_NT:
         return None
     return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
+
+
+# Ops whose kernels read MN-major operands (`Layout`), on the Hopper template.
+LAYOUT_OPS = frozenset({Op.BF16_GEMM_NT})
+
+
+@_rule()
+def mn_major_operands(s: Schedule) -> str | None:
+    """A layout other than nt (an MN-major A or B) for the ops that take one (`LAYOUT_OPS`) on
+    sm_90a: the WGMMA reads MN-major operands of 16-bit types only, and the Blackwell templates
+    and the other ops read K-major operands."""
+    if s.layout == Layout.NT:
+        return None
+    if s.op not in LAYOUT_OPS or s.arch != Arch.SM90A:
+        ops = ", ".join(sorted(o.value for o in LAYOUT_OPS))
+        return f"layout={s.layout.value}: only ops {ops} on sm_90a read MN-major operands, not op={s.op.value} on {s.arch.value}"
+    return None
 
 
 # Ops whose kernels take the tma_store_add epilogue (D = C + A·Bᵀ with D holding C).

@@ -234,6 +234,27 @@ class Epilogue(str, enum.Enum):
         return self in (Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP)
 
 
+class Layout(str, enum.Enum):
+    """Which dimension of A and of B is contiguous, in DeepGEMM's letters: ``nt`` (the default),
+    A [M, K] and B [N, K] both K-major; ``nn``: B MN-major (DeepGEMM's B given as [K, N]); ``tn``:
+    A and B MN-major (A given as [K, M], B as [K, N]: a weight gradient); ``tt``: A MN-major.
+    The kernel reads the MN-major operand through its TMA descriptor as it lies (no copy); the
+    WGMMA reads MN-major operands of 16-bit types only."""
+
+    NT = "nt"
+    NN = "nn"
+    TN = "tn"
+    TT = "tt"
+
+    @property
+    def a_mn_major(self) -> bool:
+        return self in (Layout.TN, Layout.TT)
+
+    @property
+    def b_mn_major(self) -> bool:
+        return self in (Layout.NN, Layout.TN)
+
+
 class Raster(str, enum.Enum):
     """Order in which the persistent scheduler walks output tiles (within a swizzle group)."""
 
@@ -257,6 +278,7 @@ QUANT_NEUTRAL: dict[str, Any] = {
     "epilogue": Epilogue.TMA_STORE,
     "raster": Raster.ALONG_M,
     "group_size": 1,
+    "layout": Layout.NT,
 }
 
 # Hardware facts used by the validity rules.
@@ -315,10 +337,10 @@ SM100_EPILOGUE_COLUMNS = 32
 # transposed kernel's shared-memory prefix sums hold.
 def _sm90a_not_yet_run(s: "Schedule") -> bool:
     """sm_90a kernels compiled and checked on the CPU but not yet run on an H200: the M-grouped
-    BF16 GEMMs, and the BF16 GEMM's fp32-D and accumulating kernels."""
+    BF16 GEMMs, and the BF16 GEMM's fp32-D, accumulating and MN-major kernels."""
     if s.op in (Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_MASKED):
         return True
-    return s.op == Op.BF16_GEMM_NT and (s.c_dtype == DType.F32 or s.adds_into_d)
+    return s.op == Op.BF16_GEMM_NT and (s.c_dtype == DType.F32 or s.adds_into_d or s.layout != Layout.NT)
 
 
 # Per architecture whose GPU has run kernels (`Arch.hardware_evidence`): which of its kernels
@@ -393,6 +415,8 @@ class Schedule:
     epilogue: Epilogue
     raster: Raster
     group_size: int
+    # Named only when not the default (`naming`): every kernel before it is "nt".
+    layout: Layout = Layout.NT
 
     # ---- derived facts, one definition each -------------------------------------------------
     @property
@@ -836,4 +860,5 @@ _FIELD_TYPES: dict[str, Any] = {
     "epilogue": Epilogue,
     "raster": Raster,
     "group_size": int,
+    "layout": Layout,
 }

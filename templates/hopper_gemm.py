@@ -164,7 +164,8 @@ class HopperGemmKernel(
         # `_produce_tail_tile`). Only 64-row tiles: wider ones serve M of 128 and more, where one
         # partial tile matters little.
         dense = not (s.op.is_m_grouped or s.op.is_masked or s.op.is_k_grouped)
-        self.a_tail_slices = s.tile_m // A_TAIL_SLICE_ROWS if dense and s.tile_m == 64 else 0
+        # (Not for an MN-major A, whose swizzle atoms run 64 rows along M.)
+        self.a_tail_slices = s.tile_m // A_TAIL_SLICE_ROWS if dense and s.tile_m == 64 and not s.layout.a_mn_major else 0
         # Dense GEMMs but the weight gradient (whose M is the wide side), and the masked layout
         # (from max_m, each group's B read by its own tile rows), choose their loads' L2 policies
         # at run time (STREAMED_B_MAX_TILE_ROWS). The contiguous layout measured no gain from them.

@@ -29,11 +29,17 @@ class HopperHost:
 
     def _make_smem_layouts(self):
         tm, tn, tk = self.tile_shape_mnk
-        k_major = LayoutEnum.ROW_MAJOR  # K contiguous for A [M,K] and B [N,K]
+        layout = self.schedule.layout
+        # K contiguous for A [M,K] and B [N,K] (ROW_MAJOR), or M (N) for an MN-major operand:
+        # the swizzle atom then runs along M (N) and tiles the K blocks after it.
+        a_major = LayoutEnum.COL_MAJOR if layout.a_mn_major else LayoutEnum.ROW_MAJOR
+        b_major = LayoutEnum.COL_MAJOR if layout.b_mn_major else LayoutEnum.ROW_MAJOR
         a_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(k_major, self.a_dtype, tk), self.a_dtype
+            sm90_utils.get_smem_layout_atom(a_major, self.a_dtype, tm if layout.a_mn_major else tk), self.a_dtype
         )
-        a_staged = cute.tile_to_shape(a_atom, (tm, tk, self.schedule.stages), order=(0, 1, 2))
+        a_staged = cute.tile_to_shape(
+            a_atom, (tm, tk, self.schedule.stages), order=(1, 0, 2) if layout.a_mn_major else (0, 1, 2)
+        )
         # The same bytes as a_tail_slices slices per stage: slice j of stage i is buffer
         # i·a_tail_slices + j (the swizzle atom spans 8 rows: a slice is a contiguous run).
         a_tail_staged = None
@@ -42,9 +48,11 @@ class HopperHost:
                 a_atom, (A_TAIL_SLICE_ROWS, tk, self.a_tail_slices * self.schedule.stages), order=(0, 1, 2)
             )
         b_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(k_major, self.b_dtype, tk), self.b_dtype
+            sm90_utils.get_smem_layout_atom(b_major, self.b_dtype, tn if layout.b_mn_major else tk), self.b_dtype
         )
-        b_staged = cute.tile_to_shape(b_atom, (tn, tk, self.schedule.stages), order=(0, 1, 2))
+        b_staged = cute.tile_to_shape(
+            b_atom, (tn, tk, self.schedule.stages), order=(1, 0, 2) if layout.b_mn_major else (0, 1, 2)
+        )
         em, en = self.schedule.epi_tile
         c_atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.c_dtype, en),
@@ -57,11 +65,12 @@ class HopperHost:
         """The kernel's tiled WGMMA (its math warpgroups stacked along M; its atom as wide as
         the tile, or as one column wave), or one over `atom_layout_mnk` warpgroups (the
         per-warpgroup epilogue's copy takes one)."""
+        layout = self.schedule.layout
         return sm90_utils.make_trivial_tiled_mma(
             self.a_dtype,
             self.b_dtype,
-            OperandMajorMode.K,
-            OperandMajorMode.K,
+            OperandMajorMode.MN if layout.a_mn_major else OperandMajorMode.K,
+            OperandMajorMode.MN if layout.b_mn_major else OperandMajorMode.K,
             self.acc_dtype,
             atom_layout_mnk or self.atom_layout_mnk,
             tiler_mn=(64, self.schedule.wave_columns),
@@ -81,23 +90,30 @@ class HopperHost:
         em, en = self.schedule.epi_tile
         s = self.schedule
 
-        def tma(operand: str, dtype: DType, box_rows: int, box_cols: int) -> dict:
-            return tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
+        def tma(operand: str, dtype: DType, box_rows: int, box_cols: int, mn_major: bool = False) -> dict:
+            recipe = tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
+            # An MN-major operand's contiguous mode is its rows (M or N): TMA dimension 0, a box
+            # as wide as the swizzle atom (64 bf16 at 128B), copied once per atom along the rows.
+            atom = {"128B": 128, "64B": 64, "32B": 32}.get(recipe["swizzle"], 16) // dtype.bytes
+            return dict(recipe, modes=[0, 1], box=[min(box_rows, atom), box_cols]) if mn_major else recipe
 
         shape = shape_binding
         scale_vector_tma = scale_vector_tma_binding
 
-        # With multicast over n CTAs each CTA loads 1/n of the box (cut along the last TMA dim).
-        a_rows = tm // cn if self.is_a_mcast else tm
-        b_rows = tn // cm if self.is_b_mcast else tn
+        # With multicast over n CTAs each CTA loads 1/n of the box, cut along the last TMA dim:
+        # the rows of a K-major operand, K of an MN-major one.
+        a_share = cn if self.is_a_mcast else 1
+        b_share = cm if self.is_b_mcast else 1
+        a_box = (tm, tk // a_share) if s.layout.a_mn_major else (tm // a_share, tk)
+        b_box = (tn, tk // b_share) if s.layout.b_mn_major else (tn // b_share, tk)
         # A [G, max_m, K] (masked) and B [G, N, K] (M-grouped) carry a group mode. The k-grouped
         # op's flat A and B are viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a
         # template; the kernel rewrites address, extents and stride per group.
         k_extent = "KT" if self.schedule.op.is_k_grouped else "K"
         params = [
-            {"name": "tma_a", **with_group_mode(tma("a", s.a_dtype, a_rows, tk), self.schedule.op.is_masked)},
+            {"name": "tma_a", **with_group_mode(tma("a", s.a_dtype, *a_box, s.layout.a_mn_major), self.schedule.op.is_masked)},
             {"name": "extents_a", **shape("a", ["M", k_extent], self.schedule.op.is_masked)},
-            {"name": "tma_b", **with_group_mode(tma("b", s.b_dtype, b_rows, tk), self.schedule.op.is_m_grouped)},
+            {"name": "tma_b", **with_group_mode(tma("b", s.b_dtype, *b_box, s.layout.b_mn_major), self.schedule.op.is_m_grouped)},
             {"name": "extents_b", **shape("b", ["N", k_extent], self.schedule.op.is_m_grouped)},
         ]
         if self.schedule.block_scaled:

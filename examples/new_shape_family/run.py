@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         tc, tt = time_us(cutegen_mm, a, b), time_us(torch_mm, a, b)
         total_c += tc
         total_t += tt
-        name = args.kernel or ops.choose_kernel("bf16_gemm_nt", m, n, k)
+        name = args.kernel or ops.choose_kernel("bf16_gemm_nt", m, n, k, d_dtype="bf16", adds=False, layout="nt")
         print(f"{e:>6} {which:<8} {m:>5} {n:>5} {k:>5}  {err:>11.2e}  {tc:>10.1f} {tt:>9.1f}  "
               f"{name}{'' if ok else '  MISMATCH'}")
     print(f"total: cutegen {total_c:.1f} us, torch {total_t:.1f} us; "

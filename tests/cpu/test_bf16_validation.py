@@ -139,6 +139,10 @@ def test_dense_valid_operands():
         assert dense(out=f32(M, N), c=f32(M, N)) == (M, N, K)
         assert dense(out=bf16(M, N), c=bf16(M, N)) == (M, N, K)
         assert dense(c=f32(M, N)) == (M, N, K)  # a new D of C's type
+        # MN-major operands (transposed views): DeepGEMM's nn, tn and tt forms.
+        for a, b, layout in ((bf16(M, K), bf16(K, N).t(), "nn"), (bf16(K, M).t(), bf16(K, N).t(), "tn"),
+                             (bf16(K, M).t(), bf16(N, K), "tt"), (bf16(M, K), bf16(N, K), "nt")):
+            assert dense(a=a, b=b) == (M, N, K) and bf16_ops.layout_of(a, b) == layout
 
 
 DENSE_BAD = [
@@ -148,6 +152,9 @@ DENSE_BAD = [
     ("c", lambda: {"out": f32(M, N), "c": bf16(M, N)}),  # C of another type than D
     ("c", lambda: {"c": f32(M, N - 4)}),
     ("c", lambda: {"c": torch.empty(M, N, dtype=torch.float64, device="cuda")}),
+    ("a", lambda: {"a": torch.empty_strided((M, K), (1, M + 4), dtype=BF16, device="cuda")}),  # 8-byte columns
+    ("b", lambda: {"b": torch.empty_strided((N, K), (1, N + 2), dtype=BF16, device="cuda")}),
+    ("b", lambda: {"b": torch.empty_strided((N, K), (2, 2 * N), dtype=BF16, device="cuda")}),  # no unit stride
 ]
 
 

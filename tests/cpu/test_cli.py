@@ -20,7 +20,7 @@ from schedule_files import ONE_CTA_CLUSTER, bf16_family  # noqa: E402
 
 # Every bf16_gemm_nt schedule, and those of its first family (bf16 D, stored): the ones that ran on an H200.
 ALL_NAMES = [procedural_name(s) for s in default_schedules(op="bf16_gemm_nt")]
-NAMES = [n for n in ALL_NAMES if "_bf16_bf16_bf16_f32_" in n and "_epitma_" in n]
+NAMES = [n for n in ALL_NAMES if "_bf16_bf16_bf16_f32_" in n and n.endswith("_epitma_rm_g8")]
 NAME = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8"
 
 
@@ -229,9 +229,9 @@ def test_show_decodes_names_not_in_files(capsys, tmp_path):
 
 
 def test_show_unique_fragment(capsys, tmp_path):
-    rc, out, _ = run(capsys, "show", "gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma", "--build-dir", str(tmp_path))
-    assert rc == 0 and out.splitlines()[0] == NAME
-    rc, _, err = run(capsys, "show", "gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1")
+    rc, out, _ = run(capsys, "show", "128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_nn", "--build-dir", str(tmp_path))
+    assert rc == 0 and out.splitlines()[0] == f"{NAME}_nn"
+    rc, _, err = run(capsys, "show", "gemm_bf16_bf16_f32_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epiadd")
     assert rc == 2 and "matches 2" in err
 
 

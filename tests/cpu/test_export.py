@@ -883,6 +883,45 @@ def test_c_launcher_abi_selfcheck_fp4_operand(toolchain, tmp_path_factory, tmp_p
     assert encodes[1]["dims"] == [640, 776] and encodes[1]["strides"] == [320]
 
 
+MN_MAJOR_KERNEL = "cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_128x128x64_c2x1_mcb_s6_wg2_r40x232_epiadd_rm_g8_tn"
+
+
+@pytest.mark.slow  # compiles the kernel
+def test_c_launcher_abi_selfcheck_mn_major_operands(toolchain, tmp_path_factory, tmp_path):
+    """A kernel reading A and B MN-major (layout tn) through the C launcher: each operand's stride
+    argument is the one between its K columns and its descriptor runs along M (N) first, as in
+    Python, for the generic problems (plain, an extent of 1 and of 0, misaligned, small)."""
+    pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+    from cutegen.gen.build import build_schedules
+    from cutegen.schedules import parse_name
+
+    root = tmp_path_factory.mktemp("mn_major")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
+    try:
+        report = build_schedules([parse_name(MN_MAJOR_KERNEL)], root / "build", jobs=1, progress=False)
+    finally:
+        mp.undo()
+    assert report.ok, report.summary()
+    export_kernels(root / "build", [MN_MAJOR_KERNEL], root / "export")
+    manifest = KernelManifest.from_json((root / "export" / MN_MAJOR_KERNEL / "manifest.json").read_text())
+    assert manifest.operand("a").contiguous_mode == 0 and manifest.operand("b").contiguous_mode == 0
+    view = kernel_view(manifest)
+    exe = build_driver(toolchain, root / "export", MN_MAJOR_KERNEL, tmp_path)
+    problems = generic_problems(manifest)
+    args = [str(root / "export")] + [x for pr in problems for x in problem_args(view, pr)]
+    rc, records = run_records(exe, args, {"CUTEGEN_STUB_PARAMS": stub_params(manifest), "CUTEGEN_STUB_CC": STUB_CC["sm_90a"]})
+    assert rc == 0, records
+    segs = segments(records)
+    kinds = [python_reference(manifest, pr, 132, 66)["kind"] for pr in problems]
+    assert kinds[0] == "launch" and kinds[3] == "error", kinds
+    for pr, seg in zip(problems, segs):
+        assert_matches_python(manifest, seg, pr, 132, 66)
+    encodes = [r for r in segs[0] if r["call"] == "cuTensorMapEncodeTiled"]
+    m, n, k = problems[0]["M"], problems[0]["N"], problems[0]["K"]
+    assert encodes[0]["dims"] == [m, k] and encodes[1]["dims"] == [n, k]  # M, N contiguous
+
+
 def faulty_problems(manifest: KernelManifest) -> list[tuple[str, str, dict[str, Any]]]:
     """(what, a phrase of the expected error, problem): the plain problem with one fault each: every
     requirement broken, every operand NULL, a negative stride, a packed operand's stride padded, a

@@ -800,7 +800,9 @@ def test_ops_validation_under_fake_tensors(fake_cuda):
         ((a, b.to(torch.float16)), "argument 'b' must be torch.bfloat16, got torch.float16"),
         ((a, torch.empty(201, 56, dtype=torch.bfloat16, device="cuda")), "argument 'b' must have K = a.shape\\[1\\] = 64"),
         ((torch.empty(2, 100, 64, dtype=torch.bfloat16, device="cuda"), b), "argument 'a' must be 2-D"),
-        ((torch.empty_strided((100, 64), (1, 100), dtype=torch.bfloat16, device="cuda"), b), "argument 'a' must be contiguous along its last dimension"),
+        ((torch.empty_strided((100, 64), (2, 200), dtype=torch.bfloat16, device="cuda"), b), "argument 'a' must be contiguous along its last dimension"),
+        # MN-major (DeepGEMM's tt form) with a column stride off 16 bytes.
+        ((torch.empty_strided((100, 64), (1, 100), dtype=torch.bfloat16, device="cuda"), b), "argument 'a' is MN-major .* multiple of 8 elements"),
         ((torch.empty_strided((100, 60), (60, 1), dtype=torch.bfloat16, device="cuda"),
           torch.empty(201, 60, dtype=torch.bfloat16, device="cuda")), "argument 'a' must have a row stride that is a multiple of 8"),
     ]

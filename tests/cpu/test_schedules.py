@@ -18,6 +18,7 @@ from cutegen.schedules import (
     Arch,
     DType,
     Epilogue,
+    Layout,
     Multicast,
     Op,
     Raster,
@@ -43,13 +44,24 @@ from schedule_files import bf16_family  # noqa: E402
 
 # bf16_gemm_nt: bf16 or fp32 D stored by each tile, and (tma_store_add) added into D.
 _BF16_TILES = (("128x128x64", 6, 2), ("128x256x64", 4, 2), ("64x128x64", 8, 1), ("64x256x64", 5, 1))
+# MN-major operands (a last part naming the layout): nn, tn, tt storing bf16 at the 128-row
+# tiles, and tn adding into fp32.
 EXPECTED_DEFAULT_NAMES = sorted(
-    f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_{epilogue}_rm_g8"
-    for tile, stages, wg in _BF16_TILES
-    for cluster in ("c1x1_mc0", "c2x1_mcb")
-    for d in ("bf16", "f32")
-    for epilogue in ("epitma", "epiadd")
-    if epilogue == "epitma" or not tile.startswith("64x256")
+    [
+        f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_{epilogue}_rm_g8"
+        for tile, stages, wg in _BF16_TILES
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+        for d in ("bf16", "f32")
+        for epilogue in ("epitma", "epiadd")
+        if epilogue == "epitma" or not tile.startswith("64x256")
+    ]
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_{tile}_{cluster}_s{stages}_wg2_r40x232_{epilogue}_rm_g8_{layout}"
+        for tile, stages, _ in _BF16_TILES[:2]
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+        for d, epilogue, layouts in (("bf16", "epitma", ("nn", "tn", "tt")), ("f32", "epiadd", ("tn",)))
+        for layout in layouts
+    ]
 )
 
 BASE = Schedule(
@@ -105,7 +117,7 @@ def test_default_schedules_are_valid_unique_and_expected():
 def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
-    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 28
+    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 44
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -114,7 +126,10 @@ def test_default_files_and_filters():
     }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
     assert all(e.valid and e.stages_auto for e in entries)
-    assert {e.family for e in entries} == {"hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate"}
+    assert {e.family for e in entries} == {
+        "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
+        "hopper_bf16_gemm_mn_major_accumulate",
+    }
 
 
 # ---- predicates --------------------------------------------------------------------------------
@@ -160,6 +175,11 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     ],
     # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
     "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
+    # Only the BF16 GEMM reads MN-major operands, and only on sm_90a.
+    "mn_major_operands": [
+        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128,
+             layout=Layout.TN), "layout"),
+    ],
     # Only the BF16 GEMM takes C to add its tiles to.
     "store_add_ops": [
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128,
@@ -893,3 +913,18 @@ def test_quantizers_are_named_by_the_fields_they_use():
     assert any(v.name == "quant_unused_fields_neutral" for v in violations(odd))
     with pytest.raises(ValueError, match="names quantizers only"):
         parse_name("cutegen_sm90a_fp8gemm_e4m3_bf16_sff32_128x128x128_s4_wg2")
+
+
+def test_layout_is_named_only_when_not_nt():
+    """A GEMM's layout is an 18th name part when it is nn, tn or tt, and never written as nt."""
+    base = next(s for s in default_schedules(op="bf16_gemm_nt") if s.layout == Layout.NT)
+    name = procedural_name(base)
+    assert len(name.split("_")) == 17 and parse_name(name) == base
+    for layout in (Layout.NN, Layout.TN, Layout.TT):
+        s = dataclasses.replace(base, layout=layout)
+        assert procedural_name(s) == f"{name}_{layout.value}" and parse_name(procedural_name(s)) == s
+    with pytest.raises(ValueError, match="not a canonical|not a layout"):
+        parse_name(f"{name}_nt")
+    with pytest.raises(ValueError, match="layout"):
+        parse_name(f"{name}_xx")
+    assert not violations(dataclasses.replace(base, layout=Layout.TN))

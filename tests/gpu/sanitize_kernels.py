@@ -43,9 +43,18 @@ def _block_scaled(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run_bf16(name: str) -> None:
-    a = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(456, 512, device="cuda", dtype=torch.bfloat16)
-    ops.bf16_gemm_nt(a, b, kernel=name)
+    # Each kernel's call: its D type, C where it adds into D, MN-major views where its layout says.
+    schedule = ops.catalogue().manifest(name).schedule
+    layout = schedule.get("layout", "nt")
+    a = torch.randn(300, 520, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(456, 520, device="cuda", dtype=torch.bfloat16)
+    if layout in ("tn", "tt"):
+        a = a.t().contiguous().t()
+    if layout in ("nn", "tn"):
+        b = b.t().contiguous().t()
+    out = torch.empty(300, 456, device="cuda", dtype=torch.float32 if schedule["c_dtype"] == "f32" else torch.bfloat16)
+    c = torch.randn_like(out) if schedule["epilogue"] == "tma_store_add" else None
+    ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name)
 
 
 def run_fp8(name: str) -> None:

@@ -62,7 +62,8 @@ def test_matches_reference(ops, gemm_kernels, m, n, k):
     out = poisoned(m, n)
     result = ops.bf16_gemm_nt(a, b, out=out)
     assert result is out
-    assert_matches(out, reference(a, b), f"{m}x{n}x{k} via {ops.choose_kernel(ops.OP_BF16_GEMM_NT, m, n, k)}")
+    chosen = ops.choose_kernel(ops.OP_BF16_GEMM_NT, m, n, k, d_dtype="bf16", adds=False, layout="nt")
+    assert_matches(out, reference(a, b), f"{m}x{n}x{k} via {chosen}")
 
 
 @pytest.mark.parametrize("m, n, k", [(1000, 1000, 512), (4096, 4096, 256)], ids=["small-grid", "full-persistent-grid"])
@@ -169,7 +170,9 @@ def test_bad_inputs_name_the_argument(ops, gemm_kernels):
         ((a.cpu(), b), "argument 'a' must be a CUDA tensor, got device cpu"),
         ((a, b.cpu()), "argument 'b' must be a CUDA tensor"),
         ((a, b[:, :56]), "argument 'b' must have K = a.shape\\[1\\] = 64"),
-        ((a.t().contiguous().t(), b), "argument 'a' must be contiguous along its last dimension"),
+        # Neither K-major nor MN-major (an MN-major view is DeepGEMM's tt form, taken).
+        ((torch.empty_strided((64, 64), (128, 2), device="cuda", dtype=torch.bfloat16), b),
+         "argument 'a' must be contiguous along its last dimension"),
         ((a, torch.empty(128, 100, device="cuda", dtype=torch.bfloat16)[:, :64]),
          "argument 'b' must have a row stride that is a multiple of 8"),
         # K = 519 with row stride 520: strides are fine, the base address is off by 2 bytes.
@@ -182,8 +185,8 @@ def test_bad_inputs_name_the_argument(ops, gemm_kernels):
             ops.bf16_gemm_nt(*args)
     with pytest.raises(InputError, match="argument 'out' must have shape"):
         ops.bf16_gemm_nt(a, b, out=torch.empty(64, 64, device="cuda", dtype=torch.bfloat16))
-    with pytest.raises(InputError, match="argument 'out' must be torch.bfloat16"):
-        ops.bf16_gemm_nt(a, b, out=torch.empty(64, 128, device="cuda"))
+    with pytest.raises(InputError, match="argument 'out' must be torch.bfloat16 or torch.float32"):
+        ops.bf16_gemm_nt(a, b, out=torch.empty(64, 128, device="cuda", dtype=torch.float16))
     with pytest.raises(InputError, match="argument 'kernel' must name a kernel"):
         ops.bf16_gemm_nt(a, b, kernel="no_such_kernel")
 
@@ -256,7 +259,7 @@ FP32_SHAPES = [(1, 256, 7168), (128, 129280, 7168), (4096, 4096, 512), (333, 100
 
 
 def kernels_of(ops, d_dtype: str, adds: bool) -> list[str]:
-    names = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=adds)
+    names = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=adds, layout="nt")
     if not names:
         pytest.skip(f"no bf16_gemm_nt kernel writing {d_dtype} D (adds={adds}) runs on this GPU")
     return names
@@ -285,7 +288,7 @@ def test_every_fp32_and_accumulating_kernel_runs(ops, d_dtype, k):
     a, b = inputs(m, n, k, seed=8)
     c = torch.randn(m, n, device="cuda").to(dtype)
     ref = exact(a, b)
-    stores = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=False)
+    stores = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=False, layout="nt")
     for name in stores if d_dtype == "f32" else []:
         out = torch.full((m, n), float("nan"), device="cuda")
         ops.bf16_gemm_nt(a, b, out=out, kernel=name)
@@ -331,7 +334,7 @@ def test_fp32_and_accumulate_refusals(ops):
     with pytest.raises(InputError, match="'out'"):  # an fp32 row stride not a multiple of 16 bytes
         ops.bf16_gemm_nt(a, b, out=torch.empty(128, 258, device="cuda")[:, :256])
     with pytest.raises(InputError, match="'kernel'"):  # a storing kernel for an accumulation
-        name = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype="f32", adds=False)[0]
+        name = ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype="f32", adds=False, layout="nt")[0]
         ops.bf16_gemm_nt(a, b, out=torch.empty(128, 256, device="cuda"), c=torch.zeros(128, 256, device="cuda"), kernel=name)
 
 
@@ -351,3 +354,66 @@ def test_fp32_opcheck_and_graph(ops):
         graph.replay()
     torch.cuda.synchronize()
     assert calc_diff(d, 3 * exact(a, b)) < 1e-9
+
+
+# ------------------------------------------------------------------------------------------------
+# MN-major operands (DeepGEMM's nn, tn and tt forms: transposed views read as they lie)
+
+LAYOUTS = {"nn": (False, True), "tn": (True, True), "tt": (True, False)}
+
+
+def operands_in(layout: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [M, K] and B [N, K] with the same values, MN-major where the layout says (views of
+    [K, M] / [K, N] storage)."""
+    a_mn, b_mn = LAYOUTS[layout]
+    return (a.t().contiguous().t() if a_mn else a), (b.t().contiguous().t() if b_mn else b)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("m, n, k", [(1000, 776, 640), (1, 256, 512), (4096, 4096, 256)])
+def test_every_mn_major_kernel_runs(ops, layout, m, n, k):
+    a, b = inputs(m, n, k, seed=12)
+    x, y = operands_in(layout, a, b)
+    ref = exact(a, b)
+    names = [nm for nm in ops.runnable_kernels(ops.OP_BF16_GEMM_NT, layout=layout)]
+    if not names:
+        pytest.skip(f"no bf16_gemm_nt kernel of layout {layout} runs on this GPU")
+    for name in names:
+        manifest = ops.catalogue().manifest(name)
+        dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[manifest.schedule["c_dtype"]]
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        if manifest.schedule["epilogue"] == "tma_store_add":
+            c = torch.randn(m, n, device="cuda").to(dtype)
+            ops.bf16_gemm_nt(x, y, out=out, c=c, kernel=name)
+            assert calc_diff(out, c.double() + ref) < 1e-9, name
+        else:
+            ops.bf16_gemm_nt(x, y, out=out, kernel=name)
+            assert calc_diff(out, ref) < (1e-9 if dtype == torch.float32 else 1e-5), name
+            # Beside the K-major kernel of the same tile (the same products, summed in the same order).
+            twin = name.rsplit("_", 1)[0]
+            if twin in ops.runnable_kernels(ops.OP_BF16_GEMM_NT):
+                same = ops.bf16_gemm_nt(a, b, out=torch.empty_like(out), kernel=twin)
+                print(f"{name}: {'bitwise equal to' if torch.equal(out, same) else 'differs from'} {twin}")
+                assert calc_diff(out, same.double()) < 1e-9, name
+
+
+def test_deep_gemm_transposed_names(ops):
+    """DeepGEMM's bf16_gemm_nn / _tn / _tt take [K, N] / [K, M] storage; their results are the nt
+    op's on the same values."""
+    import cutegen.deep_gemm as deep_gemm
+
+    if not ops.runnable_kernels(ops.OP_BF16_GEMM_NT, layout="tn"):
+        pytest.skip("no MN-major bf16_gemm_nt kernel runs on this GPU")
+    m, n, k = 512, 768, 1024
+    a, b = inputs(m, n, k, seed=13)
+    ref = ops.bf16_gemm_nt(a, b)
+    for name, x, y in (("bf16_gemm_nn", a, b.t().contiguous()), ("bf16_gemm_tn", a.t().contiguous(), b.t().contiguous()),
+                       ("bf16_gemm_tt", a.t().contiguous(), b)):
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        getattr(deep_gemm, name)(x, y, d)
+        assert calc_diff(d, ref) < 1e-5, name
+    # The weight gradient's call: fp32 D += A·Bᵀ with tokens first.
+    d = torch.randn(m, n, device="cuda")
+    start = d.clone()
+    deep_gemm.bf16_gemm_tn(a.t().contiguous(), b.t().contiguous(), d, c=d)
+    assert calc_diff(d, start.double() + exact(a, b)) < 1e-9
