@@ -6,7 +6,9 @@ D[r] = A[r] @ B[g]ᵀ in bf16 with fp32 accumulation.
 
 * ``a`` [ΣM, K] bf16, K-major with a 16-byte aligned row stride: every group's rows back to back,
   each group's segment padded to a multiple of `contiguous_alignment()` rows (128).
-* ``b`` [G, N, K] bf16, contiguous along K with 16-byte aligned row and group strides.
+* ``b`` [G, N, K] bf16, contiguous along K with 16-byte aligned row and group strides; or
+  MN-major, a view of [G, K, N] storage (``w.transpose(1, 2)``, DeepGEMM's ``nn`` form), read as
+  it lies (kernels of layout ``nn``, compiled and checked, not yet run).
 * ``m_indices`` int32 [ΣM] on the GPU: each row's group, -1 for padding rows
   (`m_indices_from_group_ends` builds it from cumulative group ends, on the GPU).
 * ``out`` (optional) bf16 [ΣM, N], contiguous along N with a 16-byte aligned row stride.
@@ -61,9 +63,18 @@ _fail = _failure(OP_CONTIGUOUS)
 _fail_masked = _failure(OP_MASKED)
 
 
-def _check_grouped(fail, op: str, arg: str, t: Any, device: Any | None, rows: int | None = None) -> tuple[int, int, int]:
+def experts_mn_major(b: torch.Tensor) -> bool:
+    """Whether B [G, N, K] is MN-major (each expert's N contiguous: a view of [G, K, N] storage,
+    DeepGEMM's nn form) rather than K-major."""
+    _, n, k = b.shape
+    return k > 1 and b.stride(2) != 1 and (n == 1 or b.stride(1) == 1)
+
+
+def _check_grouped(fail, op: str, arg: str, t: Any, device: Any | None, rows: int | None = None,
+                   mn_major_ok: bool = False) -> tuple[int, int, int]:
     """A bf16 [G, X, K] CUDA operand contiguous along K with 16-byte aligned row and group strides
-    (on `device`; with G == `rows` when given); returns its shape."""
+    (on `device`; with G == `rows` when given), or with `mn_major_ok` contiguous along X with a
+    16-byte aligned stride between its K columns; returns its shape."""
     if not isinstance(t, torch.Tensor):
         raise fail(arg, f"must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda" or (device is not None and t.device != device):
@@ -72,9 +83,13 @@ def _check_grouped(fail, op: str, arg: str, t: Any, device: Any | None, rows: in
         raise fail(arg, f"must be a torch.bfloat16 tensor of rank 3, got {t.dtype} {list(t.shape)}")
     check_extents(op, arg, t)
     g, x, k = t.shape
-    if (k > 1 and t.stride(2) != 1) or (x > 1 and t.stride(1) % ROW_ALIGN_ELEMS) or (g > 1 and t.stride(0) % ROW_ALIGN_ELEMS):
-        raise fail(arg, f"must be contiguous along its last dimension with 16-byte aligned row and group strides, "
-                        f"got strides {list(t.stride())}")
+    if mn_major_ok and experts_mn_major(t):
+        if t.stride(2) % ROW_ALIGN_ELEMS or (g > 1 and t.stride(0) % ROW_ALIGN_ELEMS):
+            raise fail(arg, f"is MN-major (unit stride along N) and must have 16-byte aligned strides between its "
+                            f"K columns and groups, got strides {list(t.stride())}")
+    elif (k > 1 and t.stride(2) != 1) or (x > 1 and t.stride(1) % ROW_ALIGN_ELEMS) or (g > 1 and t.stride(0) % ROW_ALIGN_ELEMS):
+        raise fail(arg, f"must be contiguous along its last dimension{' (or along N)' if mn_major_ok else ''} with "
+                        f"16-byte aligned row and group strides, got strides {list(t.stride())}")
     if rows is not None and g != rows:
         raise fail(arg, f"must have G = {rows} groups, got shape {list(t.shape)}")
     return g, x, k
@@ -85,7 +100,7 @@ def check_contiguous(a: Any, b: Any, m_indices: Any, out: Any | None) -> tuple[i
     """Everything checkable without data (also under fake tensors); returns (ΣM, N, K, G)."""
     check_matrix(OP_CONTIGUOUS, "a", a, None, torch.bfloat16, ROW_ALIGN_ELEMS)
     m, k = a.shape
-    g, n, kb = _check_grouped(_fail, OP_CONTIGUOUS, "b", b, a.device)
+    g, n, kb = _check_grouped(_fail, OP_CONTIGUOUS, "b", b, a.device, mn_major_ok=True)
     if kb != k:
         raise _fail("b", f"must be [G, N, K] with K = a.shape[1] = {k}, got shape {list(b.shape)}")
     if m % M_ALIGNMENT:
@@ -120,7 +135,7 @@ def _run_contiguous(a, b, m_indices, out, zero_padding: bool, kernel: str) -> La
         check_aligned(OP_CONTIGUOUS, arg, t)
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(OP_CONTIGUOUS, m, n, k, device, kernel)
+        loaded = kernel_for(OP_CONTIGUOUS, m, n, k, device, kernel, layout="nn" if experts_mn_major(b) else "nt")
         names = sorted(s.name for s in loaded.manifest.operands)
         if names != sorted(_CONTIGUOUS_OPERANDS):
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP_CONTIGUOUS}")
@@ -229,7 +244,7 @@ def _run_masked(a, b, masked_m, expected_m: int, out, kernel: str) -> Launched |
     rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
         # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
-        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows)
+        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows, layout="nt")
         names = sorted(s.name for s in loaded.manifest.operands)
         if names != sorted(_MASKED_OPERANDS):
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP_MASKED}")
@@ -309,6 +324,7 @@ __all__ = [
     "OP_MASKED",
     "check_contiguous",
     "check_masked",
+    "experts_mn_major",
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",
 ]

@@ -723,20 +723,24 @@ def split_k_only_dense_fp8(s: Schedule) -> str | None:
     return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
 
 
-# Ops whose kernels read MN-major operands (`Layout`), on the Hopper template.
-LAYOUT_OPS = frozenset({Op.BF16_GEMM_NT})
+# The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read besides nt:
+# the dense BF16 GEMM every one, the contiguous M-grouped one MN-major experts (DeepGEMM's nn).
+OP_LAYOUTS: dict[Op, frozenset[Layout]] = {
+    Op.BF16_GEMM_NT: frozenset(Layout),
+    Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Layout.NT, Layout.NN}),
+}
 
 
 @_rule()
 def mn_major_operands(s: Schedule) -> str | None:
-    """A layout other than nt (an MN-major A or B) for the ops that take one (`LAYOUT_OPS`) on
+    """A layout other than nt (an MN-major A or B) only where the op takes it (`OP_LAYOUTS`), on
     sm_90a: the WGMMA reads MN-major operands of 16-bit types only, and the Blackwell templates
     and the other ops read K-major operands."""
     if s.layout == Layout.NT:
         return None
-    if s.op not in LAYOUT_OPS or s.arch != Arch.SM90A:
-        ops = ", ".join(sorted(o.value for o in LAYOUT_OPS))
-        return f"layout={s.layout.value}: only ops {ops} on sm_90a read MN-major operands, not op={s.op.value} on {s.arch.value}"
+    if s.layout not in OP_LAYOUTS.get(s.op, frozenset()) or s.arch != Arch.SM90A:
+        takes = "; ".join(f"{o.value}: {', '.join(sorted(x.value for x in ls))}" for o, ls in OP_LAYOUTS.items())
+        return f"layout={s.layout.value}: op {s.op.value} on {s.arch.value} reads K-major operands (sm_90a layouts: {takes})"
     return None
 
 

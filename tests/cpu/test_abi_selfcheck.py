@@ -28,6 +28,7 @@ SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_nn",
     "cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_128x128x64_c2x1_mcb_s6_wg2_r40x232_epiadd_rm_g8_tn",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x128x64_c1x1_mc0_s6_wg2_r40x232_epitma_rm_g8_tt",
+    "cutegen_sm90a_mgbf16gemmc_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_nn",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x32x128_c1x2_mca_s14_wg1_r40x232_episk_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
@@ -128,7 +129,12 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     if schedule.layout.a_mn_major:
         operands["a"] = OperandInfo(0x7F0000000000, (m, k), (1, -(-(m + pad) // 8) * 8), ab)
     if schedule.layout.b_mn_major:
-        operands["b"] = OperandInfo(0x7F1000000000, (n, k), (1, -(-(n + pad) // 8) * 8), b_dtype)
+        ldb = -(-(n + pad) // 8) * 8
+        operands["b"] = (
+            OperandInfo(0x7F1000000000, (GROUPS, n, k), (k * ldb, 1, ldb), b_dtype)
+            if grouped
+            else OperandInfo(0x7F1000000000, (n, k), (1, ldb), b_dtype)
+        )
     if masked:  # [G, max_m, ...] with M = max_m
         operands["a"] = OperandInfo(0x7F0000000000, (GROUPS, m, k), (m * (k + pad), k + pad, 1), ab)
         operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m, n), (m * (n + pad), n + pad, 1), "bf16")

@@ -46,6 +46,9 @@ def test_valid_operands():
         # Row strides padded past K (16-byte aligned) and an N that is no tile multiple.
         assert contiguous(a=torch.empty_strided((M, K), (K + 8, 1), dtype=BF16, device="cuda"), b=bf16(G, 1000, K)) == (M, 1000, K, G)
         assert masked() == (G, M, N, K)
+        # MN-major experts (DeepGEMM's nn): the contiguous layout takes them.
+        experts = bf16(G, K, N).transpose(1, 2)
+        assert contiguous(b=experts) == (M, N, K, G) and ops.experts_mn_major(experts)
         assert masked(out=bf16(G, M, N)) == (G, M, N, K)
         assert masked(a=bf16(G, 1, K)) == (G, 1, N, K)
 
@@ -57,13 +60,14 @@ BAD = [
     (contiguous, "a", lambda: {"a": bf16(M, K).t()}),  # M-major
     (contiguous, "b", lambda: {"b": bf16(N, K)}),  # no group mode
     (contiguous, "b", lambda: {"b": bf16(G, N, K - 8)}),
-    (contiguous, "b", lambda: {"b": bf16(G, K, N).transpose(1, 2)}),  # N-major experts ("nn")
     (contiguous, "b", lambda: {"b": torch.empty(G, N, K, dtype=torch.float32, device="cuda")}),
     (contiguous, "m_indices", lambda: {"m_indices": torch.empty(M, dtype=torch.int64, device="cuda")}),
     (contiguous, "m_indices", lambda: {"m_indices": i32(M - 1)}),
     (contiguous, "m_indices", lambda: {"m_indices": torch.empty_strided((M,), (2,), dtype=torch.int32, device="cuda")}),
     (contiguous, "out", lambda: {"out": torch.empty(M, N, device="cuda")}),
     (contiguous, "out", lambda: {"out": bf16(M, N + 8)}),
+    (contiguous, "b", lambda: {"b": torch.empty_strided((G, N, K), (K * (N + 4), 1, N + 4), dtype=BF16, device="cuda")}),
+    (masked, "b", lambda: {"b": bf16(G, K, N).transpose(1, 2)}),  # masked experts are K-major only
     (masked, "a", lambda: {"a": bf16(M, K)}),
     (masked, "a", lambda: {"a": torch.empty_strided((G, M, K), (M * (K + 4), K + 4, 1), dtype=BF16, device="cuda")}),
     (masked, "b", lambda: {"b": bf16(G + 1, N, K)}),

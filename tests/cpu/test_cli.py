@@ -229,7 +229,7 @@ def test_show_decodes_names_not_in_files(capsys, tmp_path):
 
 
 def test_show_unique_fragment(capsys, tmp_path):
-    rc, out, _ = run(capsys, "show", "128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_nn", "--build-dir", str(tmp_path))
+    rc, out, _ = run(capsys, "show", "gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_nn", "--build-dir", str(tmp_path))
     assert rc == 0 and out.splitlines()[0] == f"{NAME}_nn"
     rc, _, err = run(capsys, "show", "gemm_bf16_bf16_f32_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epiadd")
     assert rc == 2 and "matches 2" in err

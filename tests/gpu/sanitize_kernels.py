@@ -135,6 +135,8 @@ def run_bf16_contiguous(name: str) -> None:
     for k in (200, 1000):
         a = torch.randn(int(m_indices.numel()), k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(3, 456, k, device="cuda", dtype=torch.bfloat16)
+        if ops.catalogue().manifest(name).schedule.get("layout", "nt") == "nn":  # MN-major experts
+            b = b.transpose(1, 2).contiguous().transpose(1, 2)
         for zero_padding in (True, False):
             bf16_grouped_ops.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices, kernel=name, zero_padding=zero_padding)
 

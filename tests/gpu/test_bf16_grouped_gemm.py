@@ -286,3 +286,23 @@ def test_deep_gemm_names(ops, grouped, masked):
         dm = poisoned(3, 128, 256)
         function(am, bm, dm, masked_m, 64)
         check_masked(dm, am, bm, [128, 0, 9])
+
+
+def test_mn_major_experts(ops, grouped):
+    """MN-major experts (each B[g] stored [K, N], DeepGEMM's nn form): every kernel of layout nn,
+    and DeepGEMM's m_grouped_bf16_gemm_nn_contiguous."""
+    import cutegen.deep_gemm as deep_gemm
+
+    names = ops.runnable_kernels(OP, layout="nn")
+    if not names:
+        pytest.skip("no m_grouped_bf16_gemm_nt_contiguous kernel of layout nn runs on this GPU")
+    sizes = [64, 65, 0, 192, 1]
+    a, b, m_indices, aligned = make_problem(sizes, 640, 1000, seed=23, padding_data=True)
+    b_kn = b.transpose(1, 2).contiguous()  # [G, K, N]
+    for name in names:
+        out = poisoned(a.shape[0], 640)
+        grouped.m_grouped_bf16_gemm_nt_contiguous(a, b_kn.transpose(1, 2), m_indices, out=out, kernel=name)
+        check_contiguous(out, a, b, sizes, aligned, f"{name}: ")
+    d = poisoned(a.shape[0], 640)
+    deep_gemm.m_grouped_bf16_gemm_nn_contiguous(a, b_kn, d, m_indices)
+    check_contiguous(d, a, b, sizes, aligned, "deep_gemm nn: ")
