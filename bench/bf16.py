@@ -18,6 +18,10 @@ DENSE_M = [1, 16, 64, 128, 256, 333, 512, 1024, 2048, 4096, 8192]
 # fp32 D: DeepGEMM's fp32-output shapes (a router and an LM head at K 7168).
 FP32_NK = [(256, 7168), (129280, 7168)]
 FP32_M = [1, 128, 4096]
+# MN-major operands (DeepGEMM's backward: a data gradient nn, a weight gradient tn adding into an
+# fp32 D): (layout, M, N, K, D type, adds into D).
+MN_MAJOR = [("nn", 4096, 7168, 2112), ("nn", 4096, 2048, 7168), ("tn", 7168, 2112, 4096, "f32", True),
+            ("tn", 2048, 7168, 4096, "f32", True), ("tt", 4096, 4096, 4096)]
 # DeepGEMM's grouped benchmark shapes: contiguous (groups, expected rows), masked (groups, expected
 # rows) in max_m 4096 buffers, each over its N, K list.
 GROUPED_NK = [(6144, 7168), (7168, 3072), (4096, 4096), (4096, 2048)]
@@ -80,6 +84,33 @@ def bench_dense() -> list[dict]:
                     "torch_tflops": flops / t["torch"] / 1e6, "ratio": t["torch"] / t["ours"],
                 })
                 del a, b, out, ref
+    for layout, m, n, k, *rest in MN_MAJOR:
+        d_dtype, adds = rest if rest else ("bf16", False)
+        if not ops.runnable_kernels("bf16_gemm_nt", d_dtype=d_dtype, adds=adds, layout=layout):
+            continue
+        dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[d_dtype]
+        fresh_allocations()
+        # The same values as a [K, M] / [K, N] storage where the layout says so, as a backward has them.
+        a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if layout in ("tn", "tt") else \
+            torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16).t() if layout in ("nn", "tn") else \
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.zeros(m, n, device="cuda", dtype=dtype)
+        if adds:  # D += A·Bᵀ in place; torch: the product in D's type, then the addition
+            ours = lambda: ops.bf16_gemm_nt(a, b, out=out, c=out)  # noqa: E731
+            anchor = lambda: out.add_(torch.mm(a, b.t(), out_dtype=dtype))  # noqa: E731
+        else:
+            ours = lambda: ops.bf16_gemm_nt(a, b, out=out)  # noqa: E731
+            anchor = lambda: torch.matmul(a, b.t(), out=out)  # noqa: E731
+        t = _interleaved({"ours": ours, "torch": anchor})
+        flops = 2.0 * m * n * k
+        rows.append({
+            "d": f"{d_dtype} {layout}{' +=' if adds else ''}", "m": m, "n": n, "k": k,
+            "kernel": ops.choose_kernel("bf16_gemm_nt", m, n, k, d_dtype=d_dtype, adds=adds, layout=layout),
+            "ours_us": t["ours"], "torch_us": t["torch"], "ours_tflops": flops / t["ours"] / 1e6,
+            "torch_tflops": flops / t["torch"] / 1e6, "ratio": t["torch"] / t["ours"],
+        })
+        del a, b, out
     return rows
 
 
@@ -168,6 +199,10 @@ def summary(results: dict) -> list[str]:
         if ratios:
             out.append(f"bf16_gemm_nt, {d} D: {_geomean(ratios):.3f}x torch.matmul (geometric mean over {len(ratios)} "
                        f"shapes; worst {min(ratios):.2f}x; targets {DENSE_GEOMEAN_TARGET:.2f}x and {DENSE_FLOOR:.2f}x)")
+    transposed = [r["ratio"] for r in results.get("dense", []) if r["d"] not in ("bf16", "f32")]
+    if transposed:
+        out.append(f"bf16_gemm_nt, MN-major operands: {_geomean(transposed):.3f}x torch on the same views "
+                   f"(geometric mean over {len(transposed)} shapes; worst {min(transposed):.2f}x)")
     for layout in ("contiguous", "masked"):
         ratios = [r["ratio"] for r in results.get("grouped", []) if r["layout"] == layout]
         if ratios:

@@ -671,6 +671,8 @@ def test_bf16_family_section(tmp_path):
              "ours_tflops": 420.0, "torch_tflops": 466.0, "ratio": 0.9},
             {"d": "f32", "m": 128, "n": 256, "k": 7168, "kernel": "k3", "ours_us": 8.0, "torch_us": 8.0,
              "ours_tflops": 58.7, "torch_tflops": 58.7, "ratio": 1.0},
+            {"d": "f32 tn +=", "m": 7168, "n": 2112, "k": 4096, "kernel": "k4", "ours_us": 200.0, "torch_us": 240.0,
+             "ours_tflops": 620.0, "torch_tflops": 516.0, "ratio": 1.2},
         ],
         "grouped": [
             {"layout": "masked", "groups": 32, "expected": 192, "n": 4096, "k": 4096, "rows": 6000,
@@ -683,6 +685,8 @@ def test_bf16_family_section(tmp_path):
     assert "## The BF16 family beside torch (`bf16_family`)" in text
     assert "bf16_gemm_nt, bf16 D: 0.995x torch.matmul (geometric mean over 2 shapes; worst 0.90x" in text
     assert "bf16_gemm_nt, f32 D: 1.000x" in text
+    assert "bf16_gemm_nt, MN-major operands: 1.200x torch on the same views (geometric mean over 1 shapes" in text
+    assert "| f32 tn += | 7168, 2112, 4096 | `k4` |" in text
     assert "m_grouped_bf16_gemm_nt_masked: 1.500x the best torch alternative" in text
     assert "| bf16 | 333, 12288, 5120 | `k2` | 100.0 | 420 | 90.0 | 466 | 0.90 |" in text
     assert "torch.matmul loop 400.0, torch._grouped_mm 300.0 | 1.50 (torch._grouped_mm) |" in text
