@@ -16,7 +16,7 @@ matching `cutegen.runtime` op:
 | the M-grouped GEMMs with packed UE8M0 scales or FP4 experts (DeepGEMM's SM100 forms) | the same ops on the block-scaled kernels (Blackwell) |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
 | `bf16_gemm_nt`, bf16 or fp32 D, D = C + A·Bᵀ with C optional | `ops.bf16_gemm_nt` |
-| `m_grouped_bf16_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`), `m_grouped_bf16_gemm_nt_masked` | `bf16_grouped_ops` (sm_90a) |
+| `m_grouped_bf16_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`), `m_grouped_bf16_gemm_nt_masked`, `k_grouped_bf16_gemm_tn_contiguous` | `bf16_grouped_ops` (sm_90a) |
 
 Scales are taken as DeepGEMM takes them and brought into the layout the kernels read: fp32
 1 x 128 scales given row-major (what engines' own quantizers write) are copied once per call into
@@ -530,6 +530,51 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
 bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
 
 
+def k_grouped_bf16_gemm_tn_contiguous(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    d: torch.Tensor,
+    ks_cpu: Sequence[int] | None,
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None = None,
+    compiled_dims: str = "mn",
+    use_psum_layout: bool = False,
+) -> None:
+    """MoE weight gradient in BF16: D[g] (fp32 [M, N]) = C[g] + A_gᵀ @ B_g over group g's k_g
+    tokens, ``a`` [Σk, M] and ``b`` [Σk, N] tokens first; ``ks_cpu`` the host list of k_g, each a
+    multiple of 128; ``grouped_layout`` the same sizes, int32 [G] on the GPU (what the kernel reads)."""
+    function = "k_grouped_bf16_gemm_tn_contiguous"
+    if use_psum_layout:
+        raise unsupported(function, "use_psum_layout (DeepGEMM's SM100 k-grouped layout)")
+    if ks_cpu is None or len(ks_cpu) == 0:
+        raise ValueError(f"deep_gemm.{function}: argument 'ks_cpu' must list every group's k (a host list), got {ks_cpu!r}")
+    check_mk_alignment(function)
+    if not isinstance(d, torch.Tensor) or d.dim() != 3:
+        raise ValueError(f"deep_gemm.{function}: argument 'd' must be an fp32 [G, M, N] tensor, got {getattr(d, 'shape', type(d).__name__)}")
+    g, m, n = d.shape
+    _check_d(function, d, (g, m, n), (torch.float32,))
+    _check_c(function, c, d)
+    ks = [int(x) for x in ks_cpu]
+    if len(ks) != g:
+        raise ValueError(f"deep_gemm.{function}: 'ks_cpu' must have G = {g} entries (d.shape[0]), got {len(ks)}")
+    if any(x < 0 or x % SCALE_BLOCK for x in ks):
+        raise ValueError(f"deep_gemm.{function}: every entry of 'ks_cpu' must be a non-negative multiple of 128, got {ks}")
+    for arg, t, rows in (("a", a, m), ("b", b, n)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or tuple(t.shape) != (sum(ks), rows):
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' must be a torch.bfloat16 [Σk, {rows}] = "
+                             f"[{sum(ks)}, {rows}] tensor, got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', []))}")
+    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or tuple(grouped_layout.shape) != (g,):
+        raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 [G] = [{g}] tensor of the group sizes")
+    if m == 0 or n == 0:
+        return
+    if sum(ks) == 0:
+        _empty_k(d, c)
+        return
+    if c is None:  # D = A·Bᵀ: the kernel accumulates into D
+        d.zero_()
+    bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, grouped_layout, c, expected_k=max(SCALE_BLOCK, sum(ks) // g))
+
+
 def _cublaslt(function: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> None:
     """D = C + A·Bᵀ on cuBLASLt through torch (FP8 without scales: `torch._scaled_mm` at scale 1)."""
     if a.dtype == torch.float8_e4m3fn:
@@ -568,7 +613,7 @@ __all__ = [
     "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
     "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked",
-    "k_grouped_fp8_gemm_nt_contiguous",
+    "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",

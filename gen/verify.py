@@ -44,6 +44,7 @@ EXPECTED_MMA: dict[tuple[str, str], str] = {
     ("sm_90a", "k_grouped_fp8_gemm_nt_contiguous"): "QGMMA",
     ("sm_90a", "m_grouped_bf16_gemm_nt_contiguous"): "HGMMA",
     ("sm_90a", "m_grouped_bf16_gemm_nt_masked"): "HGMMA",
+    ("sm_90a", "k_grouped_bf16_gemm_tn_contiguous"): "HGMMA",
     ("sm_100a", "bf16_gemm_nt"): "UTCHMMA",
     ("sm_100a", "fp8_gemm_nt"): "UTCQMMA",
     ("sm_100a", "m_grouped_fp8_gemm_nt_contiguous"): "UTCQMMA",

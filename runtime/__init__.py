@@ -8,8 +8,8 @@ load on first access of an op by attribute, or by importing them. The pieces rea
 attribute:
 
 * ``bf16_gemm_nt`` (torch-facing, `cutegen.runtime.bf16_ops`);
-* ``m_grouped_bf16_gemm_nt_contiguous`` and ``m_grouped_bf16_gemm_nt_masked`` (BF16 experts,
-  `cutegen.runtime.bf16_grouped_ops`);
+* ``m_grouped_bf16_gemm_nt_contiguous``, ``m_grouped_bf16_gemm_nt_masked`` (BF16 experts) and
+  ``k_grouped_bf16_gemm_tn_contiguous`` (their weight gradient), `cutegen.runtime.bf16_grouped_ops`;
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
 * ``fp8_wgrad_gemm_nt`` (dense weight gradient, `fp8_ops`) and
   ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient, `cutegen.runtime.k_grouped_ops`);
@@ -44,6 +44,7 @@ _LAZY = {
     "bf16_gemm_nt": "bf16_ops",
     "m_grouped_bf16_gemm_nt_contiguous": "bf16_grouped_ops",
     "m_grouped_bf16_gemm_nt_masked": "bf16_grouped_ops",
+    "k_grouped_bf16_gemm_tn_contiguous": "bf16_grouped_ops",
     "fp8_gemm_nt": "fp8_ops",
     "fp8_wgrad_gemm_nt": "fp8_ops",
     "k_grouped_fp8_gemm_nt_contiguous": "k_grouped_ops",

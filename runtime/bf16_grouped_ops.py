@@ -29,8 +29,20 @@ unspecified within the group's last tile and untouched beyond it. ``expected_m``
 kernel choice. Nothing reads ``masked_m`` on the host, so the call is CUDA-graph capturable. A
 count past max_m is taken as max_m, a negative one as 0.
 
-Both: K == 0 writes zeros (an empty sum) and launches nothing; bad inputs raise `InputError`
-naming the argument before anything is launched; kernels launch on torch's current stream of
+``k_grouped_bf16_gemm_tn_contiguous(a, b, d, group_sizes, c=None, *, expected_k=None)`` is
+DeepGEMM's MoE weight gradient in BF16: for every group g with k_g = group_sizes[g] tokens,
+D[g] (fp32 [M, N]) = C[g] + A_gᵀ · B_g over the group's rows of ``a`` [Σk, M] and ``b`` [Σk, N]
+(bf16, contiguous, tokens first: groups one after another; M and N multiples of 8; Σk a multiple
+of 128). ``d`` fp32 [G, M, N], contiguous along N, accumulated in place (C = D) unless ``c`` is
+given, in which case D is first set to C. ``group_sizes`` int32 [G] on the GPU, never read by the
+host (graph-capturable); each k_g must be a multiple of 128, which is not checked (device data):
+the kernel takes ⌈k_g/128⌉ blocks of 128 tokens, cut to the Σk/128 the operands hold, so a wrong
+size never reads or writes out of bounds. Groups with 0 tokens leave D[g] as it is. A
+per-launch descriptor workspace is kept per stream (`k_grouped_ops.descriptor_workspace`).
+Compiled and checked, not yet run on an H200.
+
+The M-grouped ops with K == 0 write zeros (an empty sum) and launch nothing. All: bad inputs raise
+`InputError` naming the argument before anything is launched; kernels launch on torch's current stream of
 ``a``'s device; ``kernel`` forces a catalogue kernel by name. sm_90a kernels only.
 """
 
@@ -40,10 +52,12 @@ from typing import Any
 
 import torch
 
+from . import stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_extents, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .grouped_ops import M_ALIGNMENT
+from .k_grouped_ops import descriptor_workspace, workspace_words
 from .kernel_choice import kernel_for
 from .launch import launch
 from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_group_out, new_bf16_out
@@ -319,8 +333,126 @@ def m_grouped_bf16_gemm_nt_masked(
     return out
 
 
+# ---- k-grouped layout (the MoE weight gradient) ------------------------------------------------
+OP_K_GROUPED = "k_grouped_bf16_gemm_tn_contiguous"
+_fail_k = _failure(OP_K_GROUPED)
+# Tokens per block of the k-grouped layout: each group's k is a multiple of it.
+K_ALIGNMENT = 128
+_K_GROUPED_OPERANDS = ("a", "b", "d", "group_sizes")
+
+
+def check_k_grouped(a: Any, b: Any, d: Any, group_sizes: Any, c: Any | None) -> tuple[int, int, int, int]:
+    """Everything checkable without data (also under fake tensors); returns (G, M, N, Σk)."""
+    for arg, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise _fail_k(arg, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda" or t.dtype != torch.bfloat16 or t.dim() != 2:
+            raise _fail_k(arg, f"must be a torch.bfloat16 CUDA tensor [Σk, rows] (tokens first), got {t.dtype} {list(t.shape)} on {t.device}")
+        if not t.is_contiguous():
+            raise _fail_k(arg, f"must be contiguous (row-major [Σk, rows]), got strides {list(t.stride())}")
+        check_extents(OP_K_GROUPED, arg, t)
+    if b.device != a.device:
+        raise _fail_k("b", f"must be on {a.device} (the device of 'a'), got {b.device}")
+    tokens, m = a.shape
+    tokens_b, n = b.shape
+    if tokens_b != tokens:
+        raise _fail_k("b", f"must have Σk = a.shape[0] = {tokens} rows, got {tokens_b}")
+    if tokens % K_ALIGNMENT:
+        raise _fail_k("a", f"must have Σk a multiple of {K_ALIGNMENT} (every group's k is), got {tokens}")
+    for arg, rows in (("a", m), ("b", n)):
+        if rows % ROW_ALIGN_ELEMS:
+            raise _fail_k(arg, f"must have a multiple of {ROW_ALIGN_ELEMS} columns (its rows are 16-byte aligned for TMA), got {rows}")
+    if not isinstance(group_sizes, torch.Tensor) or group_sizes.device != a.device or group_sizes.dtype != torch.int32:
+        raise _fail_k("group_sizes", f"must be an int32 tensor on {a.device}")
+    if group_sizes.dim() != 1 or not group_sizes.is_contiguous():
+        raise _fail_k("group_sizes", f"must be a contiguous 1-D [G] tensor, got shape {list(group_sizes.shape)}")
+    g = group_sizes.shape[0]
+    if not isinstance(d, torch.Tensor) or d.device != a.device or d.dtype != torch.float32:
+        raise _fail_k("d", f"must be a torch.float32 tensor on {a.device}")
+    if tuple(d.shape) != (g, m, n):
+        raise _fail_k("d", f"must have shape [G, M, N] = [{g}, {m}, {n}], got {list(d.shape)}")
+    if d.numel() and ((n > 1 and d.stride(2) != 1) or (m > 1 and d.stride(1) % 4) or (g > 1 and d.stride(0) % 4)):
+        raise _fail_k("d", f"must be contiguous along N with strides that are multiples of 4 elements, got {list(d.stride())}")
+    check_not_overlapping_itself(OP_K_GROUPED, "d", d)
+    if c is not None and (not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32
+                          or tuple(c.shape) != (g, m, n)):
+        raise _fail_k("c", f"must be a torch.float32 [G, M, N] = [{g}, {m}, {n}] tensor on {a.device}")
+    return g, m, n, tokens
+
+
+_k_calls = CallCache(OP_K_GROUPED, stream_scratch.capturing)
+
+
+def _k_grouped(a, b, d, group_sizes, c, expected_k: int | None, kernel: str) -> None:
+    tensors = (a, b, d, group_sizes)
+    key = _k_calls.key(tensors if c is None else (*tensors, c), c is None, expected_k, kernel)
+    call = _k_calls.get(key)
+    if call is None:
+        g, m, n, tokens = check_k_grouped(a, b, d, group_sizes, c)
+        check_disjoint(OP_K_GROUPED, {"d": d}, {"a": a, "b": b, "group_sizes": group_sizes})
+    if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):  # C = D: no copy
+        d.copy_(c)
+    if call is not None:
+        if _k_calls.launch(call, tensors, current_stream(a)):
+            return
+        g, m, n, tokens = check_k_grouped(a, b, d, group_sizes, c)
+    if g == 0 or m == 0 or n == 0 or tokens == 0:
+        return
+    for arg, t in (("a", a), ("b", b), ("d", d)):
+        check_aligned(OP_K_GROUPED, arg, t)
+    device = device_ordinal(a)
+    # The kernel choice sees the groups' tiles stacked along M over the tokens of one group.
+    k_hint = int(expected_k) if expected_k else max(1, tokens // max(g, 1))
+    k_hint = max(K_ALIGNMENT, -(-k_hint // K_ALIGNMENT) * K_ALIGNMENT)
+    with torch.cuda.device(device):
+        loaded = kernel_for(OP_K_GROUPED, m * g, n, k_hint, device, kernel, layout="tn")
+        stream = current_stream(a)
+        workspace = descriptor_workspace(a.device, stream, workspace_words(loaded.device.sm_count))
+        # The GEMM reads A and B as MN-major [M, Σk] and [N, Σk]: views of the tensors themselves.
+        operands = dict(zip(_K_GROUPED_OPERANDS, (a.t(), b.t(), d, group_sizes)), workspace=workspace)
+        prepared = launch(loaded, operands, stream=stream)
+    _k_calls.remember(
+        key, Launched(loaded, prepared, _K_GROUPED_OPERANDS, fixed={"workspace": workspace}, outputs={"d": "d"}), tensors
+    )
+
+
+def _k_grouped_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, group_sizes: torch.Tensor,
+                    c: torch.Tensor | None = None, expected_k: int = 0, kernel_name: str = "") -> None:
+    _k_grouped(a, b, d, group_sizes, c, expected_k or None, kernel_name)
+
+
+def _k_grouped_fake(a, b, d, group_sizes, c=None, expected_k: int = 0, kernel_name: str = "") -> None:
+    check_k_grouped(a, b, d, group_sizes, c)
+
+
+K_GROUPED = TorchOp(OP_K_GROUPED, _k_grouped_impl, _k_grouped_fake, mutates=("d",))
+
+
+def k_grouped_bf16_gemm_tn_contiguous(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    d: torch.Tensor,
+    group_sizes: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    expected_k: int | None = None,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """MoE weight gradient in BF16 over groups that split the tokens; D is updated in place and
+    returned (see the module docstring)."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise _fail_k("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
+        raise _fail_k("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
+    K_GROUPED(a, b, d, group_sizes, c, expected_k or 0, kernel or "")
+    return d
+
+
 __all__ = [
     "OP_CONTIGUOUS",
+    "OP_K_GROUPED",
+    "check_k_grouped",
+    "k_grouped_bf16_gemm_tn_contiguous",
     "OP_MASKED",
     "check_contiguous",
     "check_masked",

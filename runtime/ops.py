@@ -9,7 +9,11 @@ ops; ``import cutegen.runtime`` registers all of them when torch is already impo
 
 from __future__ import annotations
 
-from .bf16_grouped_ops import m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked
+from .bf16_grouped_ops import (
+    k_grouped_bf16_gemm_tn_contiguous,
+    m_grouped_bf16_gemm_nt_contiguous,
+    m_grouped_bf16_gemm_nt_masked,
+)
 from .bf16_ops import OP_BF16_GEMM_NT, bf16_gemm_nt
 from .fp8_ops import fp8_gemm_nt, fp8_wgrad_gemm_nt, to_mn_major_tma_aligned
 from .grouped_ops import m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked
@@ -34,6 +38,7 @@ __all__ = [
     "fp8_gemm_nt",
     "fp8_wgrad_gemm_nt",
     "grouped_transposed_quant_fp8",
+    "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",

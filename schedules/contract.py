@@ -63,6 +63,16 @@ def op_contract(schedule: Schedule) -> list[Arg]:
     ue8m0 = s.scale == ScaleFormat.UE8M0
     scale, kc = ("i32", "KW") if ue8m0 else ("f32", "KB")
     a, b, d = s.a_dtype.value, s.b_dtype.value, s.c_dtype.value
+    if op.is_k_grouped and not s.block_scaled:
+        return [
+            # Tokens first (DeepGEMM's tn): [Σk, M] and [Σk, N] row-major, taken as the MN-major
+            # [M, Σk] and [N, Σk] views (each group's k a multiple of 128).
+            Arg("a", a, ("M", "KT"), 0, exact_rows=True),
+            Arg("b", b, ("N", "KT"), 0, exact_rows=True),
+            Arg("d", d, ("G", "M", "N"), 2, written=True),
+            Arg("group_sizes", "i32", ("G",), 0, 4, pointer=True),
+            Arg("workspace", "i64", ("W",), 0, TENSORMAP_BYTES, pointer=True, written=True),
+        ]
     if op.is_k_grouped:
         return [
             # The groups' A_g [M, k_g] and B_g [N, k_g] one after another: [M, KT] and [N, KT].

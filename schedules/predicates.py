@@ -47,6 +47,7 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({Arch.SM90A}),
+    Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Arch.SM90A}),
     # The quantize templates use no tensor-core or Hopper-only instruction: sm_100a too.
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
@@ -72,6 +73,7 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
+    Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: (DType.BF16, DType.BF16, DType.F32, DType.F32),
     Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: _QUANT_IN(DType.BF16),
@@ -91,6 +93,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.F32}),
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({ScaleFormat.NONE}),
+    Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({ScaleFormat.F32}),
@@ -723,25 +726,26 @@ def split_k_only_dense_fp8(s: Schedule) -> str | None:
     return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
 
 
-# The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read besides nt:
-# the dense BF16 GEMM every one, the contiguous M-grouped one MN-major experts (DeepGEMM's nn).
+# The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read, where not nt
+# alone: the dense BF16 GEMM every one, the contiguous M-grouped one MN-major experts too
+# (DeepGEMM's nn), the k-grouped one tokens first (tn) only.
 OP_LAYOUTS: dict[Op, frozenset[Layout]] = {
     Op.BF16_GEMM_NT: frozenset(Layout),
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Layout.NT, Layout.NN}),
+    Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Layout.TN}),
 }
 
 
 @_rule()
 def mn_major_operands(s: Schedule) -> str | None:
-    """A layout other than nt (an MN-major A or B) only where the op takes it (`OP_LAYOUTS`), on
-    sm_90a: the WGMMA reads MN-major operands of 16-bit types only, and the Blackwell templates
-    and the other ops read K-major operands."""
-    if s.layout == Layout.NT:
+    """The layout (which of A and B is MN-major) is one the op reads (`OP_LAYOUTS`; nt for the
+    others and on sm_100a): the WGMMA reads MN-major operands of 16-bit types only, and the
+    Blackwell templates and the other ops read K-major operands."""
+    allowed = OP_LAYOUTS.get(s.op, frozenset({Layout.NT})) if s.arch == Arch.SM90A else frozenset({Layout.NT})
+    if s.layout in allowed:
         return None
-    if s.layout not in OP_LAYOUTS.get(s.op, frozenset()) or s.arch != Arch.SM90A:
-        takes = "; ".join(f"{o.value}: {', '.join(sorted(x.value for x in ls))}" for o, ls in OP_LAYOUTS.items())
-        return f"layout={s.layout.value}: op {s.op.value} on {s.arch.value} reads K-major operands (sm_90a layouts: {takes})"
-    return None
+    return (f"layout={s.layout.value}: op {s.op.value} on {s.arch.value} reads layouts "
+            f"{', '.join(sorted(x.value for x in allowed))}")
 
 
 # Ops whose kernels take the tma_store_add epilogue (D = C + A·Bᵀ with D holding C).

@@ -50,6 +50,7 @@ class Op(str, enum.Enum):
     K_GROUPED_FP8_GEMM_NT_CONTIGUOUS = "k_grouped_fp8_gemm_nt_contiguous"
     M_GROUPED_BF16_GEMM_NT_CONTIGUOUS = "m_grouped_bf16_gemm_nt_contiguous"
     M_GROUPED_BF16_GEMM_NT_MASKED = "m_grouped_bf16_gemm_nt_masked"
+    K_GROUPED_BF16_GEMM_TN_CONTIGUOUS = "k_grouped_bf16_gemm_tn_contiguous"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
@@ -65,6 +66,7 @@ class Op(str, enum.Enum):
             "k_grouped_fp8_gemm_nt_contiguous": "kgfp8wgrad",
             "m_grouped_bf16_gemm_nt_contiguous": "mgbf16gemmc",
             "m_grouped_bf16_gemm_nt_masked": "mgbf16gemmm",
+            "k_grouped_bf16_gemm_tn_contiguous": "kgbf16wgrad",
             "per_token_quant_fp8": "ptquant",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
@@ -87,7 +89,12 @@ class Op(str, enum.Enum):
     def is_k_grouped(self) -> bool:
         """The MoE weight gradient: groups split K (tokens); A, B and their scales are stored one
         group after another, D carries a group mode."""
-        return self.value == "k_grouped_fp8_gemm_nt_contiguous"
+        return self.value in ("k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous")
+
+    @property
+    def accumulates(self) -> bool:
+        """The weight gradients: D += A·Bᵀ, each tile added into D by the TMA's reduce-add."""
+        return self.value in ("fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous")
 
     @property
     def splits_last_wave(self) -> bool:
@@ -336,9 +343,9 @@ SM100_EPILOGUE_COLUMNS = 32
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
 def _sm90a_not_yet_run(s: "Schedule") -> bool:
-    """sm_90a kernels compiled and checked on the CPU but not yet run on an H200: the M-grouped
+    """sm_90a kernels compiled and checked on the CPU but not yet run on an H200: the grouped
     BF16 GEMMs, and the BF16 GEMM's fp32-D, accumulating and MN-major kernels."""
-    if s.op in (Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_MASKED):
+    if s.op in (Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_BF16_GEMM_NT_MASKED, Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS):
         return True
     return s.op == Op.BF16_GEMM_NT and (s.c_dtype == DType.F32 or s.adds_into_d or s.layout != Layout.NT)
 
@@ -480,8 +487,8 @@ class Schedule:
     @property
     def adds_into_d(self) -> bool:
         """Tiles are added into D by the TMA's reduce-add instead of stored: the weight
-        gradients' recipe (`Op.scales_b_per_row`) and the ``tma_store_add`` epilogue."""
-        return self.op.scales_b_per_row or self.epilogue == Epilogue.TMA_STORE_ADD
+        gradients (`Op.accumulates`) and the ``tma_store_add`` epilogue."""
+        return self.op.accumulates or self.epilogue == Epilogue.TMA_STORE_ADD
 
     @property
     def hardware_evidence(self) -> str:

@@ -194,6 +194,8 @@ class GemmContract:
         if self.schedule.op.is_k_grouped:
             # A and B are [rows, 128·S], their scales [rows, S]; two descriptors per CTA.
             words = f"{2 * TENSORMAP_WORDS * s.cluster_m * s.cluster_n} * max_active_clusters"
+            if not self.schedule.block_scaled:  # no scales: the groups' blocks are the runtime's to check
+                return [requirement("W", ">=", words)]
             return [requirement("KT", "==", f"KB * {SCALE_BLOCK}"), requirement("W", ">=", words)]
         out = []
         if self.schedule.mma_applies_scales:

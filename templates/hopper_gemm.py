@@ -245,7 +245,13 @@ class HopperGemmKernel(
         if cutlass.const_expr(self.schedule.op.is_masked):
             group, ctm, ctn = self._masked_locate(t, mMasked, max_m, ct_n)
         elif cutlass.const_expr(self.schedule.op.is_k_grouped):
-            group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n, k_tile_cnt)
+            if cutlass.const_expr(self._k_tiles_per_block() == 1):
+                group, local, first_block, k_blocks = self._k_grouped_locate(t, mSizes, ct_m * ct_n, k_tile_cnt)
+            else:  # the group's 128-token blocks, as K tiles
+                group, local, first_block, k_blocks = self._k_grouped_locate(
+                    t, mSizes, ct_m * ct_n, k_tile_cnt // self._k_tiles_per_block()
+                )
+                k_blocks = k_blocks * self._k_tiles_per_block()
             ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
         elif cutlass.const_expr(self.schedule.splits_k):
             tile_t = t // k_splits
@@ -600,10 +606,11 @@ class HopperGemmKernel(
                     read_state = self._walk_stages(mainloop_pipeline, read_state, tile_k_tiles)
             else:
                 read_state = self._block_scaled_tile(tiled_mma, *tile_args, read_state, *loop_args)
-        elif cutlass.const_expr(self.contiguous):
+        elif cutlass.const_expr(self.contiguous or self.schedule.op.is_k_grouped):
             # A tile (or, in a 2x1 cluster, a pair) of padding rows only is neither loaded nor
-            # computed: its accumulators are zeros. The branch builds its own tiled MMA (a field
-            # set inside a dynamic branch must not be read after it).
+            # computed: its accumulators are zeros; a k-grouped tile runs over its group's K tiles.
+            # The branch builds its own tiled MMA (a field set inside a dynamic branch must not be
+            # read after it).
             if tile_k_tiles > 0:
                 read_state, release_state = self._mainloop(
                     self._make_tiled_mma(), fragments.accumulators, fragments.tCrA, fragments.tCrB,
@@ -688,6 +695,27 @@ class HopperFp8WgradKernel(HopperGemmKernel):
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, tail_split=tail_split)
 
 
+class HopperKGroupedBf16GemmKernel(HopperGemmKernel):
+    """`k_grouped_bf16_gemm_tn_contiguous`: for every group g with k_g > 0 tokens,
+    D[g] (fp32) += A_gᵀ · B_g over the group's rows of A [Σk, M] and B [Σk, N] (tokens first,
+    taken as the MN-major [M, Σk] and [N, Σk] views)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        d: cute.Tensor,
+        group_sizes: cute.Pointer,
+        workspace: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(
+            a, b, d, None, None, max_active_clusters, stream, group_sizes=group_sizes, workspace=workspace
+        )
+
+
 class HopperKGroupedFp8GemmKernel(HopperGemmKernel):
     """`k_grouped_fp8_gemm_nt_contiguous`: for every group g with k_g > 0 tokens,
     D[g] (fp32) += (A_g · sfa_g) · (B_g · sfb_g)ᵀ, the groups' A_g [M, k_g] and B_g [N, k_g] stored
@@ -717,7 +745,8 @@ class HopperGemmTemplate(GemmContract):
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
         if schedule.op.is_k_grouped:
-            self.kernel = HopperKGroupedFp8GemmKernel(schedule)
+            k_grouped = HopperKGroupedFp8GemmKernel if schedule.block_scaled else HopperKGroupedBf16GemmKernel
+            self.kernel = k_grouped(schedule)
         elif schedule.op.scales_b_per_row:
             self.kernel = HopperFp8WgradKernel(schedule)
         elif schedule.op.is_masked:

@@ -49,6 +49,10 @@ class KGroupedFamily:
             blocks_before += blocks
         return total
 
+    def _k_tiles_per_block(self) -> int:
+        """K tiles per 128-token block: 1 at tile_k 128 (FP8), 2 at 64 (BF16)."""
+        return SCALE_BLOCK // self.tile_shape_mnk[2]
+
     @cute.jit
     def _k_grouped_locate(self, t, mSizes, per_group, s_blocks):
         """Cluster tile t of the k-grouped layout → (group, cluster tile within the group, the
@@ -92,16 +96,22 @@ class KGroupedFamily:
     def _point_descriptors_at_group(
         self, tma_atom_a, tma_atom_b, a_base_ptr, b_base_ptr, m, n, first_block, k_blocks, desc_a, desc_b
     ):
-        """Rewrite this CTA's descriptors of A and B for one group (run by the whole producer warp).
+        """Rewrite this CTA's descriptors of A and B for one group (run by the whole producer warp);
+        `first_block` counts 128-token blocks, `k_blocks` the group's K tiles.
 
         Group g's A is [M, 128·⌈k_g/128⌉] row-major starting 128·M·(first block) elements into the
-        flat A (B likewise with N). The TMA loads issued with the old descriptors must have read
+        flat A (B likewise with N); tokens first (BF16), its rows [first, first + k_g) of [Σk, M]. The TMA loads issued with the old descriptors must have read
         them before they change: the bulk-async wait below is the fence CUTLASS uses for that."""
         tk = self.tile_shape_mnk[2]
         k = k_blocks * tk
-        first = cutlass.Int64(first_block) * tk
-        a_group = cute.make_tensor(a_base_ptr + first * m, cute.make_layout((m, k), stride=(k, 1)))
-        b_group = cute.make_tensor(b_base_ptr + first * n, cute.make_layout((n, k), stride=(k, 1)))
+        first = cutlass.Int64(first_block) * SCALE_BLOCK
+        if cutlass.const_expr(self.schedule.layout.a_mn_major):
+            # Tokens first (BF16, tn): the group's rows of [Σk, M] and [Σk, N], M (N) contiguous.
+            a_group = cute.make_tensor(a_base_ptr + first * m, cute.make_layout((m, k), stride=(1, m)))
+            b_group = cute.make_tensor(b_base_ptr + first * n, cute.make_layout((n, k), stride=(1, n)))
+        else:
+            a_group = cute.make_tensor(a_base_ptr + first * m, cute.make_layout((m, k), stride=(k, 1)))
+            b_group = cute.make_tensor(b_base_ptr + first * n, cute.make_layout((n, k), stride=(k, 1)))
         with cute.arch.elect_one():
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)

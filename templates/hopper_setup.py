@@ -254,7 +254,8 @@ class HopperSetup:
         if cutlass.const_expr(self.schedule.op.is_masked):
             num_cluster_tiles = self._masked_total(metadata.mMasked, args.mA_mk.shape[0], ct_n)
         if cutlass.const_expr(self.schedule.op.is_k_grouped):
-            num_cluster_tiles = self._k_grouped_total(metadata.mSizes, num_cluster_tiles, k_tile_cnt)
+            s_blocks = k_tile_cnt if cutlass.const_expr(self._k_tiles_per_block() == 1) else k_tile_cnt // self._k_tiles_per_block()
+            num_cluster_tiles = self._k_grouped_total(metadata.mSizes, num_cluster_tiles, s_blocks)
         if cutlass.const_expr(self.schedule.splits_k):
             # Work units: (cluster tile, split), the splits of a tile adjacent.
             num_cluster_tiles = num_cluster_tiles * args.k_splits

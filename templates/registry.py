@@ -20,6 +20,7 @@ _TEMPLATES: dict[tuple[Arch, Op], str] = {
     (Arch.SM90A, Op.K_GROUPED_FP8_GEMM_NT_CONTIGUOUS): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
     (Arch.SM90A, Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
     (Arch.SM90A, Op.M_GROUPED_BF16_GEMM_NT_MASKED): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
+    (Arch.SM90A, Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS): "cutegen.templates.hopper_gemm:HopperGemmTemplate",
     (Arch.SM100A, Op.FP8_GEMM_NT): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
     (Arch.SM100A, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
     (Arch.SM100A, Op.M_GROUPED_FP8_GEMM_NT_MASKED): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",

@@ -29,6 +29,7 @@ SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_128x128x64_c2x1_mcb_s6_wg2_r40x232_epiadd_rm_g8_tn",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x128x64_c1x1_mc0_s6_wg2_r40x232_epitma_rm_g8_tt",
     "cutegen_sm90a_mgbf16gemmc_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_nn",
+    "cutegen_sm90a_kgbf16wgrad_bf16_bf16_f32_f32_nosf_128x128x64_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8_tn",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x32x128_c1x2_mca_s14_wg1_r40x232_episk_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
@@ -237,7 +238,17 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]
         extents = {"M": m, "N": n, "K": k}
-        if masked:  # the BF16 grouped layouts: no scales
+        if schedule.op.is_k_grouped:  # BF16, tokens first: A [Σk, M] and B [Σk, N] as MN-major views
+            m8, n8 = -(-m // 8) * 8, -(-n // 8) * 8
+            operands["a"] = OperandInfo(0x7F0000000000, (m8, kt), (1, m8), ab)
+            operands["b"] = OperandInfo(0x7F1000000000, (n8, kt), (1, n8), ab)
+            operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m8, n8), (m8 * n8, n8, 1), "f32")
+            operands["group_sizes"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
+            operands["workspace"] = OperandInfo(0x7F7000000000, (32 * 132,), (1,), "i64")
+            args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d"),
+                    ap.CPointer(operands["group_sizes"].ptr), ap.CPointer(operands["workspace"].ptr)]
+            extents = {"M": m8, "N": n8, "KT": kt, "G": GROUPS, "W": 32 * 132}
+        elif masked:  # the BF16 grouped layouts: no scales
             operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
             args += [ap.CPointer(operands["masked_m"].ptr)]
             extents.update(G=GROUPS)

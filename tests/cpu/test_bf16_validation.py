@@ -188,3 +188,51 @@ def test_deep_gemm_bf16_gemm_nt_takes_fp32_d_and_c():
             deep_gemm.bf16_gemm_nt(bf16(M, K), bf16(N, K), f32(M, N), c=f32(M, N + 1))
         with pytest.raises(ValueError, match="'d'"):
             deep_gemm.bf16_gemm_nt(bf16(M, K), bf16(N, K), torch.empty(M, N, dtype=torch.float16, device="cuda"))
+
+
+# ---- the k-grouped weight gradient: tokens first -------------------------------------------
+TOKENS = 384
+
+
+def k_grouped(**changes):
+    args = {"a": bf16(TOKENS, M), "b": bf16(TOKENS, N), "d": f32(G, M, N), "group_sizes": i32(G), "c": None}
+    args.update(changes)
+    return ops.check_k_grouped(args["a"], args["b"], args["d"], args["group_sizes"], args["c"])
+
+
+K_GROUPED_BAD = [
+    ("a", lambda: {"a": bf16(TOKENS + 64, M), "b": bf16(TOKENS + 64, N)}),  # Σk not a multiple of 128
+    ("a", lambda: {"a": bf16(M, TOKENS).t()}),  # not row-major [Σk, M]
+    ("a", lambda: {"a": bf16(TOKENS, M + 4), "d": f32(G, M + 4, N)}),  # rows of 8 bytes past 16
+    ("b", lambda: {"b": bf16(TOKENS - 128, N)}),
+    ("b", lambda: {"b": torch.empty(TOKENS, N, dtype=torch.float8_e4m3fn, device="cuda")}),
+    ("d", lambda: {"d": torch.empty(G, M, N, dtype=BF16, device="cuda")}),
+    ("d", lambda: {"d": f32(G + 1, M, N)}),
+    ("group_sizes", lambda: {"group_sizes": torch.empty(G, dtype=torch.int64, device="cuda")}),
+    ("c", lambda: {"c": f32(G, M, N + 8)}),
+]
+
+
+def test_k_grouped_valid_and_bad_operands():
+    with FakeTensorMode():
+        assert k_grouped() == (G, M, N, TOKENS)
+        assert k_grouped(c=f32(G, M, N)) == (G, M, N, TOKENS)
+        for arg, change in K_GROUPED_BAD:
+            with pytest.raises(InputError, match=f"'{arg}'"):
+                k_grouped(**change())
+        d = f32(G, M, N)
+        torch.ops.cutegen.k_grouped_bf16_gemm_tn_contiguous(bf16(TOKENS, M), bf16(TOKENS, N), d, i32(G))
+
+
+def test_deep_gemm_k_grouped_bf16_refusals():
+    import cutegen.deep_gemm as deep_gemm
+
+    with FakeTensorMode():
+        a, b, d, sizes = bf16(TOKENS, M), bf16(TOKENS, N), f32(G, M, N), i32(G)
+        with pytest.raises(ValueError, match="multiple of 128"):
+            deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, [100, 156, 128], sizes)
+        with pytest.raises(ValueError, match="'a'"):
+            deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, [128, 128, 256], sizes)  # Σk 512, a holds 384
+        with pytest.raises(NotImplementedError, match="use_psum_layout"):
+            deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, d, [128, 128, 128], sizes, use_psum_layout=True)
+    assert "k_grouped_bf16_gemm_tn_contiguous" not in deep_gemm.unsupported.MISSING

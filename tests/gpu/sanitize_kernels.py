@@ -150,6 +150,18 @@ def run_bf16_masked(name: str) -> None:
         bf16_grouped_ops.m_grouped_bf16_gemm_nt_masked(a, b, masked_m, 96, kernel=name)
 
 
+def run_bf16_k_grouped(name: str) -> None:
+    # Empty groups first and last; a group size past the tokens the operands hold (cut to them).
+    sizes = [0, 128, 384, 256, 0]
+    m, n = 296, 456
+    a = torch.randn(sum(sizes), m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(sum(sizes), n, device="cuda", dtype=torch.bfloat16)
+    d = torch.randn(len(sizes), m, n, device="cuda")
+    for device_sizes in (sizes, [0, 128, 384, 4096, 2**31 - 1]):
+        sizes_gpu = torch.tensor(device_sizes, dtype=torch.int32, device="cuda")
+        bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, sizes_gpu, kernel=name)
+
+
 def run_quant(name: str) -> None:
     manifest = ops.catalogue().manifest(name)
     op, schedule = manifest.op, manifest.schedule
@@ -180,6 +192,7 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "m_grouped_fp8_gemm_nt_masked": run_masked,
     "m_grouped_bf16_gemm_nt_contiguous": run_bf16_contiguous,
     "m_grouped_bf16_gemm_nt_masked": run_bf16_masked,
+    "k_grouped_bf16_gemm_tn_contiguous": run_bf16_k_grouped,
     "per_token_quant_fp8": run_quant,
     "per_block_quant_fp8": run_quant,
     "grouped_transposed_quant_fp8": run_quant,

@@ -306,3 +306,73 @@ def test_mn_major_experts(ops, grouped):
     d = poisoned(a.shape[0], 640)
     deep_gemm.m_grouped_bf16_gemm_nn_contiguous(a, b_kn, d, m_indices)
     check_contiguous(d, a, b, sizes, aligned, "deep_gemm nn: ")
+
+
+# ---- k-grouped weight gradient (tokens first) --------------------------------------------------
+K_OP = "k_grouped_bf16_gemm_tn_contiguous"
+
+
+def make_k_grouped(ks: list[int], m: int, n: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(sum(ks), m, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(sum(ks), n, device="cuda", generator=g).to(torch.bfloat16)
+    return a, b, torch.tensor(ks, dtype=torch.int32, device="cuda")
+
+
+def k_grouped_reference(a, b, ks, c):
+    out, start = [], 0
+    for gi, k in enumerate(ks):
+        out.append(c[gi].double() + a[start : start + k].double().T @ b[start : start + k].double())
+        start += k
+    return out
+
+
+@pytest.mark.parametrize("ks, m, n", [([256, 0, 512, 128], 768, 1024), ([1024] * 4, 2048, 4096), ([128], 256, 264)])
+def test_every_k_grouped_kernel_runs(ops, ks, m, n):
+    from cutegen.runtime import bf16_grouped_ops
+
+    names = ops.runnable_kernels(K_OP)
+    if not names:
+        pytest.skip(f"no {K_OP} kernel of the catalogue runs on this GPU")
+    a, b, sizes = make_k_grouped(ks, m, n, seed=len(ks) + m)
+    c = torch.randn(len(ks), m, n, device="cuda")
+    ref = k_grouped_reference(a, b, ks, c)
+    for name in names:
+        d = torch.full((len(ks), m, n), float("nan"), device="cuda")
+        bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, sizes, c, kernel=name)
+        for gi, k in enumerate(ks):
+            if k:
+                assert calc_diff(d[gi].double(), ref[gi]) < 1e-9, f"{name}: group {gi}"
+            else:
+                assert torch.equal(d[gi], c[gi]), f"{name}: empty group {gi} is not C"
+        # In place (C = D): D += the groups' products again.
+        before = d.clone()
+        bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, sizes, kernel=name)
+        for gi, k in enumerate(ks):
+            assert calc_diff(d[gi].double(), before[gi].double() + (ref[gi] - c[gi].double())) < 1e-9 if k else torch.equal(d[gi], before[gi])
+
+
+def test_k_grouped_graph_and_deep_gemm(ops):
+    import cutegen.deep_gemm as deep_gemm
+    from cutegen.runtime import bf16_grouped_ops
+
+    if not ops.runnable_kernels(K_OP):
+        pytest.skip(f"no {K_OP} kernel of the catalogue runs on this GPU")
+    ks, m, n = [256, 128, 384], 512, 768
+    a, b, sizes = make_k_grouped(ks, m, n, seed=31)
+    zero = torch.zeros(len(ks), m, n, device="cuda")
+    ref = k_grouped_reference(a, b, ks, zero)
+    d = torch.zeros(len(ks), m, n, device="cuda")
+    bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, sizes)  # load outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, sizes)
+    d.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for gi in range(len(ks)):
+        assert calc_diff(d[gi].double(), ref[gi]) < 1e-9
+    out = torch.full((len(ks), m, n), float("nan"), device="cuda")
+    deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, b, out, ks, sizes, c=zero)
+    for gi in range(len(ks)):
+        assert calc_diff(out[gi].double(), ref[gi]) < 1e-9
