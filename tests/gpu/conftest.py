@@ -57,12 +57,13 @@ def device_info():
 
 @pytest.fixture(scope="session")
 def gemm_kernels(ops, device_info):
-    """Names of the catalogue's bf16_gemm_nt kernels storing a bf16 D that run on this GPU (at
-    least one); the fp32-D and accumulating ones are `runnable_kernels(..., d_dtype=, adds=)`."""
+    """Names of the catalogue's bf16_gemm_nt kernels storing a bf16 D from K-major operands that
+    run on this GPU (at least one); the others are `runnable_kernels(..., d_dtype=, adds=, layout=)`."""
     cat = ops.catalogue()
     names = [
         m.name for m in cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability)
         if m.schedule.get("c_dtype") == "bf16" and m.schedule.get("epilogue") != "tma_store_add"
+        and m.schedule.get("layout", "nt") == "nt"
     ]
     if not names:
         pytest.skip(f"no bf16_gemm_nt kernel in {cat.build_dir} runs on {device_info.arch}")

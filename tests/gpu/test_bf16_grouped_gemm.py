@@ -23,8 +23,9 @@ MASKED_OP = "m_grouped_bf16_gemm_nt_masked"
 # N, K from DeepSeek-V3 / Qwen3 expert layers, and one of neither a tile multiple (N 1000, K 1000).
 NK = [(4096, 7168), (7168, 2048), (1536, 4096), (1000, 1000)]
 LAYOUTS = [(4, 4096), (8, 1024), (32, 256)]
-# Tight bound: the fp32 accumulation of bf16 products against a float64 reference.
-EXACT = 1e-6
+# Against a float64 reference: the bf16 rounding of D alone gives calc_diff ~1.4e-6 (measured on
+# the H200, 2026-12-05); DeepGEMM's own BF16 tests use 1e-5.
+EXACT = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -169,8 +170,8 @@ def test_contiguous_bad_inputs(grouped):
         grouped.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices.long())
     with pytest.raises(InputError, match="'b'"):
         grouped.m_grouped_bf16_gemm_nt_contiguous(a, b[0], m_indices)
-    with pytest.raises(InputError, match="'b'"):
-        grouped.m_grouped_bf16_gemm_nt_contiguous(a, b.transpose(1, 2).contiguous().transpose(1, 2), m_indices)
+    with pytest.raises(InputError, match="'b'"):  # neither K-major nor N-major
+        grouped.m_grouped_bf16_gemm_nt_contiguous(a, torch.empty(2, 256, 512, device="cuda", dtype=torch.bfloat16)[:, :, ::2], m_indices)
     with pytest.raises(InputError, match="multiple of 128"):
         grouped.m_grouped_bf16_gemm_nt_contiguous(a[:200], b, m_indices[:200])
     with pytest.raises(InputError, match="'a'"):
