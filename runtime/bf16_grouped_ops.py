@@ -8,7 +8,7 @@ D[r] = A[r] @ B[g]ᵀ in bf16 with fp32 accumulation.
   each group's segment padded to a multiple of `contiguous_alignment()` rows (128).
 * ``b`` [G, N, K] bf16, contiguous along K with 16-byte aligned row and group strides; or
   MN-major, a view of [G, K, N] storage (``w.transpose(1, 2)``, DeepGEMM's ``nn`` form), read as
-  it lies (kernels of layout ``nn``, compiled and checked, not yet run).
+  it lies (kernels of layout ``nn``).
 * ``m_indices`` int32 [ΣM] on the GPU: each row's group, -1 for padding rows
   (`m_indices_from_group_ends` builds it from cumulative group ends, on the GPU).
 * ``out`` (optional) bf16 [ΣM, N], contiguous along N with a 16-byte aligned row stride.
@@ -39,7 +39,7 @@ host (graph-capturable); each k_g must be a multiple of 128, which is not checke
 the kernel takes ⌈k_g/128⌉ blocks of 128 tokens, cut to the Σk/128 the operands hold, so a wrong
 size never reads or writes out of bounds. Groups with 0 tokens leave D[g] as it is. A
 per-launch descriptor workspace is kept per stream (`k_grouped_ops.descriptor_workspace`).
-Compiled and checked, not yet run on an H200.
+Ran on an H200 on 2026-12-05.
 
 The M-grouped ops with K == 0 write zeros (an empty sum) and launch nothing. All: bad inputs raise
 `InputError` naming the argument before anything is launched; kernels launch on torch's current stream of

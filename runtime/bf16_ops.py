@@ -9,7 +9,7 @@ plus C when given, with fp32 accumulation (DeepGEMM's ``nt`` convention and its
   or [K, N] matrix, DeepGEMM's ``nn``, ``tn`` and ``tt`` forms, read as they lie), the other
   stride a multiple of 8 elements (16 bytes), base addresses 16-byte aligned (TMA's rules; a mode
   of extent 1 is exempt from its stride rule). The MN-major kernels (layouts ``nn``, ``tn``,
-  ``tt`` in `cutegen list`) are compiled and checked, not yet run on an H200.
+  ``tt`` in `cutegen list`) ran on an H200 on 2026-12-05.
 * ``out`` (optional): ``torch.bfloat16`` or ``torch.float32`` [M, N] on the same device,
   ``stride(1) == 1``, a 16-byte aligned row stride and base; written in place and returned.
 * ``c`` (optional): [M, N] of D's type (``out``'s, or bf16 without ``out``). D = C + A·Bᵀ: C is
@@ -24,8 +24,8 @@ plus C when given, with fp32 accumulation (DeepGEMM's ``nt`` convention and its
 * ``kernel``: force a kernel of the catalogue by name (else the heuristic chooses; see
   `cutegen.runtime.heuristics`); it must write D's type, and add into D exactly when C is given.
 
-The fp32-D and accumulating kernels are compiled and checked on the CPU and have not yet run on
-an H200 (`cutegen list bf16_gemm_nt` says so per kernel).
+The fp32-D and accumulating kernels ran on an H200 on 2026-12-05 (`cutegen list bf16_gemm_nt`
+says what ran per kernel).
 
 Bad inputs raise `InputError` naming the argument before anything is launched. Kernels launch
 on torch's current stream of ``a``'s device, so the op composes with streams, ``torch.compile``

@@ -32,7 +32,7 @@ EXACT = 1e-5
 def grouped(ops):
     from cutegen.runtime import bf16_grouped_ops
 
-    if not ops.runnable_kernels(OP):
+    if not ops.runnable_kernels(OP, layout="nt"):
         pytest.skip(f"no {OP} kernel of the catalogue runs on this GPU")
     return bf16_grouped_ops
 
@@ -109,7 +109,7 @@ def test_every_contiguous_kernel_runs(ops, grouped, k):
     hold random data, so computing them or skipping real rows would show."""
     sizes = [64, 65, 0, 63, 192, 1]
     a, b, m_indices, aligned = make_problem(sizes, 640, k, seed=17, padding_data=True)
-    for name in ops.runnable_kernels(OP):
+    for name in ops.runnable_kernels(OP, layout="nt"):
         for zero_padding in (True, False):
             out = poisoned(a.shape[0], 640)
             grouped.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices, out=out, kernel=name, zero_padding=zero_padding)
@@ -120,7 +120,7 @@ def test_padding_opt_out_leaves_padding_only_tiles_untouched(ops, grouped):
     sizes = [130, 0, 5]
     a, b, m_indices, aligned = make_problem(sizes, 256, 512, seed=11)
     m_indices[256:384] = -1  # a whole 128-row tile of padding
-    for name in ops.runnable_kernels(OP):
+    for name in ops.runnable_kernels(OP, layout="nt"):
         out = poisoned(a.shape[0], 256)
         grouped.m_grouped_bf16_gemm_nt_contiguous(a, b, m_indices, out=out, zero_padding=False, kernel=name)
         assert torch.isnan(out[256:384]).all(), f"{name}: padding tile written with the opt-out"
