@@ -52,7 +52,7 @@ def _runner(
 ) -> tuple[Callable[[str], object], Callable[[], object], Callable[[], object]]:
     """(run(kernel), output(), reset()) for one problem of `op` (inputs are created once); reset
     puts an accumulating output (weight gradients, D += ...) back to zero before the comparison run.
-    run takes "NAME" or, for a split-K fp8_gemm_nt kernel, "NAME@SPLITS"."""
+    run takes "NAME" or, for a split-K kernel, "NAME@SPLITS"."""
     import torch
 
     from cutegen.runtime import fp8_ops, heuristics, k_grouped_ops, ops
@@ -64,7 +64,12 @@ def _runner(
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return (lambda name: ops.bf16_gemm_nt(a, b, out=out, kernel=name)), (lambda: out), nothing
+
+        def run_bf16(entry: str):
+            name, splits = heuristics.parse_tuned(entry)
+            return ops.bf16_gemm_nt(a, b, out=out, kernel=name, k_splits=splits)
+
+        return run_bf16, (lambda: out), nothing
     if op == "fp8_gemm_nt":
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)

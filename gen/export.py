@@ -632,7 +632,7 @@ def _env() -> Any:
 class OpGroup:
     """An op's exported kernels. `cutegen_<op>_launch` dispatches over `dispatched`: the kernels
     of one signature (arguments, operand types and majorness, adding into D), those storing D before those
-    adding into it, then the most common, then the first in name order (e.g. the fp8_gemm_nt
+    adding into it, those without split K before those with it, then the most common, then the first in name order (e.g. the fp8_gemm_nt
     kernels without split K, the bf16_gemm_nt kernels writing a bf16 D); the others take other
     arguments (a split-K kernel's workspace and split count) or operand types and are launched
     through their own `<name>_launch`."""
@@ -654,6 +654,11 @@ class OpGroup:
         return [k for k in self.kernels if k not in self.dispatched]
 
 
+def _takes_split_workspace(signature_key: tuple[tuple[str, str], ...]) -> bool:
+    """A split-K kernel's signature: its workspace and split count are the caller's to pass."""
+    return any(name == "split_counters" for _, name in signature_key)
+
+
 def op_groups(views: Sequence[KernelView]) -> list[OpGroup]:
     groups: dict[str, list[KernelView]] = {}
     for v in views:
@@ -662,7 +667,9 @@ def op_groups(views: Sequence[KernelView]) -> list[OpGroup]:
     for op, kernels in sorted(groups.items()):
         counts = collections.Counter(k.signature_key for k in kernels)
         first_seen = {key: i for i, key in reversed(list(enumerate(k.signature_key for k in kernels)))}
-        common = min(counts, key=lambda key: (dict(key).get("adds into d") == "True", -counts[key], first_seen[key]))
+        common = min(counts, key=lambda key: (
+            dict(key).get("adds into d") == "True", _takes_split_workspace(key), -counts[key], first_seen[key]
+        ))
         out.append(OpGroup(op, kernels, [k for k in kernels if k.signature_key == common]))
     return out
 

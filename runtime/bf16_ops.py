@@ -23,6 +23,9 @@ plus C when given, with fp32 accumulation (DeepGEMM's ``nt`` convention and its
   launched.
 * ``kernel``: force a kernel of the catalogue by name (else the heuristic chooses; see
   `cutegen.runtime.heuristics`); it must write D's type, and add into D exactly when C is given.
+* ``k_splits``: the split count of a split-K kernel (epilogue ``split_k_tma_store``: each tile's
+  128-wide K blocks shared among that many CTAs, the fp32 partial sums added in split order by the
+  last; by default the heuristic's count); refused for other kernels and with ``c``.
 
 The fp32-D and accumulating kernels ran on an H200 on 2026-12-05 (`cutegen list bf16_gemm_nt`
 says what ran per kernel).
@@ -41,6 +44,7 @@ from typing import Any
 
 import torch
 
+from . import heuristics, split_k, stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
@@ -120,9 +124,16 @@ def check_meta(a: Any, b: Any, out: Any | None, c: Any | None = None) -> tuple[i
     return m, n, k
 
 
-def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str, adds: bool = False) -> Launched | None:
-    """Launch (``adds``: a kernel adding its tiles into ``out``); returns what `_calls` remembers
-    of it, None if nothing ran."""
+_OPERANDS = ("a", "b", "d")
+_SPLIT_K_OPERANDS = (*_OPERANDS, "split_counters", "split_partials")
+
+
+def _run(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str, adds: bool = False, k_splits: int = 0
+) -> Launched | None:
+    """Launch (``adds``: a kernel adding its tiles into ``out``; ``k_splits``: a split-K kernel's
+    split count, 0 for the heuristic's); returns what `_calls` remembers of it, None if nothing
+    ran."""
     for arg, t in (("a", a), ("b", b), ("out", out)):
         check_aligned(OP_BF16_GEMM_NT, arg, t)
     m, k = a.shape
@@ -136,22 +147,31 @@ def _run(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel: str, adds:
         loaded = kernel_for(
             OP_BF16_GEMM_NT, m, n, k, device, kernel, d_dtype=D_DTYPES[out.dtype], adds=adds, layout=layout_of(a, b)
         )
-        specs = loaded.manifest.operands
-        if len(specs) != 3:
+        names = tuple(spec.name for spec in loaded.manifest.operands)
+        split = heuristics.splits_k(loaded.manifest)
+        if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
             raise KernelLoadError(
-                f"kernel {loaded.name}: a {OP_BF16_GEMM_NT} kernel must declare operands (A, B, D), "
-                f"got {[s.name for s in specs]}"
+                f"kernel {loaded.name}: a {OP_BF16_GEMM_NT} kernel must declare operands a, b, d "
+                f"(and split_counters, split_partials when it splits K); got {list(names)}"
             )
-        names = tuple(spec.name for spec in specs)
-        prepared = launch(loaded, dict(zip(names, (a, b, out))), stream=current_stream(a))
-    return Launched(loaded, prepared, names)
+        if k_splits > 1 and not split:
+            raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
+        stream = current_stream(a)
+        operands = {"a": a, "b": b, "d": out}
+        extents = workspace = None
+        if split:
+            workspace, extents = split_k.launch_arguments(loaded, a.device, stream, m, n, k, k_splits)
+            operands.update(workspace)
+        prepared = launch(loaded, operands, extents=extents, stream=stream)
+    return Launched(loaded, prepared, _OPERANDS, fixed=workspace)
 
 
-_calls = CallCache(OP_BF16_GEMM_NT)
+# Split-K launches are remembered with their stream's workspace.
+_calls = CallCache(OP_BF16_GEMM_NT, stream_scratch.capturing)
 
 
-def _impl(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "") -> torch.Tensor:
-    key = _calls.key((a, b), kernel_name)
+def _impl(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> torch.Tensor:
+    key = _calls.key((a, b), kernel_name, k_splits)
     call = _calls.get(key)
     if call is not None:
         out = new_bf16_out(a, a.shape[0], b.shape[0])
@@ -159,27 +179,31 @@ def _impl(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "") -> torch.Tens
             return out
     m, n, _ = check_meta(a, b, None)
     out = new_bf16_out(a, m, n)
-    _calls.remember(key, _run(a, b, out, kernel_name))
+    _calls.remember(key, _run(a, b, out, kernel_name, k_splits=k_splits))
     return out
 
 
-def _out_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
-    key = _calls.key((a, b, out), kernel_name)
+def _out_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> None:
+    key = _calls.key((a, b, out), kernel_name, k_splits)
     call = _calls.get(key)
     if call is not None and _calls.launch(call, (a, b, out), current_stream(a)):
         return
     check_meta(a, b, out)
     check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})
-    ran = _run(a, b, out, kernel_name)
-    _calls.remember(key, ran and ran._replace(outputs={ran.names[2]: "out"}), (a, b, out))
+    ran = _run(a, b, out, kernel_name, k_splits=k_splits)
+    _calls.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, b, out))
 
 
-def _fake(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "") -> torch.Tensor:
+def _fake(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> torch.Tensor:
     m, n, _ = check_meta(a, b, None)
     return new_bf16_out(a, m, n)
 
 
-def _out_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
+def _out_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> None:
+    check_meta(a, b, out)
+
+
+def _accumulate_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
     check_meta(a, b, out)
 
 
@@ -194,7 +218,7 @@ def _accumulate_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel
     check_meta(a, b, out)
     check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})
     ran = _run(a, b, out, kernel_name, adds=True)
-    _accumulations.remember(key, ran and ran._replace(outputs={ran.names[2]: "out"}), (a, b, out))
+    _accumulations.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, b, out))
 
 
 # The schema's string argument is `kernel_name`, not `kernel`: Inductor's FallbackKernel.create()
@@ -202,7 +226,7 @@ def _accumulate_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel
 BF16_GEMM_NT = TorchOp(OP_BF16_GEMM_NT, _impl, _fake)
 BF16_GEMM_NT_OUT = TorchOp(f"{OP_BF16_GEMM_NT}_out", _out_impl, _out_fake, mutates=("out",))
 # out += A·Bᵀ (D = C + A·Bᵀ once C is in D).
-BF16_GEMM_NT_ACCUMULATE = TorchOp(f"{OP_BF16_GEMM_NT}_accumulate", _accumulate_impl, _out_fake, mutates=("out",))
+BF16_GEMM_NT_ACCUMULATE = TorchOp(f"{OP_BF16_GEMM_NT}_accumulate", _accumulate_impl, _accumulate_fake, mutates=("out",))
 
 
 def _is_same_matrix(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -211,21 +235,27 @@ def _is_same_matrix(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 def bf16_gemm_nt(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *, c: torch.Tensor | None = None,
-    kernel: str | None = None,
+    kernel: str | None = None, k_splits: int | None = None,
 ) -> torch.Tensor:
     """D[M, N] = A[M, K] @ B[N, K]^T (+ C), fp32 accumulation, bf16 or fp32 D; see the module docstring.
 
     ``kernel`` forces a catalogue kernel by name (testing, benchmarking); by default the
-    heuristic (or the tuning table) chooses.
+    heuristic (or the tuning table) chooses. ``k_splits`` sets how many CTAs share each tile's
+    128-wide K blocks when the kernel splits K (epilogue ``split_k_tma_store``; by default the
+    heuristic's count; rounded so that no split is empty); not with ``c``.
     """
     # The tensors are checked by the op itself (once per call layout), naming each argument.
     if kernel is not None and not isinstance(kernel, str):
         raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
+        raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
     if c is None:
         if out is None:
-            return BF16_GEMM_NT(a, b, kernel or "")
-        BF16_GEMM_NT_OUT(a, b, out, kernel or "")
+            return BF16_GEMM_NT(a, b, kernel or "", k_splits or 0)
+        BF16_GEMM_NT_OUT(a, b, out, kernel or "", k_splits or 0)
         return out
+    if k_splits is not None and k_splits > 1:
+        raise _fail("k_splits", f"is {k_splits}, but D = C + A·Bᵀ (c given) is computed by kernels that do not split K")
     if not isinstance(c, torch.Tensor):
         raise _fail("c", f"must be a torch.Tensor or None, got {type(c).__name__}")
     if out is None:

@@ -1,6 +1,6 @@
-"""The global workspace of split-K FP8 GEMM kernels: per-tile arrival counters and fp32 partial tiles.
+"""The global workspace of split-K GEMM kernels (fp8_gemm_nt, bf16_gemm_nt): per-tile arrival counters and fp32 partial tiles.
 
-A split-K kernel (epilogue ``split_k_tma_store``) shares each CTA tile's K blocks among
+A split-K kernel (epilogue ``split_k_tma_store``) shares each CTA tile's 128-wide K blocks among
 ``K_SPLITS`` CTAs. Each writes its fp32 partial tile into ``split_partials`` and counts itself in
 the tile's int32 slot of ``split_counters``; the CTA that brings the count to ``K_SPLITS`` adds the
 partials in split order, stores the tile and sets the counter back to zero. So the counters must

@@ -717,13 +717,18 @@ def epilogue_supported(s: Schedule) -> str | None:
     return f"epilogue={s.epilogue.value}: {s.arch.value} templates implement only {known}"
 
 
+# Ops whose kernels take the split-K epilogue: the dense GEMMs writing D (the grouped ops' tiles
+# already fill the GPU, and the weight gradients accumulate into D with a TMA reduce-add).
+SPLIT_K_OPS = frozenset({Op.FP8_GEMM_NT, Op.BF16_GEMM_NT})
+
+
 @_rule()
-def split_k_only_dense_fp8(s: Schedule) -> str | None:
-    """The split-K epilogue serves fp8_gemm_nt only (the grouped ops' tiles already fill the GPU,
-    and the weight gradients accumulate into D with a TMA reduce-add)."""
-    if not s.epilogue.splits_k or s.op == Op.FP8_GEMM_NT:
+def split_k_only_dense(s: Schedule) -> str | None:
+    """The split-K epilogue serves the dense GEMMs that write D (`SPLIT_K_OPS`)."""
+    if not s.epilogue.splits_k or s.op in SPLIT_K_OPS:
         return None
-    return f"epilogue={s.epilogue.value}: only op {Op.FP8_GEMM_NT.value} kernels split K, not {s.op.value}"
+    ops = ", ".join(sorted(op.value for op in SPLIT_K_OPS))
+    return f"epilogue={s.epilogue.value}: only ops {ops} split K, not {s.op.value}"
 
 
 # The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read, where not nt

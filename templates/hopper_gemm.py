@@ -234,7 +234,8 @@ class HopperGemmKernel(
         The k-grouped layout has a group-dependent first block in the scales and K block count
         (A and B come through per-group descriptors, from block 0). With split K, t is (cluster
         tile t // k_splits, split t % k_splits) and the split's blocks are
-        [split · ⌈KB/k_splits⌉, …) (the runtime passes a count that leaves no split empty). With
+        [split · ⌈KB/k_splits⌉, …) in 128-wide K blocks (two K tiles each at tile_k 64; the
+        runtime passes a count that leaves no split empty). With
         a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is a whole tile; from
         there on t - tail_start is a position in the tail's K blocks (tile after tile), and the
         piece runs to the end of that tile or of this cluster's share, whichever comes first."""
@@ -255,9 +256,16 @@ class HopperGemmKernel(
             ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
         elif cutlass.const_expr(self.schedule.splits_k):
             tile_t = t // k_splits
-            per_split = (k_tile_cnt + k_splits - 1) // k_splits
-            first_block = (t - tile_t * k_splits) * per_split
-            k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
+            if cutlass.const_expr(self._k_tiles_per_block() == 1):
+                per_split = (k_tile_cnt + k_splits - 1) // k_splits
+                first_block = (t - tile_t * k_splits) * per_split
+                k_blocks = cutlass.min(per_split, k_tile_cnt - first_block)
+            else:  # splits of whole 128-wide K blocks, as the runtime counts them, in K tiles
+                per_block = self._k_tiles_per_block()
+                blocks = (k_tile_cnt + per_block - 1) // per_block
+                per_split = (blocks + k_splits - 1) // k_splits
+                first_block = (t - tile_t * k_splits) * per_split * per_block
+                k_blocks = cutlass.min(per_split * per_block, k_tile_cnt - first_block)
             ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
         elif cutlass.const_expr(self.schedule.splits_tail):
             tail_start, _, share_end = tail
@@ -583,7 +591,7 @@ class HopperGemmKernel(
         contiguous: none for padding tiles). Returns the advanced (read, release) states."""
         promoted = fragments.promoted  # a local: the run-time branch below fills it
         tile_sfb = scales.mSFB
-        if cutlass.const_expr(self.schedule.splits_k):
+        if cutlass.const_expr(self.schedule.splits_k and self.schedule.block_scaled):
             # SFB columns from the split's first K block on (stride 1 along K).
             tile_sfb = cute.make_tensor(scales.mSFB.iterator + first_block, scales.mSFB.layout)
         if cutlass.const_expr(self.schedule.block_scaled):
@@ -618,6 +626,15 @@ class HopperGemmKernel(
                 )
             else:
                 fragments.accumulators.fill(0.0)
+        elif cutlass.const_expr(self.schedule.splits_k):
+            # The split's K tiles; an empty split (none with the runtime's counts) adds zeros.
+            if tile_k_tiles > 0:
+                read_state, release_state = self._mainloop(
+                    self._make_tiled_mma(), fragments.accumulators, fragments.tCrA, fragments.tCrB,
+                    mainloop_pipeline, read_state, release_state, tile_k_tiles, num_k_blocks,
+                )
+            else:
+                fragments.accumulators.fill(0.0)
         else:
             read_state, release_state = self._mainloop(
                 tiled_mma, fragments.accumulators, fragments.tCrA, fragments.tCrB, mainloop_pipeline, read_state,
@@ -632,6 +649,28 @@ class HopperFp8GemmKernel(Fp8GemmNtEntry, HopperGemmKernel):
 
 class HopperSplitKFp8GemmKernel(Fp8GemmNtSplitKEntry, HopperGemmKernel):
     """`fp8_gemm_nt` on sm_90a with the K blocks of each tile split over CTAs."""
+
+
+class HopperSplitKBf16GemmKernel(HopperGemmKernel):
+    """`bf16_gemm_nt` on sm_90a with the K blocks of each tile split over `k_splits` CTAs, their fp32
+    partial sums reduced as `Fp8GemmNtSplitKEntry` describes."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        d: cute.Tensor,
+        split_counters: cute.Pointer,
+        split_partials: cute.Pointer,
+        k_splits: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(
+            a, b, d, None, None, max_active_clusters, stream,
+            split_counters=split_counters, split_partials=split_partials, k_splits=k_splits,
+        )
 
 
 class HopperMGroupedFp8GemmKernel(MGroupedContiguousEntry, HopperGemmKernel):
@@ -756,7 +795,8 @@ class HopperGemmTemplate(GemmContract):
             contiguous = HopperMGroupedFp8GemmKernel if schedule.block_scaled else HopperMGroupedBf16GemmKernel
             self.kernel = contiguous(schedule)
         elif schedule.splits_k:
-            self.kernel = HopperSplitKFp8GemmKernel(schedule)
+            split_k = HopperSplitKFp8GemmKernel if schedule.block_scaled else HopperSplitKBf16GemmKernel
+            self.kernel = split_k(schedule)
         elif schedule.block_scaled:
             self.kernel = HopperFp8GemmKernel(schedule)
         else:

@@ -62,6 +62,19 @@ EXPECTED_DEFAULT_NAMES = sorted(
         for d, epilogue, layouts in (("bf16", "epitma", ("nn", "tn", "tt")), ("f32", "epiadd", ("tn",)))
         for layout in layouts
     ]
+    # Tile widths between 96 and 224 columns, bf16 D.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x{tile_n}x64_{cluster}_s{stages}_wg2_r40x232_epitma_rm_g8"
+        for tile_n, stages in ((96, 7), (144, 6), (160, 5), (176, 5), (192, 4), (208, 4), (224, 4))
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+    ]
+    # Split K for small M, bf16 or fp32 D, 64-row tiles of one math warpgroup and 128x128 of two.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_episk_rm_g8"
+        for tile, stages, wg in (("128x128x64", 6, 2), ("64x128x64", 8, 1), ("64x64x64", 8, 1), ("64x32x64", 14, 1))
+        for cluster in ("c1x1_mc0", "c1x2_mca")
+        for d in ("bf16", "f32")
+    ]
 )
 
 BASE = Schedule(
@@ -117,7 +130,7 @@ def test_default_schedules_are_valid_unique_and_expected():
 def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
-    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 44
+    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 74
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -125,10 +138,12 @@ def test_default_files_and_filters():
         Op.PER_TOKEN_QUANT_FP8, Op.PER_BLOCK_QUANT_FP8,
     }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
-    assert all(e.valid and e.stages_auto for e in entries)
+    assert all(e.valid for e in entries)
+    # Stages chosen by the rule, but the split-K 64x32 tiles' (14: a long K loop over few bytes).
+    assert all(e.stages_auto != (e.schedule.tile_n == 32) for e in entries)
     assert {e.family for e in entries} == {
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
-        "hopper_bf16_gemm_mn_major_accumulate",
+        "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
     }
 
 
@@ -174,7 +189,9 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
              tile_k=128, tile_m=256), "tile_m"),
     ],
     # epilogue_supported: every Epilogue is implemented on sm_90a; see test_epilogue_supported.
-    "split_k_only_dense_fp8": [(bad(epilogue=Epilogue.SPLIT_K_TMA_STORE), "epilogue")],
+    "split_k_only_dense": [
+        (bad(op=Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS, epilogue=Epilogue.SPLIT_K_TMA_STORE, cluster_m=1), "epilogue"),
+    ],
     # Only the BF16 GEMM reads MN-major operands, and only on sm_90a.
     "mn_major_operands": [
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128,

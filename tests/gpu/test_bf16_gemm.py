@@ -425,3 +425,71 @@ def test_deep_gemm_transposed_names(ops):
     start = d.clone()
     deep_gemm.bf16_gemm_tn(a.t().contiguous(), b.t().contiguous(), d, c=d)
     assert calc_diff(d, start.double() + exact(a, b)) < 1e-9
+
+
+# ------------------------------------------------------------------------------------------------
+# Split K (epilogue split_k_tma_store): small M
+
+BF16_SPLIT_SHAPES = [(1, 256, 7168), (64, 2112, 7168), (128, 200, 1000), (333, 4096, 1664), (65, 576, 192)]
+
+
+def split_kernels(ops, d_dtype: str) -> list[str]:
+    names = [x for x in ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype=d_dtype, adds=False, layout="nt") if "_episk_" in x]
+    if not names:
+        pytest.skip(f"no split-K bf16_gemm_nt kernel writing {d_dtype} D runs on this GPU")
+    return names
+
+
+@pytest.mark.parametrize("m, n, k", BF16_SPLIT_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in BF16_SPLIT_SHAPES])
+def test_split_k_kernels(ops, m, n, k):
+    """Every split-K kernel, bf16 and fp32 D, with split counts from 1 to one per 128-wide K block
+    (K = 1000 and 192 end inside a 64-wide K tile; uneven last splits; counts around the fixup's
+    load batches): the partial sums are added in split order, so a second launch gives the same
+    bits, and the per-tile counters are zero again afterwards."""
+    from cutegen.runtime import split_k
+
+    a, b = inputs(m, n, k, seed=21)
+    ref64 = exact(a, b)
+    k_blocks = -(-k // 128)
+    for d_dtype, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32)):
+        for name in split_kernels(ops, d_dtype):
+            for splits in sorted({1, 2, 3, max(1, k_blocks // 2), k_blocks} | {s for s in (7, 8, 9, 16) if s <= k_blocks}):
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                ops.bf16_gemm_nt(a, b, out=out, kernel=name, k_splits=splits)
+                what = f"{name} k_splits={splits}"
+                if dtype == torch.bfloat16:
+                    assert_matches(out, ref64.float(), what)
+                else:
+                    assert calc_diff(out, ref64) < 1e-9, what
+                    assert torch.allclose(out.double(), ref64, rtol=1e-4, atol=1e-4 * k ** 0.5), what
+                again = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+                ops.bf16_gemm_nt(a, b, out=again, kernel=name, k_splits=splits)
+                assert torch.equal(out, again), f"{what}: two launches differ"
+    torch.cuda.synchronize()
+    for counters, _ in split_k._workspaces.values():
+        assert int(counters.abs().sum()) == 0, "split-K counters not reset to zero"
+
+
+def test_split_k_graph_and_refusals(ops):
+    names = split_kernels(ops, "bf16")
+    plain = [x for x in ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype="bf16", adds=False, layout="nt") if "_episk_" not in x]
+    m, n, k = 64, 576, 7168
+    a, b = inputs(m, n, k, seed=22)
+    ref = reference(a, b)
+    static_out = poisoned(m, n)
+    ops.bf16_gemm_nt(a, b, out=static_out, kernel=names[0], k_splits=8)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.bf16_gemm_nt(a, b, out=static_out, kernel=names[0], k_splits=8)
+    for _ in range(3):
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(static_out, ref, f"{names[0]} replayed")
+    with pytest.raises(InputError, match="'k_splits'.*does not split K"):
+        ops.bf16_gemm_nt(a, b, kernel=plain[0], k_splits=2)
+    with pytest.raises(InputError, match="'k_splits'.*positive int"):
+        ops.bf16_gemm_nt(a, b, kernel=names[0], k_splits=0)
+    with pytest.raises(InputError, match="'k_splits'.*do not split K"):
+        ops.bf16_gemm_nt(a, b, c=torch.zeros(m, n, device="cuda", dtype=torch.bfloat16), k_splits=4)
+    torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt.default, (a, b, names[0], 4))

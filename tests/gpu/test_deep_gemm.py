@@ -220,8 +220,8 @@ def test_bf16_gemm_nt_and_what_is_not_there(dg):
     qa = torch.zeros(128, 64, dtype=torch.int8, device="cuda")
     with pytest.raises(NotImplementedError, match="FP4"):
         dg.fp8_gemm_nt((qa, torch.ones(128, 1, device="cuda")), (qa, torch.ones(128, 1, device="cuda")), d)
-    with pytest.raises(NotImplementedError, match="k_grouped_bf16_gemm_tn_contiguous"):
-        dg.k_grouped_bf16_gemm_tn_contiguous(a, b, d, [128], None)
+    with pytest.raises(NotImplementedError, match="k_grouped_fp8_gemm_tn_contiguous"):
+        dg.k_grouped_fp8_gemm_tn_contiguous((a, a), (b, b), d, [128], None)
 
 
 def test_set_num_sms_caps_the_persistent_grid(dg):
