@@ -154,14 +154,9 @@ def _run(
                 f"kernel {loaded.name}: a {OP_BF16_GEMM_NT} kernel must declare operands a, b, d "
                 f"(and split_counters, split_partials when it splits K); got {list(names)}"
             )
-        if k_splits > 1 and not split:
-            raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
         stream = current_stream(a)
         operands = {"a": a, "b": b, "d": out}
-        extents = workspace = None
-        if split:
-            workspace, extents = split_k.launch_arguments(loaded, a.device, stream, m, n, k, k_splits)
-            operands.update(workspace)
+        workspace, extents = split_k.bind(loaded, operands, a.device, stream, m, n, k, k_splits, _fail)
         prepared = launch(loaded, operands, extents=extents, stream=stream)
     return Launched(loaded, prepared, _OPERANDS, fixed=workspace)
 

@@ -284,10 +284,9 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
                 f"kernel {loaded.name}: a {OP_FP8_GEMM_NT} kernel must declare operands a, sfa, b, sfb, d "
                 f"(and split_counters, split_partials when it splits K); got {names}"
             )
-        if k_splits > 1 and not split:
-            raise _fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
         stream = current_stream(a)
         operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}
+        workspace, extents = split_k.bind(loaded, operands, a.device, stream, m, n, k, k_splits, _fail)
         if loaded.manifest.fact("mma_applies_scales"):
             # The block-scaled MMA reads its scales in the blocked layout, made per call from the
             # caller's: nothing is remembered, so every call converts its own scales.
@@ -298,10 +297,6 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
                 operands["b"] = OperandInfo(b.data_ptr(), (n, k), (2 * b.stride(0), 1), "e2m1")
             launch(loaded, operands, stream=stream)
             return None
-        extents = workspace = None
-        if split:
-            workspace, extents = split_k.launch_arguments(loaded, a.device, stream, m, n, k, k_splits)
-            operands.update(workspace)
         prepared = launch(loaded, operands, extents=extents, stream=stream)
     return Launched(loaded, prepared, _CALL_OPERANDS, fixed=workspace)
 

@@ -97,4 +97,20 @@ def launch_arguments(
     return result
 
 
-__all__ = ["launch_arguments", "workspace", "workspace_extents"]
+def bind(
+    loaded: Any, operands: dict[str, Any], device: torch.device, stream: int, m: int, n: int, k: int, k_splits: int,
+    fail: Any,
+) -> tuple[dict[str, Any] | None, dict[str, int] | None]:
+    """A GEMM launch's split-K part: for a split-K kernel, its workspace added to ``operands`` and
+    returned with the ``K_SPLITS`` extent (`launch_arguments`); for another, (None, None), and a
+    requested ``k_splits`` > 1 refused through ``fail(arg, what)`` (the op's `InputError`)."""
+    if not heuristics.splits_k(loaded.manifest):
+        if k_splits > 1:
+            raise fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
+        return None, None
+    workspace_operands, extents = launch_arguments(loaded, device, stream, m, n, k, k_splits)
+    operands.update(workspace_operands)
+    return workspace_operands, extents
+
+
+__all__ = ["bind", "launch_arguments", "workspace", "workspace_extents"]

@@ -614,20 +614,12 @@ class HopperGemmKernel(
                     read_state = self._walk_stages(mainloop_pipeline, read_state, tile_k_tiles)
             else:
                 read_state = self._block_scaled_tile(tiled_mma, *tile_args, read_state, *loop_args)
-        elif cutlass.const_expr(self.contiguous or self.schedule.op.is_k_grouped):
+        elif cutlass.const_expr(self.contiguous or self.schedule.op.is_k_grouped or self.schedule.splits_k):
             # A tile (or, in a 2x1 cluster, a pair) of padding rows only is neither loaded nor
-            # computed: its accumulators are zeros; a k-grouped tile runs over its group's K tiles.
+            # computed: its accumulators are zeros; a k-grouped tile runs over its group's K tiles,
+            # a split over its share (an empty split, none with the runtime's counts, adds zeros).
             # The branch builds its own tiled MMA (a field set inside a dynamic branch must not be
             # read after it).
-            if tile_k_tiles > 0:
-                read_state, release_state = self._mainloop(
-                    self._make_tiled_mma(), fragments.accumulators, fragments.tCrA, fragments.tCrB,
-                    mainloop_pipeline, read_state, release_state, tile_k_tiles, num_k_blocks,
-                )
-            else:
-                fragments.accumulators.fill(0.0)
-        elif cutlass.const_expr(self.schedule.splits_k):
-            # The split's K tiles; an empty split (none with the runtime's counts) adds zeros.
             if tile_k_tiles > 0:
                 read_state, release_state = self._mainloop(
                     self._make_tiled_mma(), fragments.accumulators, fragments.tCrA, fragments.tCrB,
