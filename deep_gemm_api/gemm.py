@@ -366,6 +366,43 @@ m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
 
 
+def _k_grouped_problem(
+    function: str, d: Any, c: Any, ks_cpu: Any, grouped_layout: Any, use_psum_layout: bool
+) -> tuple[int, int, int, list[int]]:
+    """The k-grouped GEMMs' arguments but the operands, checked: (G, M, N, the groups' k)."""
+    if use_psum_layout:
+        raise unsupported(function, "use_psum_layout (DeepGEMM's SM100 k-grouped layout)")
+    if ks_cpu is None or len(ks_cpu) == 0:
+        raise ValueError(f"deep_gemm.{function}: argument 'ks_cpu' must list every group's k (a host list), got {ks_cpu!r}")
+    check_mk_alignment(function)
+    if not isinstance(d, torch.Tensor) or d.dim() != 3:
+        raise ValueError(f"deep_gemm.{function}: argument 'd' must be an fp32 [G, M, N] tensor, got {getattr(d, 'shape', type(d).__name__)}")
+    g, m, n = d.shape
+    _check_d(function, d, (g, m, n), (torch.float32,))
+    _check_c(function, c, d)
+    ks = [int(x) for x in ks_cpu]
+    if len(ks) != g:
+        raise ValueError(f"deep_gemm.{function}: 'ks_cpu' must have G = {g} entries (d.shape[0]), got {len(ks)}")
+    if any(x < 0 or x % SCALE_BLOCK for x in ks):
+        raise ValueError(f"deep_gemm.{function}: every entry of 'ks_cpu' must be a non-negative multiple of 128, got {ks}")
+    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or tuple(grouped_layout.shape) != (g,):
+        raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 [G] = [{g}] tensor of the group sizes")
+    return g, m, n, ks
+
+
+def _nothing_to_launch(d: torch.Tensor, c: torch.Tensor | None, m: int, n: int, sum_k: int) -> bool:
+    """A k-grouped call's D without a launch where there is nothing to compute (D = C, or zeros,
+    at Σk = 0); otherwise D zeroed first when there is no C (the kernels add into D)."""
+    if m == 0 or n == 0:
+        return True
+    if sum_k == 0:
+        _empty_k(d, c)
+        return True
+    if c is None:
+        d.zero_()
+    return False
+
+
 def k_grouped_fp8_gemm_nt_contiguous(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
@@ -388,23 +425,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     qb, sfb = operand_pair(function, "b", b)
     if resolve(function, recipe, None, None) is not Recipe.PER_ROW_1D1D:
         raise unsupported(function, f"recipe {tuple(recipe)} (the k-grouped GEMM is the 1D1D kernel, recipe (1, 1, 128))")
-    if use_psum_layout:
-        raise unsupported(function, "use_psum_layout (DeepGEMM's SM100 k-grouped layout)")
-    if ks_cpu is None or len(ks_cpu) == 0:
-        raise ValueError(f"deep_gemm.{function}: argument 'ks_cpu' must list every group's k (a host list), got {ks_cpu!r}")
-    check_mk_alignment(function)
-    if not isinstance(d, torch.Tensor) or d.dim() != 3:
-        raise ValueError(f"deep_gemm.{function}: argument 'd' must be an fp32 [G, M, N] tensor, got {getattr(d, 'shape', type(d).__name__)}")
-    g, m, n = d.shape
-    _check_d(function, d, (g, m, n), (torch.float32,))
-    _check_c(function, c, d)
-    ks = [int(x) for x in ks_cpu]
-    if len(ks) != g:
-        raise ValueError(f"deep_gemm.{function}: 'ks_cpu' must have G = {g} entries (d.shape[0]), got {len(ks)}")
-    if any(x < 0 or x % SCALE_BLOCK for x in ks):
-        raise ValueError(f"deep_gemm.{function}: every entry of 'ks_cpu' must be a non-negative multiple of 128, got {ks}")
-    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or tuple(grouped_layout.shape) != (g,):
-        raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 [G] = [{g}] tensor of the group sizes")
+    g, m, n, ks = _k_grouped_problem(function, d, c, ks_cpu, grouped_layout, use_psum_layout)
     sum_k = sum(ks)
     for arg, data, rows in (("a", qa, m), ("b", qb, n)):
         if data.numel() != sum_k * rows or not data.is_contiguous():
@@ -413,13 +434,8 @@ def k_grouped_fp8_gemm_nt_contiguous(
     for arg, sf, rows in (("a", sfa, m), ("b", sfb, n)):
         if tuple(sf.shape) != (rows, blocks):
             raise ValueError(f"deep_gemm.{function}: argument '{arg}' scales must be [{rows}, Σk/128] = [{rows}, {blocks}], got {list(sf.shape)}")
-    if m == 0 or n == 0:
+    if _nothing_to_launch(d, c, m, n, sum_k):
         return
-    if sum_k == 0:
-        _empty_k(d, c)
-        return
-    if c is None:  # D = A·Bᵀ: the kernel accumulates into D
-        d.zero_()
     # cutegen's kernel reads the scales as [Σk/128, rows] row-major: DeepGEMM's [rows, Σk/128]
     # MN-major scales transposed (a view when they have that layout).
     k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(
@@ -544,34 +560,13 @@ def k_grouped_bf16_gemm_tn_contiguous(
     tokens, ``a`` [Σk, M] and ``b`` [Σk, N] tokens first; ``ks_cpu`` the host list of k_g, each a
     multiple of 128; ``grouped_layout`` the same sizes, int32 [G] on the GPU (what the kernel reads)."""
     function = "k_grouped_bf16_gemm_tn_contiguous"
-    if use_psum_layout:
-        raise unsupported(function, "use_psum_layout (DeepGEMM's SM100 k-grouped layout)")
-    if ks_cpu is None or len(ks_cpu) == 0:
-        raise ValueError(f"deep_gemm.{function}: argument 'ks_cpu' must list every group's k (a host list), got {ks_cpu!r}")
-    check_mk_alignment(function)
-    if not isinstance(d, torch.Tensor) or d.dim() != 3:
-        raise ValueError(f"deep_gemm.{function}: argument 'd' must be an fp32 [G, M, N] tensor, got {getattr(d, 'shape', type(d).__name__)}")
-    g, m, n = d.shape
-    _check_d(function, d, (g, m, n), (torch.float32,))
-    _check_c(function, c, d)
-    ks = [int(x) for x in ks_cpu]
-    if len(ks) != g:
-        raise ValueError(f"deep_gemm.{function}: 'ks_cpu' must have G = {g} entries (d.shape[0]), got {len(ks)}")
-    if any(x < 0 or x % SCALE_BLOCK for x in ks):
-        raise ValueError(f"deep_gemm.{function}: every entry of 'ks_cpu' must be a non-negative multiple of 128, got {ks}")
+    g, m, n, ks = _k_grouped_problem(function, d, c, ks_cpu, grouped_layout, use_psum_layout)
     for arg, t, rows in (("a", a, m), ("b", b, n)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or tuple(t.shape) != (sum(ks), rows):
             raise ValueError(f"deep_gemm.{function}: argument '{arg}' must be a torch.bfloat16 [Σk, {rows}] = "
                              f"[{sum(ks)}, {rows}] tensor, got {getattr(t, 'dtype', type(t).__name__)} {list(getattr(t, 'shape', []))}")
-    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 or tuple(grouped_layout.shape) != (g,):
-        raise ValueError(f"deep_gemm.{function}: argument 'grouped_layout' must be an int32 [G] = [{g}] tensor of the group sizes")
-    if m == 0 or n == 0:
+    if _nothing_to_launch(d, c, m, n, sum(ks)):
         return
-    if sum(ks) == 0:
-        _empty_k(d, c)
-        return
-    if c is None:  # D = A·Bᵀ: the kernel accumulates into D
-        d.zero_()
     bf16_grouped_ops.k_grouped_bf16_gemm_tn_contiguous(a, b, d, grouped_layout, c, expected_k=max(SCALE_BLOCK, sum(ks) // g))
 
 

@@ -89,20 +89,26 @@ def measured_time(per_shape: dict, split_per_shape: dict, score: heuristics.Scor
     return split_per_shape[f"{score.name}@{nearest}"]
 
 
-def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
-    data = json.loads(TIMINGS.read_text())
-    timings, split_timings = data["fp8_gemm_nt"], data["fp8_gemm_nt_split_k"]
+def dense_regrets(op: str, path: Path) -> tuple[dict[str, float], float]:
+    """Per shape of a `cutegen tune --timings-out` file (plain and split-K kernels of a dense op):
+    the measured time of the heuristic's choice over the fastest measured; and their geometric mean."""
+    data = json.loads(path.read_text())
+    timings, split_timings = data[op], data[f"{op}_split_k"]
     names = sorted({name for per_shape in timings.values() for name in per_shape})
     split_names = sorted({key.split("@")[0] for per_shape in split_timings.values() for key in per_shape})
     candidates = [manifest_from_name(n) for n in names] + [split_k_manifest_from_name(n) for n in split_names]
     regrets = {}
     for key, per_shape in timings.items():
         m, n, k = map(int, key.split(","))
-        best = heuristics.explain("fp8_gemm_nt", candidates, m, n, k, H200_SMS, tuning={})[0]
+        best = heuristics.explain(op, candidates, m, n, k, H200_SMS, tuning={})[0]
         fastest = min(min(per_shape.values()), min(split_timings[key].values()))
         regrets[key] = measured_time(per_shape, split_timings[key], best) / fastest
+    return regrets, math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
+
+
+def test_fp8_choice_stays_close_to_the_fastest_measured_kernel():
+    regrets, geomean = dense_regrets("fp8_gemm_nt", TIMINGS)
     worst = max(regrets, key=regrets.get)
-    geomean = math.exp(sum(math.log(r) for r in regrets.values()) / len(regrets))
     # Measured with the model of this commit over the 21 DeepGEMM shapes and the three N = 576,
     # K = 7168 ones (kernel durations of every kernel, split-K ones at 2-12 splits, re-measured on
     # 2026-12-01 after the loads of streamed B became evict-first, the M = 4096 shapes again on
