@@ -57,7 +57,7 @@ from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_extents, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .grouped_ops import M_ALIGNMENT
-from .k_grouped_ops import descriptor_workspace, workspace_words
+from .k_grouped_ops import check_sizes_and_output, descriptor_workspace, workspace_words
 from .kernel_choice import kernel_for
 from .launch import launch
 from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_group_out, new_bf16_out
@@ -362,22 +362,7 @@ def check_k_grouped(a: Any, b: Any, d: Any, group_sizes: Any, c: Any | None) -> 
     for arg, rows in (("a", m), ("b", n)):
         if rows % ROW_ALIGN_ELEMS:
             raise _fail_k(arg, f"must have a multiple of {ROW_ALIGN_ELEMS} columns (its rows are 16-byte aligned for TMA), got {rows}")
-    if not isinstance(group_sizes, torch.Tensor) or group_sizes.device != a.device or group_sizes.dtype != torch.int32:
-        raise _fail_k("group_sizes", f"must be an int32 tensor on {a.device}")
-    if group_sizes.dim() != 1 or not group_sizes.is_contiguous():
-        raise _fail_k("group_sizes", f"must be a contiguous 1-D [G] tensor, got shape {list(group_sizes.shape)}")
-    g = group_sizes.shape[0]
-    if not isinstance(d, torch.Tensor) or d.device != a.device or d.dtype != torch.float32:
-        raise _fail_k("d", f"must be a torch.float32 tensor on {a.device}")
-    if tuple(d.shape) != (g, m, n):
-        raise _fail_k("d", f"must have shape [G, M, N] = [{g}, {m}, {n}], got {list(d.shape)}")
-    if d.numel() and ((n > 1 and d.stride(2) != 1) or (m > 1 and d.stride(1) % 4) or (g > 1 and d.stride(0) % 4)):
-        raise _fail_k("d", f"must be contiguous along N with strides that are multiples of 4 elements, got {list(d.stride())}")
-    check_not_overlapping_itself(OP_K_GROUPED, "d", d)
-    if c is not None and (not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32
-                          or tuple(c.shape) != (g, m, n)):
-        raise _fail_k("c", f"must be a torch.float32 [G, M, N] = [{g}, {m}, {n}] tensor on {a.device}")
-    return g, m, n, tokens
+    return check_sizes_and_output(OP_K_GROUPED, a.device, group_sizes, d, c, m, n), m, n, tokens
 
 
 _k_calls = CallCache(OP_K_GROUPED, stream_scratch.capturing)

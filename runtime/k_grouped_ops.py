@@ -91,26 +91,36 @@ def _check(a, sfa, b, sfb, d, group_sizes, c) -> tuple[int, int, int, int]:
                 f"must hold 128 · {rows} · S = {SCALE_BLOCK * rows * s} elements (S = {s} scale block "
                 f"rows), got {t.numel()}",
             )
-    if not isinstance(group_sizes, torch.Tensor) or group_sizes.device != a.device or group_sizes.dtype != torch.int32:
-        raise _fail("group_sizes", f"must be an int32 tensor on {a.device}")
+    return check_sizes_and_output(OP, a.device, group_sizes, d, c, m, n), m, n, s
+
+
+def check_sizes_and_output(op: str, device: Any, group_sizes: Any, d: Any, c: Any | None, m: int, n: int) -> int:
+    """The k-grouped GEMMs' ``group_sizes`` (int32 [G]), D (fp32 [G, M, N], contiguous along N,
+    16-byte aligned strides, not overlapping itself) and optional C (D's type and shape), all on
+    ``device``; returns G."""
+    def fail(arg: str, what: str) -> InputError:
+        return InputError(f"{op}: argument '{arg}' {what}")
+
+    if not isinstance(group_sizes, torch.Tensor) or group_sizes.device != device or group_sizes.dtype != torch.int32:
+        raise fail("group_sizes", f"must be an int32 tensor on {device}")
     if group_sizes.dim() != 1 or not group_sizes.is_contiguous():
-        raise _fail("group_sizes", f"must be a contiguous 1-D [G] tensor, got shape {list(group_sizes.shape)}")
+        raise fail("group_sizes", f"must be a contiguous 1-D [G] tensor, got shape {list(group_sizes.shape)}")
     g = group_sizes.shape[0]
-    if not isinstance(d, torch.Tensor) or d.device != a.device or d.dtype != torch.float32:
-        raise _fail("d", f"must be a torch.float32 tensor on {a.device}")
+    if not isinstance(d, torch.Tensor) or d.device != device or d.dtype != torch.float32:
+        raise fail("d", f"must be a torch.float32 tensor on {device}")
     if tuple(d.shape) != (g, m, n):
-        raise _fail("d", f"must have shape [G, M, N] = [{g}, {m}, {n}], got {list(d.shape)}")
+        raise fail("d", f"must have shape [G, M, N] = [{g}, {m}, {n}], got {list(d.shape)}")
     if d.numel() and (
         (n > 1 and d.stride(2) != 1)
         or (m > 1 and d.stride(1) % F32_ROW_ALIGN_ELEMS)
         or (g > 1 and d.stride(0) % F32_ROW_ALIGN_ELEMS)
     ):
-        raise _fail("d", f"must be contiguous along N with strides that are multiples of 4 elements, got {list(d.stride())}")
-    check_not_overlapping_itself(OP, "d", d)
-    if c is not None:
-        if not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype != torch.float32 or tuple(c.shape) != (g, m, n):
-            raise _fail("c", f"must be a torch.float32 [G, M, N] = [{g}, {m}, {n}] tensor on {a.device}")
-    return g, m, n, s
+        raise fail("d", f"must be contiguous along N with strides that are multiples of 4 elements, got {list(d.stride())}")
+    check_not_overlapping_itself(op, "d", d)
+    if c is not None and (not isinstance(c, torch.Tensor) or c.device != device or c.dtype != torch.float32
+                          or tuple(c.shape) != (g, m, n)):
+        raise fail("c", f"must be a torch.float32 [G, M, N] = [{g}, {m}, {n}] tensor on {device}")
+    return g
 
 
 def workspace_words(sm_count: int) -> int:
