@@ -826,6 +826,25 @@ def test_c_launcher_abi_selfcheck_one_kernel_per_op(toolchain, per_op_export, ar
     assert kinds[0] == "launch" and kinds[3] == "error", kinds
 
 
+def build_and_export_one(tmp_path_factory, stem: str, name: str) -> tuple[Path, KernelManifest]:
+    """Compile one kernel in a cache of its own and export it: (the folder holding build/ and
+    export/, its exported manifest)."""
+    pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
+    from cutegen.gen.build import build_schedules
+    from cutegen.schedules import parse_name
+
+    root = tmp_path_factory.mktemp(stem)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
+    try:
+        report = build_schedules([parse_name(name)], root / "build", jobs=1, progress=False)
+    finally:
+        mp.undo()
+    assert report.ok, report.summary()
+    export_kernels(root / "build", [name], root / "export")
+    return root, KernelManifest.from_json((root / "export" / name / "manifest.json").read_text())
+
+
 FP4_KERNEL = "cutegen_sm100a_fp8gemm_e4m3_e2m1_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8"
 
 
@@ -835,20 +854,7 @@ def test_c_launcher_abi_selfcheck_fp4_operand(toolchain, tmp_path_factory, tmp_p
     elements and its descriptor has the 16U4_ALIGN16B type (14), as in Python; what that type
     cannot load (K not a multiple of 128, a row stride off 32 bytes, a base off 32 bytes) is
     refused by both."""
-    pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
-    from cutegen.gen.build import build_schedules
-    from cutegen.schedules import parse_name
-
-    root = tmp_path_factory.mktemp("fp4")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
-    try:
-        report = build_schedules([parse_name(FP4_KERNEL)], root / "build", jobs=1, progress=False)
-    finally:
-        mp.undo()
-    assert report.ok, report.summary()
-    export_kernels(root / "build", [FP4_KERNEL], root / "export")
-    manifest = KernelManifest.from_json((root / "export" / FP4_KERNEL / "manifest.json").read_text())
+    root, manifest = build_and_export_one(tmp_path_factory, "fp4", FP4_KERNEL)
     assert manifest.operand("b").dtype == "e2m1" and manifest.operand("b").align_bytes == 32
     view = kernel_view(manifest)
     exe = build_driver(toolchain, root / "export", FP4_KERNEL, tmp_path)
@@ -891,20 +897,7 @@ def test_c_launcher_abi_selfcheck_mn_major_operands(toolchain, tmp_path_factory,
     """A kernel reading A and B MN-major (layout tn) through the C launcher: each operand's stride
     argument is the one between its K columns and its descriptor runs along M (N) first, as in
     Python, for the generic problems (plain, an extent of 1 and of 0, misaligned, small)."""
-    pytest.importorskip("cutlass", reason="the generator extra (nvidia-cutlass-dsl) is not installed")
-    from cutegen.gen.build import build_schedules
-    from cutegen.schedules import parse_name
-
-    root = tmp_path_factory.mktemp("mn_major")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))
-    try:
-        report = build_schedules([parse_name(MN_MAJOR_KERNEL)], root / "build", jobs=1, progress=False)
-    finally:
-        mp.undo()
-    assert report.ok, report.summary()
-    export_kernels(root / "build", [MN_MAJOR_KERNEL], root / "export")
-    manifest = KernelManifest.from_json((root / "export" / MN_MAJOR_KERNEL / "manifest.json").read_text())
+    root, manifest = build_and_export_one(tmp_path_factory, "mn_major", MN_MAJOR_KERNEL)
     assert manifest.operand("a").contiguous_mode == 0 and manifest.operand("b").contiguous_mode == 0
     view = kernel_view(manifest)
     exe = build_driver(toolchain, root / "export", MN_MAJOR_KERNEL, tmp_path)
