@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from . import heuristics, split_k, stream_scratch
+from . import split_k, stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
-from .errors import InputError, KernelLoadError
+from .errors import InputError
 from .kernel_choice import kernel_for
 from .launch import launch
 from .torch_ops import ROW_ALIGN_BYTES, ROW_ALIGN_ELEMS, TorchOp, bf16_out_strides, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
@@ -125,7 +125,6 @@ def check_meta(a: Any, b: Any, out: Any | None, c: Any | None = None) -> tuple[i
 
 
 _OPERANDS = ("a", "b", "d")
-_SPLIT_K_OPERANDS = (*_OPERANDS, "split_counters", "split_partials")
 
 
 def _run(
@@ -147,13 +146,6 @@ def _run(
         loaded = kernel_for(
             OP_BF16_GEMM_NT, m, n, k, device, kernel, d_dtype=D_DTYPES[out.dtype], adds=adds, layout=layout_of(a, b)
         )
-        names = tuple(spec.name for spec in loaded.manifest.operands)
-        split = heuristics.splits_k(loaded.manifest)
-        if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
-            raise KernelLoadError(
-                f"kernel {loaded.name}: a {OP_BF16_GEMM_NT} kernel must declare operands a, b, d "
-                f"(and split_counters, split_partials when it splits K); got {list(names)}"
-            )
         stream = current_stream(a)
         operands = {"a": a, "b": b, "d": out}
         workspace, extents = split_k.bind(loaded, operands, a.device, stream, m, n, k, k_splits, _fail)

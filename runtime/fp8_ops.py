@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from . import heuristics, split_k, stream_scratch
+from . import split_k, stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
-from .errors import InputError, KernelLoadError
+from .errors import InputError
 from .kernel_choice import catalogue, kernel_for, runnable_kernels
 from .launch import launch
 from .mx_reference import mx_scale_operands
@@ -256,8 +256,6 @@ def _check_pointers(op: str = OP_FP8_GEMM_NT, sfb_align: int = 4, **tensors: tor
         check_aligned(op, arg, t, align)
 
 
-_OPERANDS = ["a", "b", "d", "sfa", "sfb"]
-_SPLIT_K_OPERANDS = sorted(_OPERANDS + ["split_counters", "split_partials"])
 
 
 # Split-K launches are remembered with their stream's workspace.
@@ -277,13 +275,6 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
         loaded = kernel_for(
             OP_FP8_GEMM_NT, m, n, k, device, kernel, _call_scale(sfa, per_row, device, kernel, b_dtype), b_dtype=b_dtype
         )
-        names = sorted(s.name for s in loaded.manifest.operands)
-        split = heuristics.splits_k(loaded.manifest)
-        if names != (_SPLIT_K_OPERANDS if split else _OPERANDS):
-            raise KernelLoadError(
-                f"kernel {loaded.name}: a {OP_FP8_GEMM_NT} kernel must declare operands a, sfa, b, sfb, d "
-                f"(and split_counters, split_partials when it splits K); got {names}"
-            )
         stream = current_stream(a)
         operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out}
         workspace, extents = split_k.bind(loaded, operands, a.device, stream, m, n, k, k_splits, _fail)

@@ -25,6 +25,7 @@ import torch
 
 from . import heuristics, sm_budget, stream_scratch
 from .kernel_choice import catalogue
+from .errors import KernelLoadError
 from .manifest import KernelManifest
 from .params import ceil_div
 
@@ -37,6 +38,8 @@ _workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 # heuristic's split count and the workspace views cost tens of µs of Python per call otherwise.
 _launches: dict[tuple, tuple[dict[str, Any], dict[str, int]]] = {}
 _LAUNCH_CACHE_SIZE = 1024
+# What a split-K kernel takes beside the GEMM's operands.
+WORKSPACE_OPERANDS = ("split_counters", "split_partials")
 
 
 def workspace_extents(manifest: KernelManifest, m: int, n: int, k_splits: int) -> tuple[int, int]:
@@ -86,7 +89,7 @@ def launch_arguments(
     tiles, partials = workspace_extents(loaded.manifest, m, n, splits)
     counters, partial_buffer = workspace(device, stream, tiles, partials)
     result = (
-        {"split_counters": counters[:tiles], "split_partials": partial_buffer[:partials]},
+        dict(zip(WORKSPACE_OPERANDS, (counters[:tiles], partial_buffer[:partials]))),
         {"K_SPLITS": int(splits)},
     )
     if not capturing:
@@ -103,8 +106,17 @@ def bind(
 ) -> tuple[dict[str, Any] | None, dict[str, int] | None]:
     """A GEMM launch's split-K part: for a split-K kernel, its workspace added to ``operands`` and
     returned with the ``K_SPLITS`` extent (`launch_arguments`); for another, (None, None), and a
-    requested ``k_splits`` > 1 refused through ``fail(arg, what)`` (the op's `InputError`)."""
-    if not heuristics.splits_k(loaded.manifest):
+    requested ``k_splits`` > 1 refused through ``fail(arg, what)`` (the op's `InputError`). A
+    kernel whose manifest declares other operands than ``operands`` (and the workspace, when it
+    splits K) is a `KernelLoadError`."""
+    split = heuristics.splits_k(loaded.manifest)
+    declared = sorted(spec.name for spec in loaded.manifest.operands)
+    if declared != sorted([*operands, *(WORKSPACE_OPERANDS if split else ())]):
+        raise KernelLoadError(
+            f"kernel {loaded.name}: a {loaded.manifest.op} kernel must declare operands {', '.join(operands)} "
+            f"(and {', '.join(WORKSPACE_OPERANDS)} when it splits K); got {declared}"
+        )
+    if not split:
         if k_splits > 1:
             raise fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
         return None, None

@@ -49,7 +49,7 @@ def test_the_runtime_passes_each_op_its_contract_operands():
     """The runtime's per-op operand lists (what a call binds, in entry order; the workspaces it
     supplies itself left out) are the contract's."""
     pytest.importorskip("torch")
-    from cutegen.runtime import bf16_grouped_ops, fp8_ops, grouped_ops, k_grouped_ops, quant_ops
+    from cutegen.runtime import bf16_grouped_ops, bf16_ops, fp8_ops, grouped_ops, k_grouped_ops, quant_ops, split_k
 
     supplied = {"split_counters", "split_partials", "workspace", "tile_counter"}
 
@@ -77,6 +77,9 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         if op.value in expected:
             assert passed(schedule) == expected[op.value], op
             seen.add(op.value)
-        if op.value == "fp8_gemm_nt":
-            assert operands(schedule) == (fp8_ops._SPLIT_K_OPERANDS if splits else fp8_ops._OPERANDS)
+        # The dense GEMMs' runtime passes its call operands and, to a split-K kernel, the workspace.
+        dense = {"fp8_gemm_nt": fp8_ops._CALL_OPERANDS, "bf16_gemm_nt": bf16_ops._OPERANDS}
+        if op.value in dense:
+            workspace = split_k.WORKSPACE_OPERANDS if splits else ()
+            assert operands(schedule) == sorted([*dense[op.value], *workspace]), op
     assert seen == set(expected)
