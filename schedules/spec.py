@@ -94,7 +94,7 @@ class Op(str, enum.Enum):
     @property
     def accumulates(self) -> bool:
         """The weight gradients: D += A·Bᵀ, each tile added into D by the TMA's reduce-add."""
-        return self.value in ("fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous")
+        return self.scales_b_per_row or self.is_k_grouped
 
     @property
     def splits_last_wave(self) -> bool:
