@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any, Callable
+
+from cutegen.bench.timing import interleaved_medians
 
 # N, K of DeepSeek-V3 (q/kv down and up projections, attention output, shared expert) and Qwen3
 # (attention and MLP projections of the 32B/235B models) layers.
@@ -35,18 +36,9 @@ ROUNDS = 3
 DENSE_GEOMEAN_TARGET, DENSE_FLOOR, GROUPED_TARGET = 1.00, 0.95, 1.2
 
 
-def _interleaved(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Median µs of each callable over `ROUNDS` rounds, the callables alternating within a round."""
-    from cutegen.bench.timing import time_cuda
 
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            times[name].append(time_cuda(fn))
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def _sizes(groups: int, expected: int, seed: int) -> list[int]:
+def ragged_group_sizes(groups: int, expected: int, seed: int) -> list[int]:
+    """Rows per group drawn 0.7-1.3x `expected` (at least 1), from a seed fixed per problem."""
     import random
 
     rng = random.Random(seed)
@@ -75,7 +67,7 @@ def bench_dense() -> list[dict]:
                     anchor = lambda: torch.matmul(a, b.t(), out=ref)  # noqa: E731
                 else:
                     anchor = lambda: torch.mm(a, b.t(), out_dtype=torch.float32)  # noqa: E731
-                t = _interleaved({"ours": lambda: ops.bf16_gemm_nt(a, b, out=out), "torch": anchor})
+                t = interleaved_medians({"ours": lambda: ops.bf16_gemm_nt(a, b, out=out), "torch": anchor}, ROUNDS)
                 flops = 2.0 * m * n * k
                 rows.append({
                     "d": d_dtype, "m": m, "n": n, "k": k,
@@ -102,7 +94,7 @@ def bench_dense() -> list[dict]:
         else:
             ours = lambda: ops.bf16_gemm_nt(a, b, out=out)  # noqa: E731
             anchor = lambda: torch.matmul(a, b.t(), out=out)  # noqa: E731
-        t = _interleaved({"ours": ours, "torch": anchor})
+        t = interleaved_medians({"ours": ours, "torch": anchor}, ROUNDS)
         flops = 2.0 * m * n * k
         rows.append({
             "d": f"{d_dtype} {layout}{' +=' if adds else ''}", "m": m, "n": n, "k": k,
@@ -139,7 +131,7 @@ def bench_grouped() -> list[dict]:
     for layout, groups, expected in layouts:
         for n, k in GROUPED_NK:
             fresh_allocations()
-            sizes = _sizes(groups, expected, seed=groups * 131 + n + k)
+            sizes = ragged_group_sizes(groups, expected, seed=groups * 131 + n + k)
             b = torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16)
             fns: dict[str, Callable[[], object]] = {}
             if layout == "contiguous":
@@ -169,7 +161,7 @@ def bench_grouped() -> list[dict]:
                     fns["torch._grouped_mm"] = grouped
                 except (RuntimeError, TypeError) as exc:
                     print(f"torch._grouped_mm refused {layout} {groups}x{expected} N {n} K {k}: {str(exc)[:100]}")
-            t = _interleaved(fns)
+            t = interleaved_medians(fns, ROUNDS)
             flops = 2.0 * sum(sizes) * n * k
             best = min((name for name in t if name != "ours"), key=lambda name: t[name])
             rows.append({

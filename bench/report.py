@@ -64,7 +64,7 @@ GEMM_OPS = (
     "fp8_wgrad_gemm_nt",
     "k_grouped_fp8_gemm_nt_contiguous",
 )
-KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize", "host", "bf16_family")
+KNOWN_KEYS = ("environment", *GEMM_OPS, "quantize", "host", "bf16_family", "fused")
 # Folder files that are not reports.
 NOT_REPORTS = {LATEST, "README.md", "NOTES.md", "STATUS.md"}
 
@@ -691,6 +691,7 @@ TITLES = {
     "quantize": "FP8 quantize (`quantize`)",
     "host": "Host cost per call (`host`)",
     "bf16_family": "The BF16 family beside torch (`bf16_family`)",
+    "fused": "Fused MoE up-projection: GEMM + SwiGLU + FP8 quantize (`fused`)",
 }
 
 
@@ -934,6 +935,12 @@ def render(
 
         body += ["", f"## {TITLES['bf16_family']}", "", *bench_bf16.render(results["bf16_family"]).splitlines()[2:]]
         summary += [f"- {line}" for line in bench_bf16.summary(results["bf16_family"])]
+
+    if isinstance(results.get("fused"), dict):
+        from cutegen.bench import fused as bench_fused
+
+        body += ["", f"## {TITLES['fused']}", "", *bench_fused.render(results["fused"]).splitlines()[2:]]
+        summary += [f"- {line}" for line in bench_fused.summary(results["fused"])]
 
     roof_points = [sec for sec in sections if any(p.ai and p.ours_tflops for p in sec.points)]
     roof_lines: list[str] = []

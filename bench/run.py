@@ -708,7 +708,7 @@ def render(rows: list[BenchRow], overhead: dict, env: dict) -> str:
 
 # Every GEMM op the report has a section for, the quantize ops together, and the host cost per call
 # of every op (`cutegen.bench.host`).
-OPS = (*GEMM_OPS, "quantize", "host", "bf16_family")
+OPS = (*GEMM_OPS, "quantize", "host", "bf16_family", "fused")
 
 
 def render_vs_deepgemm(rows: list[dict], title: str, shape_header: str) -> str:
@@ -799,6 +799,12 @@ def main(json_out: str | None = None, ops: tuple[str, ...] = OPS, report_dir: st
         print("the BF16 family beside torch (interleaved, medians):", flush=True)
         results["bf16_family"] = bench_bf16.bench_bf16_family()
         print(bench_bf16.render(results["bf16_family"]))
+    if "fused" in ops:
+        from cutegen.bench import fused as bench_fused
+
+        print("the fused MoE up-projection beside the unfused pipelines (interleaved, medians):", flush=True)
+        results["fused"] = bench_fused.bench_fused()
+        print(bench_fused.render(results["fused"]))
     if "host" in ops:
         from cutegen.bench import host as bench_host
 

@@ -123,6 +123,16 @@ def call_durations(activities: list[tuple[str, float]], reps: int) -> list[float
     return [sum(c) for c in calls]
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:
+    """Median µs of each callable over `rounds` rounds, the callables alternating within a round
+    (the GPU's clocks drift: a comparison inside one round is on equal terms)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(time_cuda(fn))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def host_overhead_us(fn: Callable[[], object], calls: int = 2000) -> float:
     """Wall time per call of `fn` on a problem small enough that the GPU is never the bottleneck."""
     import torch

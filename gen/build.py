@@ -221,7 +221,7 @@ def _make_manifest(schedule: Schedule, art: dict, sass_summary) -> KernelManifes
     entry = art["entry"]
     return KernelManifest(
         name=procedural_name(schedule),
-        op=schedule.op.value,
+        op=schedule.entry,
         arch=schedule.arch.value,
         entry=entry.name,
         cubin=CUBIN_FILE,

@@ -13,6 +13,10 @@ attribute:
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
 * ``fp8_wgrad_gemm_nt`` (dense weight gradient, `fp8_ops`) and
   ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient, `cutegen.runtime.k_grouped_ops`);
+* ``fp8_gemm_nt_swiglu_quant``, ``m_grouped_fp8_gemm_nt_contiguous_swiglu_quant``,
+  ``m_grouped_fp8_gemm_nt_masked_swiglu_quant`` (the MoE up-projection with SwiGLU and FP8
+  quantize fused) and ``interleave_gate_up`` (the weights' arrangement they read),
+  `cutegen.runtime.fused_ops`;
 * ``per_token_quant_fp8``, ``per_block_quant_fp8``, ``grouped_transposed_quant_fp8``
   (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch references are in
   `cutegen.runtime.quant_reference`);
@@ -52,6 +56,10 @@ _LAZY = {
     "m_grouped_fp8_gemm_nt_masked": "grouped_ops",
     "m_indices_from_group_ends": "grouped_ops",
     "contiguous_alignment": "grouped_ops",
+    "fp8_gemm_nt_swiglu_quant": "fused_ops",
+    "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant": "fused_ops",
+    "m_grouped_fp8_gemm_nt_masked_swiglu_quant": "fused_ops",
+    "interleave_gate_up": "fused_ops",
     "per_token_quant_fp8": "quant_ops",
     "per_block_quant_fp8": "quant_ops",
     "grouped_transposed_quant_fp8": "quant_ops",
@@ -66,7 +74,7 @@ _LAZY = {
 
 
 # The modules that register torch.ops.cutegen ops (`torch_ops.TorchOp`).
-OP_MODULES = ("bf16_ops", "bf16_grouped_ops", "fp8_ops", "grouped_ops", "k_grouped_ops", "quant_ops")
+OP_MODULES = ("bf16_ops", "bf16_grouped_ops", "fp8_ops", "fused_ops", "grouped_ops", "k_grouped_ops", "quant_ops")
 
 
 def register_torch_ops() -> None:

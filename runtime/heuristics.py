@@ -84,7 +84,7 @@ TAIL_SPLIT_MAX_FILL = (4, 5)
 TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
 # The contiguous layout's ops: each tile reads its rows' groups (`CostModel.grouped_tile_overhead_s`).
-CONTIGUOUS_OPS = frozenset({CONTIGUOUS_OP, "m_grouped_bf16_gemm_nt_contiguous"})
+CONTIGUOUS_OPS = frozenset({CONTIGUOUS_OP, "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant"})
 
 
 @dataclasses.dataclass(frozen=True)

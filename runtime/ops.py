@@ -1,7 +1,7 @@
 """The torch-facing runtime in one place: every op's entry point, and the catalogue and kernel choice they share.
 
-The ops live in modules of their own (`bf16_ops`, `bf16_grouped_ops`, `fp8_ops`, `grouped_ops`, `k_grouped_ops`,
-`quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
+The ops live in modules of their own (`bf16_ops`, `bf16_grouped_ops`, `fp8_ops`, `fused_ops`, `grouped_ops`,
+`k_grouped_ops`, `quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
 checks; `torch_ops`: registration, eager dispatch, streams; `call_cache` and `launch`: the
 remembered calls and their plans). Importing any op module registers its ``torch.ops.cutegen``
 ops; ``import cutegen.runtime`` registers all of them when torch is already imported.
@@ -16,6 +16,12 @@ from .bf16_grouped_ops import (
 )
 from .bf16_ops import OP_BF16_GEMM_NT, bf16_gemm_nt
 from .fp8_ops import fp8_gemm_nt, fp8_wgrad_gemm_nt, to_mn_major_tma_aligned
+from .fused_ops import (
+    fp8_gemm_nt_swiglu_quant,
+    interleave_gate_up,
+    m_grouped_fp8_gemm_nt_contiguous_swiglu_quant,
+    m_grouped_fp8_gemm_nt_masked_swiglu_quant,
+)
 from .grouped_ops import m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked
 from .k_grouped_ops import k_grouped_fp8_gemm_nt_contiguous
 from .kernel_choice import (
@@ -36,14 +42,18 @@ __all__ = [
     "explain",
     "forced_manifest",
     "fp8_gemm_nt",
+    "fp8_gemm_nt_swiglu_quant",
     "fp8_wgrad_gemm_nt",
     "grouped_transposed_quant_fp8",
+    "interleave_gate_up",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant",
     "m_grouped_fp8_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_masked_swiglu_quant",
     "per_block_quant_fp8",
     "per_token_quant_fp8",
     "runnable_kernels",

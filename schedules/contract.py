@@ -109,7 +109,16 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         else:
             # Row-major and packed; the kernel derives its strides from N and K.
             args.append(Arg("sfb", scale, (*b_grouped, "NB", kc), len(b_grouped) + 1, 4, pointer=True))
-    args.append(Arg("d", d, (*grouped, "M", "N"), len(grouped) + 1, written=True))
+    if s.fused_activation:
+        # The activation's columns (I = N/2: gate and up pair up) quantized per token and 1x128
+        # block: D e4m3 row-major, its scales [M, IB] MN-major and TMA-aligned like SFA (what
+        # the down-projection takes as its A); eps as the per-token quantizer takes it.
+        args += [
+            Arg("d", d, (*grouped, "M", "I"), len(grouped) + 1, written=True),
+            Arg("d_sf", "f32", (*grouped, "M", "IB"), len(grouped), written=True),
+        ]
+    else:
+        args.append(Arg("d", d, (*grouped, "M", "N"), len(grouped) + 1, written=True))
     if op.is_masked:
         args.append(Arg("masked_m", "i32", ("G",), 0, 4, pointer=True))
     elif op.is_m_grouped:
@@ -125,6 +134,8 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         ]
     if op.splits_last_wave:
         args.append(Arg("tail_split", "i32"))
+    if s.fused_activation:
+        args.append(Arg("eps", "f32"))
     return args
 
 

@@ -10,7 +10,8 @@ A GEMM's name encodes every field of the schedule, in a fixed order, as 17 parts
 
 A GEMM whose operand layout is not the default ``nt`` (`Layout`: which of A and B is MN-major)
 names it in an 18th part, e.g. ``..._epitma_rm_g8_tn``; ``nt`` is never written, so a name of 18
-parts ending in ``nt`` is not canonical.
+parts ending in ``nt`` is not canonical. A GEMM whose epilogue applies an activation (`Activation`)
+names it in a last part after that, e.g. ``..._epitma_rm_g8_swiglu``; ``none`` is never written.
 
 A quantizer whose unused fields hold their neutral values (`Schedule.quant_neutral`, every valid
 one) is named by the fields it uses, 9 parts::
@@ -31,7 +32,20 @@ import enum
 import re
 from typing import Any, Callable
 
-from .spec import _FIELD_TYPES, QUANT_NEUTRAL, Arch, DType, Epilogue, Layout, Multicast, Op, Raster, ScaleFormat, Schedule
+from .spec import (
+    _FIELD_TYPES,
+    QUANT_NEUTRAL,
+    Activation,
+    Arch,
+    DType,
+    Epilogue,
+    Layout,
+    Multicast,
+    Op,
+    Raster,
+    ScaleFormat,
+    Schedule,
+)
 
 PREFIX = "cutegen"
 NAME_RE = re.compile(r"^[a-z0-9_]+$")
@@ -60,7 +74,7 @@ def _build_tags(cls: type[enum.Enum]) -> dict[str, Any]:
 
 
 _TAGS: dict[type, dict[str, Any]] = {
-    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout)
+    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout, Activation)
 }
 
 
@@ -108,8 +122,11 @@ def procedural_name(s: Schedule) -> str:
     ]
     if s.quant_neutral:
         parts = [parts[i] for i in _QUANT_PARTS_AT]
-    elif s.layout != Layout.NT:
-        parts.append(_enum(s.layout, "layout"))
+    else:
+        if s.layout != Layout.NT:
+            parts.append(_enum(s.layout, "layout"))
+        if s.activation != Activation.NONE:
+            parts.append(_enum(s.activation, "activation"))
     return "_".join(parts)
 
 
@@ -164,8 +181,9 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
 )
 
-# A GEMM whose layout is not "nt" names it in one more, last part.
-_LAYOUT_PART = _tag("layout")
+# A GEMM whose layout is not "nt" names it in one more part, then one whose activation is not
+# "none" names that in another, last part.
+_OPTIONAL_PARTS = ((_tag("layout"), Layout.NT), (_tag("activation"), Activation.NONE))
 
 # The short form's parsers (`_QUANT_PARTS_AT`).
 _QUANT_PARTS = tuple(_PARTS[i - 1] for i in _QUANT_PARTS_AT[1:])
@@ -180,14 +198,16 @@ def parse_name(name: str) -> Schedule:
     parts = name.split("_")
     if parts[0] != PREFIX:
         raise ValueError(f"{name!r} is not a cutegen kernel name: it must start with '{PREFIX}_' (e.g. {_EXAMPLE})")
-    grammar = {
-        1 + len(_PARTS): _PARTS, 2 + len(_PARTS): (*_PARTS, _LAYOUT_PART), 1 + len(_QUANT_PARTS): _QUANT_PARTS,
-    }.get(len(parts))
-    if grammar is None:
+    optional = len(parts) - 1 - len(_PARTS)
+    if len(parts) == 1 + len(_QUANT_PARTS):
+        grammar = _QUANT_PARTS
+    elif 0 <= optional <= len(_OPTIONAL_PARTS):
+        grammar = _PARTS
+    else:
         raise ValueError(
             f"{name!r} is not a cutegen kernel name: expected {1 + len(_PARTS)} '_'-separated "
-            f"parts ({2 + len(_PARTS)} with a layout other than nt; a quantizer: {1 + len(_QUANT_PARTS)}), "
-            f"got {len(parts)} (e.g. {_EXAMPLE})"
+            f"parts (one more for a layout other than nt, one more for an activation; a quantizer: "
+            f"{1 + len(_QUANT_PARTS)}), got {len(parts)} (e.g. {_EXAMPLE})"
         )
     values: dict[str, Any] = {}
     for i, (part, parser) in enumerate(zip(parts[1:], grammar), start=2):
@@ -195,6 +215,21 @@ def parse_name(name: str) -> Schedule:
             values.update(parser(part))
         except ValueError as exc:
             raise ValueError(f"{name!r} is not a cutegen kernel name: part {i}: {exc}") from None
+    if grammar is _PARTS:
+        # The trailing parts: each optional one in its order, recognised by its tags.
+        rest = parts[1 + len(_PARTS):]
+        for parser, _default in _OPTIONAL_PARTS:
+            if rest:
+                try:
+                    values.update(parser(rest[0]))
+                    rest = rest[1:]
+                except ValueError:
+                    pass
+        if rest:
+            raise ValueError(
+                f"{name!r} is not a cutegen kernel name: part {len(parts) - len(rest) + 1} "
+                f"({rest[0]!r}) is neither a layout nor an activation tag, or is out of order"
+            )
     if grammar is _QUANT_PARTS:
         if not values["op"].is_quantize:
             raise ValueError(f"{name!r} is not a cutegen kernel name: the short form names quantizers only")

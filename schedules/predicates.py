@@ -24,7 +24,9 @@ from .spec import (
     SCALE_BLOCK,
     SM90_REGISTERS_PER_SM,
     SM100_TMEM_COLUMNS,
+    SWIGLU_BLOCK,
     THREADS_PER_WARPGROUP,
+    Activation,
     Arch,
     DType,
     Epilogue,
@@ -283,12 +285,22 @@ def op_supported_on_arch(s: Schedule) -> str | None:
     return f"arch={s.arch.value}: op {s.op.value} has templates only for arch {known}"
 
 
+# The outputs each activation's epilogue writes (`activation_output`): SwiGLU's activations
+# quantized to e4m3 per token and 1x128 block.
+ACTIVATION_OUTPUTS: dict[Activation, frozenset[DType]] = {Activation.SWIGLU: frozenset({DType.E4M3})}
+
+
 @_rule()
 def dtypes_for_op(s: Schedule) -> str | None:
-    """The operand and accumulator dtypes are the ones the op is written for."""
+    """The operand and accumulator dtypes are the ones the op is written for (the output's, where
+    the epilogue applies an activation, is `activation_output`'s)."""
     want = OP_DTYPES.get(s.op)
     if want is None:
         return None
+    if s.fused_activation:
+        # Compared as if the sum were written: the output type is the activation's rule.
+        plain = {w for w in (want if isinstance(want, frozenset) else {want})}
+        s = dataclasses.replace(s, c_dtype=next(iter(plain))[2])
     have = (s.a_dtype, s.b_dtype, s.c_dtype, s.acc_dtype)
     names = ("a_dtype", "b_dtype", "c_dtype", "acc_dtype")
     if isinstance(want, frozenset):
@@ -729,6 +741,61 @@ def split_k_only_dense(s: Schedule) -> str | None:
         return None
     ops = ", ".join(sorted(op.value for op in SPLIT_K_OPS))
     return f"epilogue={s.epilogue.value}: only ops {ops} split K, not {s.op.value}"
+
+
+# Ops whose Hopper kernels apply an activation in their epilogue (`Activation`): the FP8 GEMMs of
+# a mixture-of-experts up-projection, dense and both M-grouped layouts.
+ACTIVATION_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED})
+
+
+@_rule()
+def activation_ops(s: Schedule) -> str | None:
+    """An activation is fused only into the ops that have it (`ACTIVATION_OPS`), on sm_90a with
+    fp32 block scales: the promoting template's epilogue holds the tile's fp32 sum in registers."""
+    if not s.fused_activation:
+        return None
+    if s.op in ACTIVATION_OPS and s.arch == Arch.SM90A and s.scale == ScaleFormat.F32:
+        return None
+    ops = ", ".join(sorted(o.value for o in ACTIVATION_OPS))
+    return (f"activation={s.activation.value}: fused only into ops {ops} on sm_90a with fp32 scales, "
+            f"not op={s.op.value} on {s.arch.value} with scale={s.scale.value}")
+
+
+@_rule()
+def activation_output(s: Schedule) -> str | None:
+    """The output type is one the activation's epilogue writes (`ACTIVATION_OUTPUTS`)."""
+    if not s.fused_activation:
+        return None
+    allowed = ACTIVATION_OUTPUTS[s.activation]
+    if s.c_dtype in allowed:
+        return None
+    return (f"c_dtype={s.c_dtype.value}: the {s.activation.value} epilogue writes "
+            f"{', '.join(sorted(d.value for d in allowed))}")
+
+
+@_rule()
+def swiglu_tile_pairs_gate_and_up(s: Schedule) -> str | None:
+    """A SwiGLU tile is 2·SWIGLU_BLOCK columns (gate, then the matching up columns) in one row
+    wave (tile_m = 64 per math warpgroup): each thread then holds every gate value's up value,
+    one column wave apart, and its rows' whole 1x128 quantization group."""
+    if not s.activation.pairs_columns:
+        return None
+    if s.tile_n == 2 * SWIGLU_BLOCK and s.tile_m == 64 * s.math_warpgroups:
+        return None
+    return (f"tile_m={s.tile_m}, tile_n={s.tile_n}: a {s.activation.value} tile is {2 * SWIGLU_BLOCK} "
+            f"columns wide and 64 rows per math warpgroup ({64 * s.math_warpgroups})")
+
+
+@_rule()
+def activation_plain_epilogue(s: Schedule) -> str | None:
+    """An activation is fused into the plain epilogue (tma_store: the activation's stores replace
+    its TMA stores), and K-major operands."""
+    if not s.fused_activation:
+        return None
+    if s.epilogue == Epilogue.TMA_STORE and s.layout == Layout.NT:
+        return None
+    return (f"epilogue={s.epilogue.value}, layout={s.layout.value}: activation={s.activation.value} "
+            f"takes epilogue=tma_store and layout=nt")
 
 
 # The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read, where not nt

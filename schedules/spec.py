@@ -262,6 +262,28 @@ class Layout(str, enum.Enum):
         return self in (Layout.NN, Layout.TN)
 
 
+class Activation(str, enum.Enum):
+    """What the epilogue computes from the tile's fp32 sum before it is written (the schedule's
+    epilogue description, beside `c_dtype`, the output's type).
+
+    ``none``: the sum itself (plus C where the epilogue adds into D).
+
+    ``swiglu``: SiLU(gate) · up for a mixture-of-experts up-projection whose weights hold gate and
+    up rows interleaved in blocks of SWIGLU_BLOCK (`cutegen.runtime.fused_ops.interleave_gate_up`):
+    a 2·SWIGLU_BLOCK-wide tile's first half is gate, its second half the matching up columns, so
+    the tile yields SWIGLU_BLOCK activation columns. With an e4m3 `c_dtype` they are quantized per
+    token and 1x128 block, the scale written MN-major and TMA-aligned: what the down-projection's
+    FP8 GEMM takes as its A."""
+
+    NONE = "none"
+    SWIGLU = "swiglu"
+
+    @property
+    def pairs_columns(self) -> bool:
+        """The activation combines two output columns (gate, up) into one."""
+        return self == Activation.SWIGLU
+
+
 class Raster(str, enum.Enum):
     """Order in which the persistent scheduler walks output tiles (within a swizzle group)."""
 
@@ -340,12 +362,12 @@ SM100_MAX_ACCUMULATOR_STAGES = 4
 # update warps load the accumulator from tensor memory in chunks of one sub-tile's columns.
 SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
+# Per architecture whose GPU has run kernels (`Arch.hardware_evidence`): which of its kernels
+# have only been compiled and checked on the CPU (a predicate over the schedule): the fused
+# SwiGLU + FP8 quantize kernels, built on 2026-12-05 when no GPU was lent.
+COMPILED_ONLY: dict[Arch, Any] = {Arch.SM90A: lambda s: s.fused_activation}
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
-# Per architecture whose GPU has run kernels (`Arch.hardware_evidence`): which of its kernels
-# have only been compiled and checked on the CPU (a predicate over the schedule). None now: the
-# BF16 split-K kernels and tile widths added on 2026-12-05 ran on the H200 the same day (NOTES N83).
-COMPILED_ONLY: dict[Arch, Any] = {}
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
 QUANT_GROUP = 128
 QUANT_MAX_GROUPS = 1024
@@ -364,6 +386,9 @@ COLUMN_WAVE_WIDTH = SCALE_BLOCK
 # 0.84x and 0.96x: NOTES N36). The runtime's heuristic mirrors both.
 TAIL_SPLIT_MAX_FILL = (4, 5)
 TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
+# SwiGLU epilogues: gate and up rows of the weights interleave in blocks of this many, one
+# per-token quantization group of activation columns per 2·SWIGLU_BLOCK-wide tile.
+SWIGLU_BLOCK = 128
 # A TMA tensor copy's shared-memory destination must be 128-byte aligned, so each stage of a
 # TMA-staged scale vector starts on a 128-byte boundary.
 TMA_SMEM_ALIGN_BYTES = 128
@@ -417,6 +442,8 @@ class Schedule:
     group_size: int
     # Named only when not the default (`naming`): every kernel before it is "nt".
     layout: Layout = Layout.NT
+    # Named only when not the default (`naming`): every kernel before it writes the sum.
+    activation: Activation = Activation.NONE
 
     # ---- derived facts, one definition each -------------------------------------------------
     @property
@@ -542,7 +569,7 @@ class Schedule:
 
     @property
     def epilogue_bytes(self) -> int:
-        if self.op.is_quantize:  # stores go straight from registers to global memory
+        if self.op.is_quantize or self.fused_activation:  # stores go straight from registers to global memory
             return 0
         em, en = self.epi_tile
         return self.epilogue_stages * em * en * self.c_dtype.bytes
@@ -714,6 +741,26 @@ class Schedule:
         )
 
     @property
+    def fused_activation(self) -> bool:
+        """The epilogue applies an activation (`Activation`) before it writes D."""
+        return self.activation != Activation.NONE
+
+    @property
+    def entry(self) -> str:
+        """The runtime entry point (and the manifest's op) of this schedule's kernels: the op's
+        name, followed by its activation's and ``quant`` for an e4m3 output where an activation
+        is fused (``m_grouped_fp8_gemm_nt_masked_swiglu_quant``)."""
+        if not self.fused_activation:
+            return self.op.value
+        return f"{self.op.value}_{self.activation.value}" + ("_quant" if self.c_dtype == DType.E4M3 else "")
+
+    @property
+    def output_columns_per_tile(self) -> int:
+        """Columns of D one tile writes: tile_n, or half of it where the activation pairs gate
+        and up columns."""
+        return self.tile_n // 2 if self.activation.pairs_columns else self.tile_n
+
+    @property
     def block_scaled_gemm(self) -> bool:
         """A GEMM with fp32 block scales (promotes per K block), as opposed to a quantize op."""
         return self.block_scaled and not self.op.is_quantize
@@ -861,4 +908,5 @@ _FIELD_TYPES: dict[str, Any] = {
     "raster": Raster,
     "group_size": int,
     "layout": Layout,
+    "activation": Activation,
 }

@@ -113,13 +113,17 @@ def contract_fake_arguments(contract: list[Arg]) -> tuple:
     return (*out, cutlass.Int32(1), make_fake_stream())
 
 
+def _kernel_dims(arg: Arg) -> list[int]:
+    """The torch dimensions of a tensor operand in the kernel's mode order: a leading group last."""
+    dims = list(range(len(arg.shape)))
+    return dims[1:] + [0] if arg.shape[0] == "G" and len(dims) > 1 else dims
+
+
 def _kernel_layout(arg: Arg, extents: dict[str, object]) -> tuple[tuple, tuple]:
     """The kernel's (shape, stride) of a tensor operand: torch's dimensions with a leading group
     moved last; stride 1 along the contiguous dimension, the others free strides of the operand's
     alignment (or, with `exact_rows`, the row length)."""
-    dims = list(range(len(arg.shape)))
-    if arg.shape[0] == "G" and len(dims) > 1:
-        dims = dims[1:] + [0]
+    dims = _kernel_dims(arg)
     divisibility = max(1, arg.align_bytes * 8 // _ELEMENTS[arg.dtype][1])
     shape, stride = [], []
     for dim in dims:
@@ -143,13 +147,15 @@ def plain_binding(arg: Arg, value_range: tuple[float, float] | None = None) -> d
         return {**out, "range": list(value_range)} if value_range is not None else out
     if arg.pointer:
         return {"name": arg.name, "kind": "pointer", "operand": arg.name}
-    strides = [d for d in range(len(arg.shape)) if d != arg.contiguous_mode]
+    # The kernel's modes: torch's, with a leading group moved last (as `_kernel_layout` traces them).
+    dims = _kernel_dims(arg)
+    strides = [d for d in dims if d != arg.contiguous_mode]
     return {
         "name": arg.name,
         "kind": "tensor",
         "operand": arg.name,
-        "shape": list(arg.shape),
-        "shape_widths": [64 if symbol in arg.wide else 32 for symbol in arg.shape],
+        "shape": [arg.shape[d] for d in dims],
+        "shape_widths": [64 if arg.shape[d] in arg.wide else 32 for d in dims],
         "strides": strides,
         "stride_widths": [64] * len(strides),
     }
@@ -198,6 +204,10 @@ class GemmContract:
                 return [requirement("W", ">=", words)]
             return [requirement("KT", "==", f"KB * {SCALE_BLOCK}"), requirement("W", ">=", words)]
         out = []
+        if self.schedule.activation.pairs_columns:
+            # Gate and up columns pair up: I = N/2 activation columns, whole quantization groups
+            # (stated before the relations that read N).
+            out += [requirement("I", "==", f"IB * {SCALE_BLOCK}"), requirement("N", "==", "2 * I")]
         if self.schedule.mma_applies_scales:
             # One blocked atom per 128 rows (of A, of B) and 128-wide K tile.
             atoms_k = f"ceil_div(K, {SCALE_BLOCK})"

@@ -53,14 +53,20 @@ from cutegen.templates.hopper_state import (
     StageBytes,
     TileWalk,
 )
+from cutegen.templates.hopper_swiglu import (
+    Fp8GemmNtSwiGLUQuantEntry,
+    HopperSwiGLUEpilogue,
+    MGroupedContiguousSwiGLUQuantEntry,
+    MGroupedMaskedSwiGLUQuantEntry,
+)
 from cutegen.templates.hopper_split_k import SPLIT_K_MAX_READ_BATCH, SPLIT_K_READ_REGISTERS, SplitKFamily
 from cutegen.templates.tile_order import TileOrder
-from cutegen.schedules.spec import SCALE_BLOCK, THREADS_PER_WARPGROUP, Raster, Schedule, sfb_boundaries
+from cutegen.schedules.spec import SCALE_BLOCK, THREADS_PER_WARPGROUP, Op, Raster, Schedule, sfb_boundaries
 
 
 class HopperGemmKernel(
-    HopperHost, HopperSetup, HopperProducer, HopperMainloop, HopperEpilogue, SplitKFamily, KGroupedFamily,
-    ContiguousFamily, TileOrder,
+    HopperHost, HopperSetup, HopperProducer, HopperMainloop, HopperEpilogue, HopperSwiGLUEpilogue, SplitKFamily,
+    KGroupedFamily, ContiguousFamily, TileOrder,
 ):
     """Persistent warp-specialised WGMMA GEMM with TMA loads, TMA multicast and a TMA-store epilogue.
 
@@ -316,16 +322,22 @@ class HopperGemmKernel(
         sfa_smem_layout_staged: cute.Layout,
         sfb_smem_layout_staged: cute.Layout,
         epi_smem_layout_staged: cute.ComposedLayout,
+        d_sf,
+        eps,
     ):
         """What every thread sets up (pipelines, shared memory, partitions, the tile walk), then
         its role: the TMA producer warp (`_producer_role`) or a math warpgroup (`_math_role`).
         The parameters are what `_launch` passes, in its order; the roles read them as `GemmArgs`."""
+        mD = mC_mn
+        if cutlass.const_expr(self.schedule.fused_activation):
+            # The roles walk the GEMM's tiles; the activation epilogue writes mD.
+            mC_mn = self._tile_space(mD)
         args = GemmArgs(
             tma_atom_a, mA_mk, tma_atom_b, mB_nk, tma_atom_sfa, mSFA_mk, sfb_ptr, tma_atom_sfb, mSFB_nk,
             tma_atom_c, mC_mn, m_indices_ptr, zero_padding, masked_m_ptr, group_sizes_ptr, workspace_ptr,
             split_counters_ptr, split_partials_ptr, k_splits, a_base_ptr, b_base_ptr, tail_split,
             tma_atom_a_tail, a_smem_layout_staged, a_tail_layout_staged, b_smem_layout_staged,
-            sfa_smem_layout_staged, sfb_smem_layout_staged, epi_smem_layout_staged,
+            sfa_smem_layout_staged, sfb_smem_layout_staged, epi_smem_layout_staged, d_sf, eps,
         )
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -365,7 +377,7 @@ class HopperGemmKernel(
             cute.arch.setmaxregister_increase(self.schedule.consumer_regs)
             self._math_role(
                 args, walk, metadata, scales, fragments, tiled_mma, mainloop_pipeline, storage, sC, loads.gC_mn,
-                tidx, warp_idx, warp_group_idx,
+                tidx, warp_idx, warp_group_idx, mD,
             )
 
 
@@ -514,9 +526,11 @@ class HopperGemmKernel(
     def _math_role(
         self, args: "GemmArgs", walk: "TileWalk", metadata: "GroupMetadata", scales: "ScaleTensors",
         fragments: "MathFragments", tiled_mma, mainloop_pipeline, storage, sC, gC_mn, tidx, warp_idx, warp_group_idx,
+        mD,
     ):
         """Walk the tiles; per tile: the main loop (WGMMA, with promotion where block-scaled), the
-        grouped layouts' padding rows, split K's fix-up, then the epilogue's stores."""
+        grouped layouts' padding rows, split K's fix-up, then the epilogue's stores (the
+        activation's, from registers, where the schedule fuses one)."""
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
@@ -524,7 +538,8 @@ class HopperGemmKernel(
             pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
         num_k_blocks = cute.size(fragments.tCrA, mode=[2])
-        epi = self._epilogue_partitions(tiled_mma, fragments.promoted, sC, tidx)
+        fused = self.schedule.fused_activation
+        epi = None if fused else self._epilogue_partitions(tiled_mma, fragments.promoted, sC, tidx)
         sync = self._epilogue_sync(warp_group_idx)
 
         tiles_done = cutlass.Int32(0)
@@ -574,7 +589,12 @@ class HopperGemmKernel(
                     cute.recast_ptr(storage.sSFB.data_ptr(), dtype=cutlass.Int32),
                     sync.epilogue_barrier, tidx - THREADS_PER_WARPGROUP,
                 )
-            self._store_tile(args, epi, sync, sC, gC_tile, tiles_done, write_tile, warp_idx)
+            if cutlass.const_expr(fused):
+                self._store_swiglu_tile(
+                    fragments.promoted, fragments.tCcC, mD, args.d_sf, tile_m, tile_n, group, write_tile, args.eps
+                )
+            else:
+                self._store_tile(args, epi, sync, sC, gC_tile, tiles_done, write_tile, warp_idx)
             tiles_done += 1
             t = self._next_unit(t, tile_k_tiles, walk.tile_stride, walk.tail)
 
@@ -770,12 +790,34 @@ class HopperKGroupedFp8GemmKernel(HopperGemmKernel):
         )
 
 
+class HopperFp8GemmSwiGLUQuantKernel(Fp8GemmNtSwiGLUQuantEntry, HopperGemmKernel):
+    """`fp8_gemm_nt_swiglu_quant` on sm_90a."""
+
+
+class HopperMGroupedFp8GemmSwiGLUQuantKernel(MGroupedContiguousSwiGLUQuantEntry, HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_contiguous_swiglu_quant` on sm_90a."""
+
+
+class HopperMaskedFp8GemmSwiGLUQuantKernel(MGroupedMaskedSwiGLUQuantEntry, HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_masked_swiglu_quant` on sm_90a."""
+
+
+# The kernel class of each op whose epilogue applies SwiGLU and quantizes.
+SWIGLU_QUANT_KERNELS = {
+    Op.FP8_GEMM_NT: HopperFp8GemmSwiGLUQuantKernel,
+    Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS: HopperMGroupedFp8GemmSwiGLUQuantKernel,
+    Op.M_GROUPED_FP8_GEMM_NT_MASKED: HopperMaskedFp8GemmSwiGLUQuantKernel,
+}
+
+
 class HopperGemmTemplate(GemmContract):
     """The generator's view of the Hopper GEMM template: the kernel class of the schedule's op."""
 
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
-        if schedule.op.is_k_grouped:
+        if schedule.fused_activation:
+            self.kernel = SWIGLU_QUANT_KERNELS[schedule.op](schedule)
+        elif schedule.op.is_k_grouped:
             k_grouped = HopperKGroupedFp8GemmKernel if schedule.block_scaled else HopperKGroupedBf16GemmKernel
             self.kernel = k_grouped(schedule)
         elif schedule.op.scales_b_per_row:

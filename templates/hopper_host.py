@@ -12,8 +12,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from cutegen.schedules.contract import op_contract
 from cutegen.schedules.spec import DType, scale_stage_elems
 from cutegen.templates.gemm_contract import (
+    plain_binding,
     scale_vector_tma_binding,
     shape_binding,
     tma_binding,
@@ -128,10 +130,15 @@ class HopperHost:
                 ]
             else:
                 params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
-        params += [
-            {"name": "tma_d", **with_group_mode(tma("d", s.c_dtype, em, en), self.d_grouped)},
-            {"name": "extents_d", **shape("d", ["M", "N"], self.d_grouped)},
-        ]
+        contract = {arg.name: arg for arg in op_contract(s)}
+        if s.fused_activation:
+            # The activation's stores go from registers: D as a plain tensor.
+            params.append(plain_binding(contract["d"]))
+        else:
+            params += [
+                {"name": "tma_d", **with_group_mode(tma("d", s.c_dtype, em, en), self.d_grouped)},
+                {"name": "extents_d", **shape("d", ["M", "N"], self.d_grouped)},
+            ]
         if self.schedule.op.is_masked:
             params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
         elif self.schedule.op.is_k_grouped:
@@ -158,13 +165,15 @@ class HopperHost:
         if self.a_tail_slices:
             # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
             params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
+        if s.fused_activation:
+            params += [plain_binding(contract["d_sf"]), plain_binding(contract["eps"])]
         return params
 
     @cute.jit
     def _launch(
         self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
         masked_m=None, group_sizes=None, workspace=None, split_counters=None, split_partials=None,
-        k_splits=None, tail_split=None,
+        k_splits=None, tail_split=None, d_sf=None, eps=None,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -205,12 +214,15 @@ class HopperHost:
             if self.schedule.adds_into_d
             else cpasync.CopyBulkTensorTileS2GOp()
         )
-        tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
-            store_op,
-            c,
-            cute.slice_(epi_staged, (None, None, 0)),
-            self.schedule.epi_tile,
-        )
+        tma_atom_c = None
+        tma_tensor_c = c  # the activation epilogue's D: a plain tensor, stored from registers
+        if cutlass.const_expr(not self.schedule.fused_activation):
+            tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
+                store_op,
+                c,
+                cute.slice_(epi_staged, (None, None, 0)),
+                self.schedule.epi_tile,
+            )
         # SFA: one column of tile_m scales per stage, contiguous along M (no swizzle); each stage
         # starts 128-byte aligned, as a TMA destination must.
         sfa_stride = scale_stage_elems(tm)
@@ -231,6 +243,9 @@ class HopperHost:
             sfb_arg = None
         sfb_elems = sfb_stride * self.schedule.stages if self.schedule.op.scales_b_per_row else 1
 
+        # The activation epilogue stores from registers: no sub-tile buffers.
+        epi_elems = 1 if self.schedule.fused_activation else cute.cosize(epi_staged)
+
         @cute.struct
         class SharedStorage:
             mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.schedule.stages * 2]
@@ -243,7 +258,7 @@ class HopperHost:
                 self.buffer_align_bytes,
             ]
             sC: cute.struct.Align[
-                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged)],
+                cute.struct.MemRange[self.c_dtype, epi_elems],
                 self.buffer_align_bytes,
             ]
             sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, sfa_elems], 128]
@@ -254,7 +269,7 @@ class HopperHost:
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
 
-        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters, k_splits)
+        persistent = self._persistent_clusters(self._tile_space(c), self.d_grouped, max_active_clusters, k_splits)
         if cutlass.const_expr(self.schedule.splits_tail):
             # Every cluster the GPU holds when the last wave may be split: with fewer tiles than
             # clusters, the idle ones take shares of the tiles' K blocks.
@@ -292,9 +307,19 @@ class HopperHost:
             sfa_smem_layout_staged=sfa_staged,
             sfb_smem_layout_staged=sfb_staged,
             epi_smem_layout_staged=epi_staged,
+            d_sf=d_sf,
+            eps=eps,
         )
         kernel_call = self.kernel(*args)
         self._launch_persistent(kernel_call, persistent, stream)
+
+    @cute.jit
+    def _tile_space(self, d):
+        """What the tiles are walked over: D, or for an activation that pairs gate and up columns
+        the [M, N(, G)] coordinates of the GEMM's sum, two columns per column of D."""
+        if cutlass.const_expr(self.schedule.activation.pairs_columns):
+            return cute.make_identity_tensor((d.shape[0], d.shape[1] * 2, *d.shape[2:]))
+        return d
 
     def _scale_vector_tma(self, scales, rows: int):
         """TMA load of one K block's column of `rows` fp32 scales (contiguous along M or N)."""

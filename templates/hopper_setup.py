@@ -34,7 +34,8 @@ class HopperSetup:
         """Warp 0: bring every TMA descriptor the kernel uses into the descriptor cache."""
         cpasync.prefetch_descriptor(args.tma_atom_a)
         cpasync.prefetch_descriptor(args.tma_atom_b)
-        cpasync.prefetch_descriptor(args.tma_atom_c)
+        if cutlass.const_expr(not self.schedule.fused_activation):
+            cpasync.prefetch_descriptor(args.tma_atom_c)
         if cutlass.const_expr(self.a_tail_slices > 0):
             cpasync.prefetch_descriptor(args.tma_atom_a_tail)
         if cutlass.const_expr(self.schedule.block_scaled):

@@ -38,6 +38,8 @@ class GemmArgs(NamedTuple):
     sfa_smem_layout_staged: Any
     sfb_smem_layout_staged: Any
     epi_smem_layout_staged: Any
+    d_sf: Any  # the activation epilogue's output scales (None for the others)
+    eps: Any  # the activation epilogue's quantizer eps (None for the others)
 
 
 class ClusterPosition(NamedTuple):

@@ -10,6 +10,11 @@ MN-major and TMA-aligned), the weights per 128x128 block; gate/up and down proje
 layout, CUDA-graph capturable): the same layer on a [experts, max_m, hidden] buffer with
 `masked_m` on the GPU, captured once and replayed. Both are compared with the bf16 layer by
 DeepGEMM's calc_diff; the script exits non-zero when a check fails.
+
+Where the catalogue has kernels of the fused up-projection for this GPU
+(`m_grouped_fp8_gemm_nt_{contiguous,masked}_swiglu_quant`), the layer runs a second time with
+them: the up-projection writes the quantised SiLU(gate)·up itself, from weights whose gate and up
+rows are interleaved once (`interleave_gate_up`). `--up-projection` picks one path or both.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ class Fp8Experts:
         q2, s2 = zip(*(quant_ops.per_block_quant_fp8(w2[e]) for e in range(self.experts)))
         self.q13, self.s13 = torch.stack(q13), torch.stack(s13).contiguous()
         self.q2, self.s2 = torch.stack(q2), torch.stack(s2).contiguous()
+        # The fused up-projection's arrangement: gate and up rows interleaved in 128-row blocks.
+        from cutegen.runtime.fused_ops import interleave_gate_up
+
+        self.q13_fused, self.s13_fused = interleave_gate_up(self.q13, self.s13)
 
 
 def quantize_rows(x: torch.Tensor):
@@ -52,8 +61,8 @@ def quantize_rows(x: torch.Tensor):
     return quant_ops.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned")
 
 
-def prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, experts: Fp8Experts) -> torch.Tensor:
-    from cutegen.runtime import grouped_ops
+def prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, experts: Fp8Experts, fused: bool = False) -> torch.Tensor:
+    from cutegen.runtime import fused_ops, grouped_ops
 
     tokens, hidden = x.shape
     k = topk_ids.shape[1]
@@ -75,10 +84,15 @@ def prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, exper
     a[rows] = x[order // k]
 
     qa, sa = quantize_rows(a)
-    h = grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, experts.q13, experts.s13, m_indices)
-    inter = h.shape[1] // 2
-    act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)
-    qh, sh = quantize_rows(act)
+    if fused:
+        qh, sh = fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
+            qa, sa, experts.q13_fused, experts.s13_fused, m_indices
+        )
+    else:
+        h = grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, experts.q13, experts.s13, m_indices)
+        inter = h.shape[1] // 2
+        act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)
+        qh, sh = quantize_rows(act)
     y = grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qh, sh, experts.q2, experts.s2, m_indices)
     out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
     out.index_add_(0, order // k, y[rows].float() * topk_w.reshape(-1)[order, None])
@@ -98,20 +112,25 @@ def reference(x, topk_ids, topk_w, w13, w2) -> torch.Tensor:
     return out
 
 
-def decode(x3, masked_m, expected_m, experts: Fp8Experts):
+def decode(x3, masked_m, expected_m, experts: Fp8Experts, fused: bool = False):
     """One expert pass over [E, max_m, H] rows (masked layout): down(SiLU(gate)·up)."""
-    from cutegen.runtime import grouped_ops, quant_ops
+    from cutegen.runtime import fused_ops, grouped_ops, quant_ops
 
     e, max_m, hidden = x3.shape
     q, s = quant_ops.per_token_quant_fp8(x3.reshape(e * max_m, hidden), scale_layout="k-major")
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
     qa, sa = q.view(e, max_m, hidden), to_mn_major_tma_aligned(s.view(e, max_m, -1))
-    h = grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, experts.q13, experts.s13, masked_m, expected_m)
-    inter = h.shape[2] // 2
-    act = (F.silu(h[..., :inter].float()) * h[..., inter:].float()).to(torch.bfloat16)
-    q2, s2 = quant_ops.per_token_quant_fp8(act.reshape(e * max_m, inter), scale_layout="k-major")
-    qa2, sa2 = q2.view(e, max_m, inter), to_mn_major_tma_aligned(s2.view(e, max_m, -1))
+    if fused:
+        qa2, sa2 = fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(
+            qa, sa, experts.q13_fused, experts.s13_fused, masked_m, expected_m
+        )
+    else:
+        h = grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, experts.q13, experts.s13, masked_m, expected_m)
+        inter = h.shape[2] // 2
+        act = (F.silu(h[..., :inter].float()) * h[..., inter:].float()).to(torch.bfloat16)
+        q2, s2 = quant_ops.per_token_quant_fp8(act.reshape(e * max_m, inter), scale_layout="k-major")
+        qa2, sa2 = q2.view(e, max_m, inter), to_mn_major_tma_aligned(s2.view(e, max_m, -1))
     return grouped_ops.m_grouped_fp8_gemm_nt_masked(qa2, sa2, experts.q2, experts.s2, masked_m, expected_m)
 
 
@@ -124,6 +143,9 @@ def main() -> int:
     p.add_argument("--intermediate", type=int, default=768)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--up-projection", choices=("both", "fused", "unfused"), default="both",
+                   help="the up-projection with SwiGLU and FP8 quantize fused, the separate kernels, or both "
+                        "(both: the fused one only where its kernels run on this GPU)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("this example needs a CUDA GPU")
@@ -138,23 +160,40 @@ def main() -> int:
     w2 = (torch.randn(e, h, i, device=dev) / i**0.5).to(torch.bfloat16)
     experts = Fp8Experts(w13, w2)
     failures = 0
+    fused_runs = all(ops.runnable_kernels(f"m_grouped_fp8_gemm_nt_{layout}_swiglu_quant") for layout in ("contiguous", "masked"))
+    if args.up_projection == "fused" and not fused_runs:
+        print("no kernel of the fused up-projection runs on this GPU (see `cutegen list`)")
+        return 2
+    paths = {"both": [False, True] if fused_runs else [False], "fused": [True], "unfused": [False]}[args.up_projection]
 
     x = torch.randn(args.tokens, h, device=dev).to(torch.bfloat16)
     logits = torch.randn(args.tokens, e, device=dev)
     topk_w, topk_ids = torch.topk(torch.softmax(logits, -1), args.top_k, dim=-1)
-    got = prefill(x, topk_ids, topk_w, experts)
-    diff = calc_diff(got.float(), reference(x, topk_ids, topk_w, w13, w2))
+    ref = reference(x, topk_ids, topk_w, w13, w2)
+    x3 = torch.randn(e, 128, h, device=dev).to(torch.bfloat16)
+    for fused in paths:
+        failures += run_layer(args, experts, x, topk_ids, topk_w, ref, x3, (w13, w2), fused)
+    return 1 if failures else 0
+
+
+def run_layer(args, experts, x, topk_ids, topk_w, ref, x3, weights, fused: bool) -> int:
+    """Prefill once and decode under a CUDA graph, with the fused up-projection or without; the
+    number of failed checks."""
+    e, i = args.experts, args.intermediate
+    w13, w2 = weights
+    label = "fused up-projection" if fused else "separate SwiGLU + quantize"
+    failures = 0
+    got = prefill(x, topk_ids, topk_w, experts, fused)
+    diff = calc_diff(got.float(), ref)
     ok = diff < LAYER_TOLERANCE
     failures += not ok
-    print(f"prefill  {args.tokens} tokens x top-{args.top_k} of {e} experts: calc_diff {diff:.2e} {'ok' if ok else 'FAIL'}")
+    print(f"prefill  {args.tokens} tokens x top-{args.top_k} of {e} experts ({label}): calc_diff {diff:.2e} {'ok' if ok else 'FAIL'}")
 
-    max_m = 128
-    x3 = torch.randn(e, max_m, h, device=dev).to(torch.bfloat16)
-    masked_m = torch.randint(0, args.decode_tokens + 1, (e,), dtype=torch.int32, device=dev)
-    decode(x3, masked_m, args.decode_tokens, experts)  # load the kernels outside the capture
+    masked_m = torch.randint(0, args.decode_tokens + 1, (e,), dtype=torch.int32, device=x.device)
+    decode(x3, masked_m, args.decode_tokens, experts, fused)  # load the kernels outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y3 = decode(x3, masked_m, args.decode_tokens, experts)
+        y3 = decode(x3, masked_m, args.decode_tokens, experts, fused)
     for step in range(3):
         masked_m.copy_(torch.randint(0, args.decode_tokens + 1, (e,), dtype=torch.int32))
         graph.replay()
@@ -163,12 +202,12 @@ def main() -> int:
         for g, rows in enumerate(masked_m.tolist()):
             if rows:
                 hh = x3[g, :rows].float() @ w13[g].float().T
-                ref = (F.silu(hh[:, :i]) * hh[:, i:]) @ w2[g].float().T
-                worst = max(worst, calc_diff(y3[g, :rows].float(), ref))
+                expect = (F.silu(hh[:, :i]) * hh[:, i:]) @ w2[g].float().T
+                worst = max(worst, calc_diff(y3[g, :rows].float(), expect))
         ok = worst < LAYER_TOLERANCE
         failures += not ok
-        print(f"decode   replay {step}: masked_m {masked_m.tolist()}: worst calc_diff {worst:.2e} {'ok' if ok else 'FAIL'}")
-    return 1 if failures else 0
+        print(f"decode   replay {step} ({label}): masked_m {masked_m.tolist()}: worst calc_diff {worst:.2e} {'ok' if ok else 'FAIL'}")
+    return failures
 
 
 if __name__ == "__main__":

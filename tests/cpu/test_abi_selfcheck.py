@@ -53,7 +53,13 @@ SCHEDULES = (
     "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rn_g1",
     # ... and the weight gradient (fp32 D, TMA reduce-add).
     "cutegen_sm100a_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
+    # The SwiGLU + FP8 quantize epilogue (D e4m3 and its scales as plain tensors, eps by value).
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_swiglu",
+    "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8_swiglu",
+    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x2_mca_s4_wg2_r40x232_epitma_rn_g1_swiglu",
 )
+# The SwiGLU kernels' eps.
+EPS = 1e-4
 GROUPS = 3
 # Split-K kernels: the split count passed (the DSL's host code only multiplies the grid by it).
 K_SPLITS = 3
@@ -113,6 +119,9 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     b_dtype = schedule.b_dtype.value
     grouped = schedule.op.is_m_grouped
     masked = schedule.op.is_masked
+    fused = schedule.fused_activation
+    if fused:  # gate and up columns pair up: N = 2I with I a multiple of 128
+        n = 256 * max(1, n // 256)
     # FP4 rows: strides of whole 32 bytes (64 elements), as its TMA type needs.
     pad_b = -(-pad // 64) * 64 if b_dtype == "e2m1" else pad
     b_info = (
@@ -139,6 +148,16 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     if masked:  # [G, max_m, ...] with M = max_m
         operands["a"] = OperandInfo(0x7F0000000000, (GROUPS, m, k), (m * (k + pad), k + pad, 1), ab)
         operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m, n), (m * (n + pad), n + pad, 1), "bf16")
+    if fused:  # e4m3 [(G,) M, I] and its scales [(G,) M, I/128], MN-major and TMA-aligned
+        i, ib, lds = n // 2, n // 256, -(-m // 4) * 4
+        operands["d"] = (
+            OperandInfo(0x7F2000000000, (GROUPS, m, i), (m * (i + pad), i + pad, 1), "e4m3") if masked
+            else OperandInfo(0x7F2000000000, (m, i), (i + pad, 1), "e4m3")
+        )
+        operands["d_sf"] = (
+            OperandInfo(0x7FA000000000, (GROUPS, m, ib), (ib * lds, 1, lds), "f32") if masked
+            else OperandInfo(0x7FA000000000, (m, ib), (1, lds), "f32")
+        )
     kt = 128 * -(-k // 128)
     if schedule.op.is_k_grouped:
         operands["a"] = OperandInfo(0x7F0000000000, (m, kt), (kt, 1), ab)
@@ -205,6 +224,9 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         if grouped:
             operands["sfb"] = OperandInfo(0x7F4000000000, (GROUPS, nb, kc), (nb * kc, kc, 1), sf)
             args[3] = ap.CPointer(operands["sfb"].ptr)
+        if fused:
+            args.append(tensor(fakes[5], "d_sf"))
+            extents.update(I=n // 2, IB=n // 256)
         if masked:
             operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
             args += [ap.CPointer(operands["masked_m"].ptr)]
@@ -234,6 +256,9 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         if schedule.op.splits_last_wave:  # the tail-split switch, on
             args += [ap.CScalar(1)]
             extents.update(TAIL_SPLIT=1)
+        if fused:
+            args += [ap.CScalar(EPS)]
+            extents.update(eps=EPS)
     else:
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]

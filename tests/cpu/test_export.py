@@ -46,6 +46,7 @@ from cutegen.runtime.params import (
     tma_args_from_binding,
 )
 from cutegen.schedules.predicates import OP_ARCHS
+from cutegen.schedules.loader import default_schedules
 from toolchain import cuda_include
 from schedule_files import ONE_CTA_CLUSTER, bf16_family
 
@@ -703,7 +704,11 @@ def test_c_launcher_abi_selfcheck_real_kernels(toolchain, real_export, name, mac
 # One kernel of every op the default schedules define, built for real: whatever ops and bindings
 # the templates grow, their exported C launcher must pack exactly what the Python runtime packs.
 # Every (arch, op) a template exists for; sm_100a launches run against a stub GPU of capability 10.0.
-ARCH_OPS = sorted((a.value, o.value) for o, archs in OP_ARCHS.items() for a in archs)
+ARCH_OPS = sorted(
+    {(a.value, o.value) for o, archs in OP_ARCHS.items() for a in archs}
+    # Entry points of their own: the ops with an activation fused into their epilogue.
+    | {(s.arch.value, s.entry) for s in default_schedules() if s.fused_activation}
+)
 STUB_CC = {"sm_90a": "90", "sm_100a": "100"}
 
 
@@ -716,7 +721,7 @@ def per_op_export(tmp_path_factory) -> dict[str, Any]:
     chosen: dict[tuple[str, str], Any] = {}
     for e in all_expanded():
         if e.valid and e.schedule is not None:
-            chosen.setdefault((e.schedule.arch.value, e.schedule.op.value), e.schedule)
+            chosen.setdefault((e.schedule.arch.value, e.schedule.entry), e.schedule)
     root = tmp_path_factory.mktemp("per_op")
     mp = pytest.MonkeyPatch()
     mp.setenv("CUTEGEN_CACHE_DIR", str(root / "cache"))

@@ -15,11 +15,12 @@ from cutegen.schedules.loader import default_schedules  # noqa: E402
 from cutegen.templates.gemm_contract import contract_entry_names  # noqa: E402
 from cutegen.templates.registry import load_template  # noqa: E402
 
-GEMMS = {(s.arch, s.op, s.scale, s.epilogue.splits_k): s for s in default_schedules() if not s.op.is_quantize}
-EVERY_OP = {(s.arch, s.op, s.scale, s.epilogue.splits_k): s for s in default_schedules()}
+# One schedule per entry point (an op, or an op with a fused epilogue), scale format and split kind.
+GEMMS = {(s.arch, s.entry, s.scale, s.epilogue.splits_k): s for s in default_schedules() if not s.op.is_quantize}
+EVERY_OP = {(s.arch, s.entry, s.scale, s.epilogue.splits_k): s for s in default_schedules()}
 
 
-@pytest.mark.parametrize("schedule", list(EVERY_OP.values()), ids=lambda s: f"{s.arch.value}-{s.op.value}-{s.scale.value}")
+@pytest.mark.parametrize("schedule", list(EVERY_OP.values()), ids=lambda s: f"{s.arch.value}-{s.entry}-{s.scale.value}")
 def test_entry_points_take_the_contract_in_order(schedule):
     template = load_template(schedule)
     call = inspect.unwrap(type(template.kernel).__call__)
@@ -49,7 +50,7 @@ def test_the_runtime_passes_each_op_its_contract_operands():
     """The runtime's per-op operand lists (what a call binds, in entry order; the workspaces it
     supplies itself left out) are the contract's."""
     pytest.importorskip("torch")
-    from cutegen.runtime import bf16_grouped_ops, bf16_ops, fp8_ops, grouped_ops, k_grouped_ops, quant_ops, split_k
+    from cutegen.runtime import bf16_grouped_ops, bf16_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, quant_ops, split_k
 
     supplied = {"split_counters", "split_partials", "workspace", "tile_counter"}
 
@@ -71,15 +72,16 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "grouped_transposed_quant_fp8": quant_ops._GROUPED_OPERANDS,
         "per_token_quant_fp8": quant_ops._PER_TOKEN_OPERANDS,
         "per_block_quant_fp8": quant_ops._PER_BLOCK_OPERANDS,
+        **fused_ops.OPERANDS,
     }
     seen = set()
-    for (_, op, _, splits), schedule in EVERY_OP.items():
-        if op.value in expected:
-            assert passed(schedule) == expected[op.value], op
-            seen.add(op.value)
+    for (_, entry, _, splits), schedule in EVERY_OP.items():
+        if entry in expected:
+            assert passed(schedule) == expected[entry], entry
+            seen.add(entry)
         # The dense GEMMs' runtime passes its call operands and, to a split-K kernel, the workspace.
         dense = {"fp8_gemm_nt": fp8_ops._CALL_OPERANDS, "bf16_gemm_nt": bf16_ops._OPERANDS}
-        if op.value in dense:
+        if entry in dense:
             workspace = split_k.WORKSPACE_OPERANDS if splits else ()
-            assert operands(schedule) == sorted([*dense[op.value], *workspace]), op
+            assert operands(schedule) == sorted([*dense[entry], *workspace]), entry
     assert seen == set(expected)

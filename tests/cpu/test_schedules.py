@@ -274,6 +274,26 @@ CRAFTED.update({
     "quant_stages": [(qbad(stages=5), "stages"), (qbad(op=Op.PER_BLOCK_QUANT_FP8, stages=2, tile_m=128, tile_n=128), "stages")],
 })
 
+# A default SwiGLU + FP8 quantize schedule (dense, one CTA a cluster): the activation rules' base.
+SWIGLU_BASE = next(
+    s for s in default_schedules(arch="sm_90a") if s.fused_activation and s.op == Op.FP8_GEMM_NT and s.cluster_m == 1
+)
+
+
+def swbad(**changes) -> Schedule:
+    return dataclasses.replace(SWIGLU_BASE, **changes)
+
+
+CRAFTED.update({
+    "activation_ops": [(swbad(scale=ScaleFormat.UE8M0), "activation"),
+                       (swbad(op=Op.FP8_WGRAD_GEMM_NT), "activation")],
+    "activation_output": [(swbad(c_dtype=DType.F32), "c_dtype")],
+    "swiglu_tile_pairs_gate_and_up": [(swbad(tile_n=128), "tile_n"), (swbad(math_warpgroups=1), "tile_m")],
+    "activation_plain_epilogue": [(swbad(epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
+                                  (swbad(layout=Layout.NN), "layout")],
+})
+
+
 
 def test_every_predicate_is_crafted():
     assert set(CRAFTED) | {"epilogue_supported"} == {p.name for p in PREDICATES}
@@ -827,7 +847,7 @@ def test_static_stage_rounds_where_they_were_measured_faster():
     for s in default_schedules():
         if s.op.is_quantize or not s.block_scaled:
             continue
-        key = (s.op.value, s.arch.value, s.tile_m, s.tile_n)
+        key = (s.entry, s.arch.value, s.tile_m, s.tile_n)
         chosen.setdefault(key, set()).add(s.static_stage_rounds)
         if s.static_stage_rounds:
             assert s.wgmma_accumulators == 1 and s.arch == Arch.SM90A
@@ -844,6 +864,9 @@ def test_static_stage_rounds_where_they_were_measured_faster():
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 128),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 160),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 256, 128),
+        ("fp8_gemm_nt_swiglu_quant", "sm_90a", 128, 256),
+        ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", "sm_90a", 128, 256),
+        ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", "sm_90a", 128, 256),
     }
     assert rounds == expected
 
@@ -854,14 +877,19 @@ def test_256_wide_block_scaled_tiles_run_in_column_waves():
     two epilogue sub-tiles so that four operand stages fit; the contiguous catalogue has one, in a
     2x1 cluster. Row-wave (256-row) tiles, narrower tiles, weight gradients (per-row SFB),
     unscaled tiles and sm_100a keep one column wave, and a weight-gradient 128x256 tile is still
-    refused for its registers."""
+    refused for its registers. The SwiGLU tiles (gate wave, up wave) are all 128x256."""
     from cutegen.schedules.spec import COLUMN_WAVE_EPILOGUE_STAGES, SM90_SMEM_OPT_IN_BYTES
 
     wide = [s for s in default_schedules(arch="sm_90a") if s.column_waves > 1]
-    assert {(s.op.value, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in wide} == {
-        ("m_grouped_fp8_gemm_nt_contiguous", 128, 256, 2, 1)
+    assert {(s.entry, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in wide} == {
+        ("m_grouped_fp8_gemm_nt_contiguous", 128, 256, 2, 1),
+        ("fp8_gemm_nt_swiglu_quant", 128, 256, 1, 1), ("fp8_gemm_nt_swiglu_quant", 128, 256, 2, 1),
+        ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", 128, 256, 1, 1),
+        ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", 128, 256, 2, 1),
+        ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", 128, 256, 1, 1),
+        ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", 128, 256, 1, 2),
     }
-    (s,) = wide
+    (s,) = [w for w in wide if not w.fused_activation]
     assert s.column_waves == 2 and s.waves == 1 and s.all_waves == 2
     assert s.wgmma_accumulators == 1
     assert s.accumulator_registers == 128 + 64 <= s.consumer_regs - preds.REGISTER_HEADROOM

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from cutegen.runtime import bf16_grouped_ops, fp8_ops, grouped_ops, k_grouped_ops, ops, quant_ops
+from cutegen.runtime import bf16_grouped_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, ops, quant_ops
 
 
 def _fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +127,40 @@ def run_masked(name: str) -> None:
         grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 96, kernel=name)
 
 
+# The SwiGLU kernels' N = 2I: three 256-wide tiles, so a 1x2 cluster's fourth tile lies past N.
+SWIGLU_N = 768
+
+
+def run_fp8_swiglu(name: str) -> None:
+    for m in (296, 24):  # a last tile partly and mostly past M
+        qa, sa = _fp8(m, 520)
+        qb, sb = _block_scaled(torch.randn(SWIGLU_N, 520, device="cuda", dtype=torch.bfloat16))
+        fused_ops.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, kernel=name)
+
+
+def run_contiguous_swiglu(name: str) -> None:
+    align = grouped_ops.contiguous_alignment()
+    rows = [align, 0, 3 * align]
+    m_indices = torch.cat([torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)])
+    m_indices[align - 5 : align] = -1  # padding rows
+    for k in M_GROUPED_KS:
+        qa, sa = _fp8(int(m_indices.numel()), k)
+        qb, sb = _block_scaled(torch.randn(3, SWIGLU_N, k, device="cuda", dtype=torch.bfloat16))
+        fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(qa, sa, qb, sb, m_indices, kernel=name)
+
+
+def run_masked_swiglu(name: str) -> None:
+    groups, max_m = 3, 192
+    masked_m = torch.tensor([70, 0, 192], dtype=torch.int32, device="cuda")
+    for k in M_GROUPED_KS:
+        a = torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16)
+        qa, sa = quant_ops.per_token_quant_fp8(a)
+        qa = qa.view(groups, max_m, k)
+        sa = fp8_ops.to_mn_major_tma_aligned(sa.view(groups, max_m, k // 128))
+        qb, sb = _block_scaled(torch.randn(groups, SWIGLU_N, k, device="cuda", dtype=torch.bfloat16))
+        fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(qa, sa, qb, sb, masked_m, 96, kernel=name)
+
+
 def run_bf16_contiguous(name: str) -> None:
     align = grouped_ops.contiguous_alignment()
     # As run_contiguous; out-of-range groups among the padding rows; N and K no tile multiples.
@@ -193,6 +227,9 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "k_grouped_fp8_gemm_nt_contiguous": run_k_grouped,
     "m_grouped_fp8_gemm_nt_contiguous": run_contiguous,
     "m_grouped_fp8_gemm_nt_masked": run_masked,
+    "fp8_gemm_nt_swiglu_quant": run_fp8_swiglu,
+    "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant": run_contiguous_swiglu,
+    "m_grouped_fp8_gemm_nt_masked_swiglu_quant": run_masked_swiglu,
     "m_grouped_bf16_gemm_nt_contiguous": run_bf16_contiguous,
     "m_grouped_bf16_gemm_nt_masked": run_bf16_masked,
     "k_grouped_bf16_gemm_tn_contiguous": run_bf16_k_grouped,

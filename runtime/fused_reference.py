@@ -1,0 +1,83 @@
+"""Pure-torch specification of the fused SwiGLU + FP8 quantize epilogue: the weight arrangement it reads and its numerics.
+
+A mixture-of-experts up-projection computes h = x · W13ᵀ with W13 = [gate; up] ([2I, H]: the
+first I rows gate, the next I up, as checkpoints and engines store them), then
+a = SiLU(h_gate) · h_up [T, I]. The fused kernels read W13 with its gate and up rows interleaved
+in blocks of SWIGLU_BLOCK = 128 (`interleave_gate_up`, done once when the weights are loaded), so
+that every 256-wide tile of h holds 128 gate columns and the matching 128 up columns, and they
+write a quantized per token and 1x128 block exactly as `per_token_quant_fp8` would.
+
+`swiglu_quant_ref` is the executable specification: given the GEMM's fp32 sums h (in the
+original gate | up column order), a = h_gate / (1 + exp(-h_gate)) · h_up in fp32 (what
+``torch.nn.functional.silu(h_gate) * h_up`` computes) and `per_token_quant_fp8_ref` of a. The
+kernels promote the sums as the plain FP8 GEMM does and apply these steps without rounding h to
+bf16 in between (where the unfused pipeline GEMM → bf16 → activation → quantize rounds once more).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InputError
+from .quant_reference import DEFAULT_EPS, per_token_quant_fp8_ref
+
+SWIGLU_BLOCK = 128
+SCALE_BLOCK = 128
+
+
+def interleave_gate_up(w: torch.Tensor, sf: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """W13 = [gate; up] ([2I, H] or per expert [G, 2I, H], any dtype) with its rows reordered as the
+    fused SwiGLU kernels read them: gate rows 128j..128j+127, then up rows 128j..128j+127, for
+    j = 0 .. I/128 - 1. With ``sf``, the weights' 128x128 block scales ([2I/128, ⌈H/128⌉] or
+    [G, ...]) reordered the same way: returns (w, sf). I must be a multiple of 128."""
+    w2 = _interleave_rows(w, "w", SWIGLU_BLOCK)
+    if sf is None:
+        return w2
+    if sf.dim() != w.dim() or sf.shape[-2] * SCALE_BLOCK != w.shape[-2]:
+        raise InputError(
+            f"interleave_gate_up: argument 'sf' must hold one scale per 128x128 block of 'w' "
+            f"([..., {w.shape[-2] // SCALE_BLOCK}, ceil(H/128)]), got {list(sf.shape)}"
+        )
+    return w2, _interleave_rows(sf, "sf", SWIGLU_BLOCK // SCALE_BLOCK)
+
+
+def deinterleave_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """The inverse of `interleave_gate_up` on rows (weights, or the columns of h transposed)."""
+    lead = w.shape[:-2]
+    rows, cols = w.shape[-2:]
+    blocks = rows // (2 * SWIGLU_BLOCK)
+    return w.reshape(*lead, blocks, 2, SWIGLU_BLOCK, cols).transpose(-4, -3).reshape(*lead, rows, cols)
+
+
+def _interleave_rows(t: torch.Tensor, arg: str, block: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3):
+        raise InputError(f"interleave_gate_up: argument '{arg}' must be a [2I, H] or [G, 2I, H] tensor, "
+                         f"got {getattr(t, 'shape', type(t).__name__)}")
+    rows, cols = t.shape[-2:]
+    if rows % (2 * block):
+        raise InputError(f"interleave_gate_up: argument '{arg}' must have 2I rows with I a multiple of "
+                         f"{SWIGLU_BLOCK} (gate rows, then up rows), got {rows}")
+    lead = t.shape[:-2]
+    halves = t.reshape(*lead, 2, rows // (2 * block), block, cols)
+    return halves.transpose(-4, -3).reshape(*lead, rows, cols).contiguous()
+
+
+def swiglu_ref(h: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) · up in fp32 from h [..., 2I] = [gate | up] (any float dtype, widened exactly)."""
+    h = h.float()
+    inter = h.shape[-1] // 2
+    gate, up = h[..., :inter], h[..., inter:]
+    return torch.nn.functional.silu(gate) * up
+
+
+def swiglu_quant_ref(h: torch.Tensor, eps: float = DEFAULT_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q e4m3 [..., M, I], fp32 scales [..., M, I/128]) of SiLU(gate) · up of the sums h
+    [..., M, 2I] (gate | up), quantized per token and 1x128 block (`per_token_quant_fp8_ref`)."""
+    act = swiglu_ref(h)
+    if act.dim() == 2:
+        return per_token_quant_fp8_ref(act, eps=eps)
+    qs, ss = zip(*(per_token_quant_fp8_ref(a, eps=eps) for a in act))
+    return torch.stack(qs), torch.stack(ss)
+
+
+__all__ = ["SWIGLU_BLOCK", "deinterleave_gate_up", "interleave_gate_up", "swiglu_quant_ref", "swiglu_ref"]
