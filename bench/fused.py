@@ -12,6 +12,9 @@ pipeline captured in one CUDA graph and replayed):
   `per_token_quant_fp8` (MN-major TMA-aligned scales).
 
 Targets: fused ≥ 1.15x the best unfused pipeline at prefill, ≥ 1.3x at decode.
+
+Then the dense GEMMs with a bias and GELU fused (`fp8_gemm_nt_epilogue`, `bf16_gemm_nt_epilogue`)
+beside the plain GEMM followed by the bias and GELU in torch, eager and ``torch.compile``d.
 `bench_fused()` needs a GPU; `render(results)` turns its results into Markdown (no torch).
 """
 
@@ -34,6 +37,8 @@ ALIGNMENT = 128
 ROUNDS = 3
 PREFILL_TARGET, DECODE_TARGET, GEMM_TOLERANCE = 1.15, 1.3, 1.05
 E4M3_MAX = 448.0
+# Dense layers with a bias and GELU (M, N, K): an MLP's up-projection at decode and prefill sizes.
+DENSE_EPILOGUE = [(128, 16384, 4096), (4096, 16384, 4096), (4096, 4096, 16384)]
 
 
 
@@ -157,7 +162,59 @@ def bench_fused() -> dict[str, Any]:
                 "best_unfused": best, "speedup": unfused[best] / t["fused"], "vs_gemm": t["fused"] / t["gemm"],
             })
             del a, sfa, w_fused, sfb_fused, w, sfb, meta, h, q, sf
-    return {"rows": rows, "targets": {"prefill": PREFILL_TARGET, "decode": DECODE_TARGET, "gemm": GEMM_TOLERANCE}}
+    return {"rows": rows, "bias_activation": bench_bias_activation(),
+            "targets": {"prefill": PREFILL_TARGET, "decode": DECODE_TARGET, "gemm": GEMM_TOLERANCE}}
+
+
+def bench_bias_activation() -> list[dict]:
+    """D = GELU(A·Bᵀ + bias) per dense shape and GEMM (FP8, BF16): the fused kernel, the plain GEMM
+    alone, and the plain GEMM then bias + GELU in torch (eager, ``torch.compile``d)."""
+    import torch
+
+    from cutegen.bench.timing import fresh_allocations
+    from cutegen.runtime import epilogue_ops, ops
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    def bias_gelu(h, bias):
+        return torch.nn.functional.gelu(h.float() + bias.float()).to(torch.bfloat16)
+
+    compiled = torch.compile(bias_gelu, dynamic=False)
+    rows = []
+    for gemm_name in ("fp8_gemm_nt", "bf16_gemm_nt"):
+        if not ops.runnable_kernels(f"{gemm_name}_bias_gelu"):
+            continue
+        for m, n, k in DENSE_EPILOGUE:
+            fresh_allocations()
+            bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+            d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            h = torch.empty_like(d)
+            if gemm_name == "fp8_gemm_nt":
+                a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+                b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+                sfa = to_mn_major_tma_aligned(torch.rand(m, k // 128, device="cuda") + 0.5)
+                sfb = torch.rand(n // 128, k // 128, device="cuda") + 0.5
+                args = (a, sfa, b, sfb)
+                fused = lambda args=args, bias=bias, d=d: epilogue_ops.fp8_gemm_nt_epilogue(*args, bias, "gelu", d)  # noqa: E731
+                gemm = lambda args=args, h=h: ops.fp8_gemm_nt(*args, out=h)  # noqa: E731
+            else:
+                args = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02)
+                fused = lambda args=args, bias=bias, d=d: epilogue_ops.bf16_gemm_nt_epilogue(*args, bias, "gelu", d)  # noqa: E731
+                gemm = lambda args=args, h=h: ops.bf16_gemm_nt(*args, out=h)  # noqa: E731
+            fns = {
+                "fused": fused,
+                "gemm": gemm,
+                "gemm + torch": lambda gemm=gemm, h=h, bias=bias, d=d: (gemm(), d.copy_(bias_gelu(h, bias))),
+                "gemm + torch.compile": lambda gemm=gemm, h=h, bias=bias, d=d: (gemm(), d.copy_(compiled(h, bias))),
+            }
+            t = interleaved_medians(fns, ROUNDS)
+            unfused = {name: us for name, us in t.items() if name.startswith("gemm +")}
+            best = min(unfused, key=unfused.get)
+            rows.append({"gemm": gemm_name, "m": m, "n": n, "k": k, "us": t,
+                         "tflops": 2.0 * m * n * k / t["fused"] / 1e6, "best_unfused": best,
+                         "speedup": unfused[best] / t["fused"], "vs_gemm": t["fused"] / t["gemm"]})
+            del args, bias, d, h
+    return rows
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -174,6 +231,11 @@ def summary(results: dict) -> list[str]:
             out.append(f"{phase} ({layout}): fused {_geomean(speedups):.2f}x the best unfused pipeline (geometric mean "
                        f"over {len(rows)}; worst {min(speedups):.2f}x; target {target:.2f}x); fused at most "
                        f"{slowest:.2f}x the plain GEMM's time (target {GEMM_TOLERANCE:.2f}x)")
+    dense = results.get("bias_activation", [])
+    if dense:
+        out.append(f"dense GEMM + bias + GELU: fused {_geomean([r['speedup'] for r in dense]):.2f}x the best unfused "
+                   f"pipeline (geometric mean over {len(dense)}; worst {min(r['speedup'] for r in dense):.2f}x); "
+                   f"fused at most {max(r['vs_gemm'] for r in dense):.2f}x the plain GEMM's time")
     return out
 
 
@@ -190,7 +252,18 @@ def render(results: dict) -> str:
                          f"{r['us']['fused']:.1f} | {r['fused_tflops']:.0f} | {r['us']['gemm']:.1f} | {unfused} | "
                          f"{r['speedup']:.2f} ({r['best_unfused']}) | {r['vs_gemm']:.2f} |")
         lines.append("")
+    dense = results.get("bias_activation", [])
+    if dense:
+        lines += ["Dense GEMM + bias + GELU, fused and not (same run, interleaved, medians):", "",
+                  "| GEMM | M, N, K | fused µs | TFLOPS | GEMM µs | unfused µs | vs best unfused | vs GEMM |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in dense:
+            unfused = ", ".join(f"{name} {us:.1f}" for name, us in r["us"].items() if name.startswith("gemm +"))
+            lines.append(f"| {r['gemm']} | {r['m']}, {r['n']}, {r['k']} | {r['us']['fused']:.1f} | {r['tflops']:.0f} | "
+                         f"{r['us']['gemm']:.1f} | {unfused} | {r['speedup']:.2f} ({r['best_unfused']}) | "
+                         f"{r['vs_gemm']:.2f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
-__all__ = ["bench_fused", "render", "summary"]
+__all__ = ["bench_bias_activation", "bench_fused", "render", "summary"]

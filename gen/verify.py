@@ -45,9 +45,6 @@ EXPECTED_MMA: dict[tuple[str, str], str] = {
     ("sm_90a", "m_grouped_bf16_gemm_nt_contiguous"): "HGMMA",
     ("sm_90a", "m_grouped_bf16_gemm_nt_masked"): "HGMMA",
     ("sm_90a", "k_grouped_bf16_gemm_tn_contiguous"): "HGMMA",
-    ("sm_90a", "fp8_gemm_nt_swiglu_quant"): "QGMMA",
-    ("sm_90a", "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant"): "QGMMA",
-    ("sm_90a", "m_grouped_fp8_gemm_nt_masked_swiglu_quant"): "QGMMA",
     ("sm_100a", "bf16_gemm_nt"): "UTCHMMA",
     ("sm_100a", "fp8_gemm_nt"): "UTCQMMA",
     ("sm_100a", "m_grouped_fp8_gemm_nt_contiguous"): "UTCQMMA",
@@ -69,6 +66,13 @@ CHECKS = ("mma", "wgmma_pipeline", "local_memory", "stack", "registers", "smem",
 
 def expected_mma(arch: str, op: str) -> str | None:
     return EXPECTED_MMA.get((arch, op))
+
+
+def mma_op(manifest: KernelManifest) -> str:
+    """The op whose MMA a kernel runs: its entry point's, or for an entry with a fused epilogue
+    (``fp8_gemm_nt_bias_gelu``, ``Schedule.entry``) its GEMM's."""
+    gemm = str(manifest.schedule.get("op", ""))
+    return gemm if gemm and manifest.op.startswith(gemm + "_") else manifest.op
 
 
 @dataclasses.dataclass
@@ -123,7 +127,7 @@ def verify_kernel(kernel_dir: Path, manifest: KernelManifest | None = None) -> K
         )
 
     # mma
-    want = expected_mma(manifest.arch, manifest.op)
+    want = expected_mma(manifest.arch, mma_op(manifest))
     mma = {str(k): int(v) for k, v in dict(summary.get("mma", {})).items()}
     facts["mma"] = mma
     facts["expected_mma"] = want

@@ -17,6 +17,8 @@ attribute:
   ``m_grouped_fp8_gemm_nt_masked_swiglu_quant`` (the MoE up-projection with SwiGLU and FP8
   quantize fused) and ``interleave_gate_up`` (the weights' arrangement they read),
   `cutegen.runtime.fused_ops`;
+* ``fp8_gemm_nt_epilogue``, ``bf16_gemm_nt_epilogue`` (the dense GEMMs with a bias and/or an
+  activation fused into their epilogue), `cutegen.runtime.epilogue_ops`;
 * ``per_token_quant_fp8``, ``per_block_quant_fp8``, ``grouped_transposed_quant_fp8``
   (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch references are in
   `cutegen.runtime.quant_reference`);
@@ -60,6 +62,8 @@ _LAZY = {
     "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant": "fused_ops",
     "m_grouped_fp8_gemm_nt_masked_swiglu_quant": "fused_ops",
     "interleave_gate_up": "fused_ops",
+    "fp8_gemm_nt_epilogue": "epilogue_ops",
+    "bf16_gemm_nt_epilogue": "epilogue_ops",
     "per_token_quant_fp8": "quant_ops",
     "per_block_quant_fp8": "quant_ops",
     "grouped_transposed_quant_fp8": "quant_ops",
@@ -74,7 +78,9 @@ _LAZY = {
 
 
 # The modules that register torch.ops.cutegen ops (`torch_ops.TorchOp`).
-OP_MODULES = ("bf16_ops", "bf16_grouped_ops", "fp8_ops", "fused_ops", "grouped_ops", "k_grouped_ops", "quant_ops")
+OP_MODULES = (
+    "bf16_ops", "bf16_grouped_ops", "epilogue_ops", "fp8_ops", "fused_ops", "grouped_ops", "k_grouped_ops", "quant_ops",
+)
 
 
 def register_torch_ops() -> None:

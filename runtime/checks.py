@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -12,6 +12,21 @@ from .params import byte_span, overlaps_itself
 PTR_ALIGN_BYTES = 16  # TMA's rule for a global base address
 # The kernels index every mode with a signed 32-bit integer.
 MAX_EXTENT = (1 << 31) - 1
+
+
+def checks_under(op: str, base_op: str, check: Callable[[], Any]) -> Any:
+    """`check()`, a plain op's checks, with its errors naming `op` (an op built on `base_op`, e.g.
+    a fused epilogue's) instead: the messages are otherwise the plain op's."""
+    try:
+        return check()
+    except InputError as exc:
+        raise InputError(str(exc).replace(f"{base_op}:", f"{op}:", 1)) from None
+
+
+def check_kernel_name(op: str, kernel: Any) -> None:
+    """InputError unless `kernel` (an entry point's ``kernel=``) is a kernel name or None."""
+    if kernel is not None and not isinstance(kernel, str):
+        raise InputError(f"{op}: argument 'kernel' must be a kernel name (str) or None, got {type(kernel).__name__}")
 
 
 def check_extents(op: str, arg: str, t: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from . import fp8_ops, grouped_ops
-from .checks import check_aligned, check_disjoint, check_not_overlapping_itself
+from .checks import check_aligned, check_disjoint, check_kernel_name, check_not_overlapping_itself, checks_under
 from .errors import InputError
 from .fused_reference import SWIGLU_BLOCK, interleave_gate_up
 from .kernel_choice import kernel_for
@@ -56,10 +56,7 @@ def _fail(op: str, arg: str, what: str) -> InputError:
 
 def _gemm_checks(op: str, check: Callable[[], Any]) -> Any:
     """The plain GEMM's checks of A, sfa, B, sfb (and the layout's metadata), under this op's name."""
-    try:
-        return check()
-    except InputError as exc:
-        raise InputError(str(exc).replace(f"{_BASE_OPS[op]}:", f"{op}:", 1)) from None
+    return checks_under(op, _BASE_OPS[op], check)
 
 
 def _check_fused(op: str, a, sfa, b, n: int, out, out_sf, lead: tuple[int, ...], eps) -> int:
@@ -152,7 +149,7 @@ def fp8_gemm_nt_swiglu_quant(
     eps: float = DEFAULT_EPS, kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The dense up-projection with SwiGLU and per-token FP8 quantize fused; see the module docstring."""
-    _check_kernel(OP_DENSE, kernel)
+    check_kernel_name(OP_DENSE, kernel)
     m, _, _, inter = _dense_meta(a, sfa, b, sfb, out, out_sf, eps)
     q, sf = _outputs(a, (m,), inter, out, out_sf)
     DENSE(a, sfa, b, sfb, q, sf, float(eps), kernel or "")
@@ -195,7 +192,7 @@ def m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
     zero_padding: bool = True, eps: float = DEFAULT_EPS, kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefill up-projection over contiguous experts with SwiGLU and FP8 quantize fused."""
-    _check_kernel(OP_CONTIGUOUS, kernel)
+    check_kernel_name(OP_CONTIGUOUS, kernel)
     m, _, _, inter = _contiguous_meta(a, sfa, b, sfb, m_indices, out, out_sf, eps)
     q, sf = _outputs(a, (m,), inter, out, out_sf)
     CONTIGUOUS(a, sfa, b, sfb, m_indices, q, sf, bool(zero_padding), float(eps), kernel or "")
@@ -239,7 +236,7 @@ def m_grouped_fp8_gemm_nt_masked_swiglu_quant(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode up-projection over [G, max_m, K] (masked_m on the GPU) with SwiGLU and FP8
     quantize fused; CUDA-graph capturable."""
-    _check_kernel(OP_MASKED, kernel)
+    check_kernel_name(OP_MASKED, kernel)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail(OP_MASKED, "expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     g, max_m, _, _, inter = _masked_meta(a, sfa, b, sfb, masked_m, out, out_sf, eps)
@@ -247,10 +244,6 @@ def m_grouped_fp8_gemm_nt_masked_swiglu_quant(
     MASKED(a, sfa, b, sfb, masked_m, expected_m, q, sf, float(eps), kernel or "")
     return q, sf
 
-
-def _check_kernel(op: str, kernel: Any) -> None:
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail(op, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Pure-torch specification of the fused SwiGLU + FP8 quantize epilogue: the weight arrangement it reads and its numerics.
+"""Pure-torch specification of the fused epilogues: SwiGLU + FP8 quantize (the weight arrangement it reads and its numerics), and bias + activation.
 
 A mixture-of-experts up-projection computes h = x · W13ᵀ with W13 = [gate; up] ([2I, H]: the
 first I rows gate, the next I up, as checkpoints and engines store them), then
@@ -12,6 +12,10 @@ original gate | up column order), a = h_gate / (1 + exp(-h_gate)) · h_up in fp3
 ``torch.nn.functional.silu(h_gate) * h_up`` computes) and `per_token_quant_fp8_ref` of a. The
 kernels promote the sums as the plain FP8 GEMM does and apply these steps without rounding h to
 bf16 in between (where the unfused pipeline GEMM → bf16 → activation → quantize rounds once more).
+
+`bias_activation_ref` is the bias-and-activation epilogue's (`fp8_gemm_nt_epilogue`,
+`bf16_gemm_nt_epilogue`): y = act(h + bias) in fp32 on the GEMM's fp32 sums h, then one rounding to
+bf16, where the unfused pipeline rounds h to bf16 first and the sum with the bias again.
 """
 
 from __future__ import annotations
@@ -80,4 +84,27 @@ def swiglu_quant_ref(h: torch.Tensor, eps: float = DEFAULT_EPS) -> tuple[torch.T
     return torch.stack(qs), torch.stack(ss)
 
 
-__all__ = ["SWIGLU_BLOCK", "deinterleave_gate_up", "interleave_gate_up", "swiglu_quant_ref", "swiglu_ref"]
+# The elementwise activations of the bias-and-activation epilogue, by name.
+ACTIVATIONS = ("none", "silu", "gelu")
+
+
+def bias_activation_ref(h: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none") -> torch.Tensor:
+    """bf16 act(h + bias) from the sums h [M, N] (widened to fp32), bias [N] (widened to fp32) or
+    None, act one of `ACTIVATIONS` (``gelu`` the exact one, erf-based), in fp32."""
+    if activation not in ACTIVATIONS:
+        raise InputError(f"bias_activation_ref: argument 'activation' must be one of {', '.join(ACTIVATIONS)}, "
+                         f"got {activation!r}")
+    y = h.float()
+    if bias is not None:
+        y = y + bias.float()
+    if activation == "silu":
+        y = torch.nn.functional.silu(y)
+    elif activation == "gelu":
+        y = torch.nn.functional.gelu(y)
+    return y.to(torch.bfloat16)
+
+
+__all__ = [
+    "ACTIVATIONS", "SWIGLU_BLOCK", "bias_activation_ref", "deinterleave_gate_up", "interleave_gate_up",
+    "swiglu_quant_ref", "swiglu_ref",
+]

@@ -1,7 +1,7 @@
 """The torch-facing runtime in one place: every op's entry point, and the catalogue and kernel choice they share.
 
-The ops live in modules of their own (`bf16_ops`, `bf16_grouped_ops`, `fp8_ops`, `fused_ops`, `grouped_ops`,
-`k_grouped_ops`, `quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
+The ops live in modules of their own (`bf16_ops`, `bf16_grouped_ops`, `epilogue_ops`, `fp8_ops`, `fused_ops`,
+`grouped_ops`, `k_grouped_ops`, `quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
 checks; `torch_ops`: registration, eager dispatch, streams; `call_cache` and `launch`: the
 remembered calls and their plans). Importing any op module registers its ``torch.ops.cutegen``
 ops; ``import cutegen.runtime`` registers all of them when torch is already imported.
@@ -15,6 +15,7 @@ from .bf16_grouped_ops import (
     m_grouped_bf16_gemm_nt_masked,
 )
 from .bf16_ops import OP_BF16_GEMM_NT, bf16_gemm_nt
+from .epilogue_ops import bf16_gemm_nt_epilogue, fp8_gemm_nt_epilogue
 from .fp8_ops import fp8_gemm_nt, fp8_wgrad_gemm_nt, to_mn_major_tma_aligned
 from .fused_ops import (
     fp8_gemm_nt_swiglu_quant,
@@ -37,11 +38,13 @@ from .quant_ops import grouped_transposed_quant_fp8, per_block_quant_fp8, per_to
 __all__ = [
     "OP_BF16_GEMM_NT",
     "bf16_gemm_nt",
+    "bf16_gemm_nt_epilogue",
     "catalogue",
     "choose_kernel",
     "explain",
     "forced_manifest",
     "fp8_gemm_nt",
+    "fp8_gemm_nt_epilogue",
     "fp8_gemm_nt_swiglu_quant",
     "fp8_wgrad_gemm_nt",
     "grouped_transposed_quant_fp8",

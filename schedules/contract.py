@@ -109,7 +109,7 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         else:
             # Row-major and packed; the kernel derives its strides from N and K.
             args.append(Arg("sfb", scale, (*b_grouped, "NB", kc), len(b_grouped) + 1, 4, pointer=True))
-    if s.fused_activation:
+    if s.stores_from_registers:
         # The activation's columns (I = N/2: gate and up pair up) quantized per token and 1x128
         # block: D e4m3 row-major, its scales [M, IB] MN-major and TMA-aligned like SFA (what
         # the down-projection takes as its A); eps as the per-token quantizer takes it.
@@ -119,6 +119,9 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         ]
     else:
         args.append(Arg("d", d, (*grouped, "M", "N"), len(grouped) + 1, written=True))
+    if s.adds_bias:
+        # One value per column of D, in D's type.
+        args.append(Arg("bias", d, ("N",), 0))
     if op.is_masked:
         args.append(Arg("masked_m", "i32", ("G",), 0, 4, pointer=True))
     elif op.is_m_grouped:
@@ -134,7 +137,7 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         ]
     if op.splits_last_wave:
         args.append(Arg("tail_split", "i32"))
-    if s.fused_activation:
+    if s.stores_from_registers:
         args.append(Arg("eps", "f32"))
     return args
 

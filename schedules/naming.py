@@ -10,8 +10,9 @@ A GEMM's name encodes every field of the schedule, in a fixed order, as 17 parts
 
 A GEMM whose operand layout is not the default ``nt`` (`Layout`: which of A and B is MN-major)
 names it in an 18th part, e.g. ``..._epitma_rm_g8_tn``; ``nt`` is never written, so a name of 18
-parts ending in ``nt`` is not canonical. A GEMM whose epilogue applies an activation (`Activation`)
-names it in a last part after that, e.g. ``..._epitma_rm_g8_swiglu``; ``none`` is never written.
+parts ending in ``nt`` is not canonical. A GEMM whose epilogue adds a bias (`Bias`) names it
+next (``bias``), and one whose epilogue applies an activation (`Activation`) names it in a last
+part, e.g. ``..._epitma_rm_g8_swiglu`` or ``..._epitma_rm_g8_bias_gelu``; ``none`` is never written.
 
 A quantizer whose unused fields hold their neutral values (`Schedule.quant_neutral`, every valid
 one) is named by the fields it uses, 9 parts::
@@ -37,6 +38,7 @@ from .spec import (
     QUANT_NEUTRAL,
     Activation,
     Arch,
+    Bias,
     DType,
     Epilogue,
     Layout,
@@ -74,7 +76,7 @@ def _build_tags(cls: type[enum.Enum]) -> dict[str, Any]:
 
 
 _TAGS: dict[type, dict[str, Any]] = {
-    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout, Activation)
+    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout, Bias, Activation)
 }
 
 
@@ -125,6 +127,8 @@ def procedural_name(s: Schedule) -> str:
     else:
         if s.layout != Layout.NT:
             parts.append(_enum(s.layout, "layout"))
+        if s.bias != Bias.NONE:
+            parts.append(_enum(s.bias, "bias"))
         if s.activation != Activation.NONE:
             parts.append(_enum(s.activation, "activation"))
     return "_".join(parts)
@@ -181,9 +185,9 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
     _ints("g{i}", ("group_size",), "a group size gN, e.g. g8"),
 )
 
-# A GEMM whose layout is not "nt" names it in one more part, then one whose activation is not
-# "none" names that in another, last part.
-_OPTIONAL_PARTS = ((_tag("layout"), Layout.NT), (_tag("activation"), Activation.NONE))
+# A GEMM whose layout is not "nt" names it in one more part, then one with a bias names it
+# ("bias"), then one whose activation is not "none" names that in another, last part.
+_OPTIONAL_PARTS = ((_tag("layout"), Layout.NT), (_tag("bias"), Bias.NONE), (_tag("activation"), Activation.NONE))
 
 # The short form's parsers (`_QUANT_PARTS_AT`).
 _QUANT_PARTS = tuple(_PARTS[i - 1] for i in _QUANT_PARTS_AT[1:])
@@ -206,7 +210,7 @@ def parse_name(name: str) -> Schedule:
     else:
         raise ValueError(
             f"{name!r} is not a cutegen kernel name: expected {1 + len(_PARTS)} '_'-separated "
-            f"parts (one more for a layout other than nt, one more for an activation; a quantizer: "
+            f"parts (one more each for a layout other than nt, a bias and an activation; a quantizer: "
             f"{1 + len(_QUANT_PARTS)}), got {len(parts)} (e.g. {_EXAMPLE})"
         )
     values: dict[str, Any] = {}
@@ -228,7 +232,7 @@ def parse_name(name: str) -> Schedule:
         if rest:
             raise ValueError(
                 f"{name!r} is not a cutegen kernel name: part {len(parts) - len(rest) + 1} "
-                f"({rest[0]!r}) is neither a layout nor an activation tag, or is out of order"
+                f"({rest[0]!r}) is not a layout, bias or activation tag, or is out of order"
             )
     if grammar is _QUANT_PARTS:
         if not values["op"].is_quantize:

@@ -286,8 +286,12 @@ def op_supported_on_arch(s: Schedule) -> str | None:
 
 
 # The outputs each activation's epilogue writes (`activation_output`): SwiGLU's activations
-# quantized to e4m3 per token and 1x128 block.
-ACTIVATION_OUTPUTS: dict[Activation, frozenset[DType]] = {Activation.SWIGLU: frozenset({DType.E4M3})}
+# quantized to e4m3 per token and 1x128 block, the elementwise ones in bf16.
+ACTIVATION_OUTPUTS: dict[Activation, frozenset[DType]] = {
+    Activation.SWIGLU: frozenset({DType.E4M3}),
+    Activation.SILU: frozenset({DType.BF16}),
+    Activation.GELU: frozenset({DType.BF16}),
+}
 
 
 @_rule()
@@ -297,7 +301,7 @@ def dtypes_for_op(s: Schedule) -> str | None:
     want = OP_DTYPES.get(s.op)
     if want is None:
         return None
-    if s.fused_activation:
+    if s.stores_from_registers:
         # Compared as if the sum were written: the output type is the activation's rule.
         plain = {w for w in (want if isinstance(want, frozenset) else {want})}
         s = dataclasses.replace(s, c_dtype=next(iter(plain))[2])
@@ -743,28 +747,57 @@ def split_k_only_dense(s: Schedule) -> str | None:
     return f"epilogue={s.epilogue.value}: only ops {ops} split K, not {s.op.value}"
 
 
-# Ops whose Hopper kernels apply an activation in their epilogue (`Activation`): the FP8 GEMMs of
-# a mixture-of-experts up-projection, dense and both M-grouped layouts.
-ACTIVATION_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED})
+# Ops whose Hopper kernels apply each activation in their epilogue (`Activation`): SwiGLU in the
+# FP8 GEMMs of a mixture-of-experts up-projection, dense and both M-grouped layouts; SiLU and GELU
+# in the dense GEMMs, FP8 and BF16.
+DENSE_GEMMS = frozenset({Op.FP8_GEMM_NT, Op.BF16_GEMM_NT})
+ACTIVATION_OPS: dict[Activation, frozenset[Op]] = {
+    Activation.SWIGLU: frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED}),
+    Activation.SILU: DENSE_GEMMS,
+    Activation.GELU: DENSE_GEMMS,
+}
+# Ops whose Hopper kernels add a bias per output column (`Bias`), with bf16 D.
+BIAS_OPS = DENSE_GEMMS
+# The scale formats whose Hopper kernels hold the tile's fp32 sum in registers for the epilogue:
+# fp32 block scales (promoted) and none (the WGMMA's accumulators).
+EPILOGUE_SUM_SCALES = frozenset({ScaleFormat.F32, ScaleFormat.NONE})
 
 
 @_rule()
 def activation_ops(s: Schedule) -> str | None:
     """An activation is fused only into the ops that have it (`ACTIVATION_OPS`), on sm_90a with
-    fp32 block scales: the promoting template's epilogue holds the tile's fp32 sum in registers."""
-    if not s.fused_activation:
+    fp32 block scales or none (`EPILOGUE_SUM_SCALES`): the epilogue reads the tile's fp32 sum
+    from registers."""
+    if s.activation == Activation.NONE:
         return None
-    if s.op in ACTIVATION_OPS and s.arch == Arch.SM90A and s.scale == ScaleFormat.F32:
+    ops = ACTIVATION_OPS[s.activation]
+    if s.op in ops and s.arch == Arch.SM90A and s.scale in EPILOGUE_SUM_SCALES:
         return None
-    ops = ", ".join(sorted(o.value for o in ACTIVATION_OPS))
-    return (f"activation={s.activation.value}: fused only into ops {ops} on sm_90a with fp32 scales, "
+    names = ", ".join(sorted(o.value for o in ops))
+    return (f"activation={s.activation.value}: fused only into ops {names} on sm_90a with fp32 scales or none, "
             f"not op={s.op.value} on {s.arch.value} with scale={s.scale.value}")
+
+
+@_rule()
+def bias_ops(s: Schedule) -> str | None:
+    """A bias is added only by the dense GEMMs (`BIAS_OPS`) on sm_90a with fp32 block scales or
+    none, into bf16 D, and not with an activation that pairs columns (a bias per column of the
+    GEMM's sum is a bias of gate and up)."""
+    if not s.adds_bias:
+        return None
+    if (s.op in BIAS_OPS and s.arch == Arch.SM90A and s.scale in EPILOGUE_SUM_SCALES
+            and s.c_dtype == DType.BF16 and not s.activation.pairs_columns):
+        return None
+    names = ", ".join(sorted(o.value for o in BIAS_OPS))
+    return (f"bias={s.bias.value}: added only by ops {names} on sm_90a with fp32 scales or none, into "
+            f"c_dtype=bf16 and without a column-pairing activation, not op={s.op.value} on {s.arch.value} "
+            f"with scale={s.scale.value}, c_dtype={s.c_dtype.value}, activation={s.activation.value}")
 
 
 @_rule()
 def activation_output(s: Schedule) -> str | None:
     """The output type is one the activation's epilogue writes (`ACTIVATION_OUTPUTS`)."""
-    if not s.fused_activation:
+    if s.activation == Activation.NONE:
         return None
     allowed = ACTIVATION_OUTPUTS[s.activation]
     if s.c_dtype in allowed:
@@ -787,15 +820,19 @@ def swiglu_tile_pairs_gate_and_up(s: Schedule) -> str | None:
 
 
 @_rule()
-def activation_plain_epilogue(s: Schedule) -> str | None:
-    """An activation is fused into the plain epilogue (tma_store: the activation's stores replace
-    its TMA stores), and K-major operands."""
-    if not s.fused_activation:
+def fused_epilogue_stores(s: Schedule) -> str | None:
+    """A fused epilogue (a bias, an activation) writes D from K-major operands' whole sums: not
+    adding into D and not split K (a bias or activation of a partial sum is not the sum's); an
+    activation whose stores replace the TMA stores takes the plain tma_store epilogue."""
+    if not s.fused_epilogue:
         return None
-    if s.epilogue == Epilogue.TMA_STORE and s.layout == Layout.NT:
+    if s.layout == Layout.NT and not s.adds_into_d and not s.epilogue.splits_k and (
+        s.epilogue == Epilogue.TMA_STORE or not s.stores_from_registers
+    ):
         return None
-    return (f"epilogue={s.epilogue.value}, layout={s.layout.value}: activation={s.activation.value} "
-            f"takes epilogue=tma_store and layout=nt")
+    what = "tma_store" if s.stores_from_registers else "an epilogue that neither adds into D nor splits K"
+    return (f"epilogue={s.epilogue.value}, layout={s.layout.value}: bias={s.bias.value}, "
+            f"activation={s.activation.value} take {what} and layout=nt")
 
 
 # The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read, where not nt

@@ -268,6 +268,10 @@ class Activation(str, enum.Enum):
 
     ``none``: the sum itself (plus C where the epilogue adds into D).
 
+    ``silu``: x · sigmoid(x), as ``x / (1 + exp(-x))`` in fp32. ``gelu``: the exact GELU,
+    ``0.5 · x · (1 + erf(x / √2))`` in fp32 (``torch.nn.functional.gelu``'s default). Both write
+    the sum's type-converted activation where the plain epilogue writes the sum.
+
     ``swiglu``: SiLU(gate) · up for a mixture-of-experts up-projection whose weights hold gate and
     up rows interleaved in blocks of SWIGLU_BLOCK (`cutegen.runtime.fused_ops.interleave_gate_up`):
     a 2·SWIGLU_BLOCK-wide tile's first half is gate, its second half the matching up columns, so
@@ -277,11 +281,26 @@ class Activation(str, enum.Enum):
 
     NONE = "none"
     SWIGLU = "swiglu"
+    SILU = "silu"
+    GELU = "gelu"
 
     @property
     def pairs_columns(self) -> bool:
         """The activation combines two output columns (gate, up) into one."""
         return self == Activation.SWIGLU
+
+
+class Bias(str, enum.Enum):
+    """What the epilogue adds to the tile's fp32 sum before its activation: nothing, or ``column``
+    (named ``bias``), a vector of one value per output column in D's type (``y = act(A·Bᵀ + bias)``,
+    the bias read as fp32)."""
+
+    NONE = "none"
+    COLUMN = "column"
+
+    @property
+    def tag(self) -> str:
+        return "bias" if self == Bias.COLUMN else "none"
 
 
 class Raster(str, enum.Enum):
@@ -364,8 +383,8 @@ SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
 # Per architecture whose GPU has run kernels (`Arch.hardware_evidence`): which of its kernels
 # have only been compiled and checked on the CPU (a predicate over the schedule): the fused
-# SwiGLU + FP8 quantize kernels, built on 2026-12-05 when no GPU was lent.
-COMPILED_ONLY: dict[Arch, Any] = {Arch.SM90A: lambda s: s.fused_activation}
+# epilogues (SwiGLU + FP8 quantize, bias and activation), built on 2026-12-05 when no GPU was lent.
+COMPILED_ONLY: dict[Arch, Any] = {Arch.SM90A: lambda s: s.fused_epilogue}
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
@@ -444,6 +463,8 @@ class Schedule:
     layout: Layout = Layout.NT
     # Named only when not the default (`naming`): every kernel before it writes the sum.
     activation: Activation = Activation.NONE
+    # Named only when not the default (`naming`), before the activation.
+    bias: Bias = Bias.NONE
 
     # ---- derived facts, one definition each -------------------------------------------------
     @property
@@ -569,7 +590,7 @@ class Schedule:
 
     @property
     def epilogue_bytes(self) -> int:
-        if self.op.is_quantize or self.fused_activation:  # stores go straight from registers to global memory
+        if self.op.is_quantize or self.stores_from_registers:  # stores go straight from registers to global memory
             return 0
         em, en = self.epi_tile
         return self.epilogue_stages * em * en * self.c_dtype.bytes
@@ -741,18 +762,42 @@ class Schedule:
         )
 
     @property
-    def fused_activation(self) -> bool:
-        """The epilogue applies an activation (`Activation`) before it writes D."""
-        return self.activation != Activation.NONE
+    def fused_epilogue(self) -> bool:
+        """The epilogue adds a bias (`Bias`) or applies an activation (`Activation`) before it
+        writes D."""
+        return self.adds_bias or self.activation != Activation.NONE
+
+    @property
+    def adds_bias(self) -> bool:
+        """The epilogue adds a bias per column of D (`Bias`)."""
+        return self.bias != Bias.NONE
+
+    @property
+    def stores_from_registers(self) -> bool:
+        """The epilogue writes D (and its scales) from registers, not through shared memory and
+        the TMA: the activation that pairs gate and up columns, quantized."""
+        return self.activation.pairs_columns
+
+    @property
+    def transforms_sum(self) -> bool:
+        """The plain epilogue stores the tile's sum after a bias and an elementwise activation
+        have been applied to it in registers."""
+        return self.fused_epilogue and not self.stores_from_registers
 
     @property
     def entry(self) -> str:
         """The runtime entry point (and the manifest's op) of this schedule's kernels: the op's
-        name, followed by its activation's and ``quant`` for an e4m3 output where an activation
-        is fused (``m_grouped_fp8_gemm_nt_masked_swiglu_quant``)."""
-        if not self.fused_activation:
-            return self.op.value
-        return f"{self.op.value}_{self.activation.value}" + ("_quant" if self.c_dtype == DType.E4M3 else "")
+        name, followed where the epilogue is fused by ``bias``, the activation's name and
+        ``quant`` for an e4m3 output (``m_grouped_fp8_gemm_nt_masked_swiglu_quant``,
+        ``fp8_gemm_nt_bias_gelu``)."""
+        parts = [self.op.value]
+        if self.adds_bias:
+            parts.append("bias")
+        if self.activation != Activation.NONE:
+            parts.append(self.activation.value)
+        if self.fused_epilogue and self.c_dtype == DType.E4M3:
+            parts.append("quant")
+        return "_".join(parts)
 
     @property
     def output_columns_per_tile(self) -> int:
@@ -909,4 +954,5 @@ _FIELD_TYPES: dict[str, Any] = {
     "group_size": int,
     "layout": Layout,
     "activation": Activation,
+    "bias": Bias,
 }

@@ -37,6 +37,11 @@ from cutegen.templates.gemm_entries import (
     MGroupedMaskedEntry,
 )
 from cutegen.templates.hopper_contiguous import ContiguousFamily
+from cutegen.templates.hopper_bias_activation import (
+    Bf16GemmNtBiasEntry,
+    Fp8GemmNtBiasEntry,
+    HopperBiasActivationEpilogue,
+)
 from cutegen.templates.hopper_epilogue import HopperEpilogue
 from cutegen.templates.hopper_host import HopperHost
 from cutegen.templates.hopper_k_grouped import KGroupedFamily
@@ -65,8 +70,8 @@ from cutegen.schedules.spec import SCALE_BLOCK, THREADS_PER_WARPGROUP, Op, Raste
 
 
 class HopperGemmKernel(
-    HopperHost, HopperSetup, HopperProducer, HopperMainloop, HopperEpilogue, HopperSwiGLUEpilogue, SplitKFamily,
-    KGroupedFamily, ContiguousFamily, TileOrder,
+    HopperHost, HopperSetup, HopperProducer, HopperMainloop, HopperEpilogue, HopperSwiGLUEpilogue,
+    HopperBiasActivationEpilogue, SplitKFamily, KGroupedFamily, ContiguousFamily, TileOrder,
 ):
     """Persistent warp-specialised WGMMA GEMM with TMA loads, TMA multicast and a TMA-store epilogue.
 
@@ -324,12 +329,13 @@ class HopperGemmKernel(
         epi_smem_layout_staged: cute.ComposedLayout,
         d_sf,
         eps,
+        bias,
     ):
         """What every thread sets up (pipelines, shared memory, partitions, the tile walk), then
         its role: the TMA producer warp (`_producer_role`) or a math warpgroup (`_math_role`).
         The parameters are what `_launch` passes, in its order; the roles read them as `GemmArgs`."""
         mD = mC_mn
-        if cutlass.const_expr(self.schedule.fused_activation):
+        if cutlass.const_expr(self.schedule.stores_from_registers):
             # The roles walk the GEMM's tiles; the activation epilogue writes mD.
             mC_mn = self._tile_space(mD)
         args = GemmArgs(
@@ -337,7 +343,7 @@ class HopperGemmKernel(
             tma_atom_c, mC_mn, m_indices_ptr, zero_padding, masked_m_ptr, group_sizes_ptr, workspace_ptr,
             split_counters_ptr, split_partials_ptr, k_splits, a_base_ptr, b_base_ptr, tail_split,
             tma_atom_a_tail, a_smem_layout_staged, a_tail_layout_staged, b_smem_layout_staged,
-            sfa_smem_layout_staged, sfb_smem_layout_staged, epi_smem_layout_staged, d_sf, eps,
+            sfa_smem_layout_staged, sfb_smem_layout_staged, epi_smem_layout_staged, d_sf, eps, bias,
         )
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -529,8 +535,9 @@ class HopperGemmKernel(
         mD,
     ):
         """Walk the tiles; per tile: the main loop (WGMMA, with promotion where block-scaled), the
-        grouped layouts' padding rows, split K's fix-up, then the epilogue's stores (the
-        activation's, from registers, where the schedule fuses one)."""
+        grouped layouts' padding rows, split K's fix-up, then the epilogue: a fused bias and
+        activation applied to the sum in registers before the plain stores, or SwiGLU's stores
+        from registers."""
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
@@ -538,7 +545,7 @@ class HopperGemmKernel(
             pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
         num_k_blocks = cute.size(fragments.tCrA, mode=[2])
-        fused = self.schedule.fused_activation
+        fused = self.schedule.stores_from_registers
         epi = None if fused else self._epilogue_partitions(tiled_mma, fragments.promoted, sC, tidx)
         sync = self._epilogue_sync(warp_group_idx)
 
@@ -589,6 +596,8 @@ class HopperGemmKernel(
                     cute.recast_ptr(storage.sSFB.data_ptr(), dtype=cutlass.Int32),
                     sync.epilogue_barrier, tidx - THREADS_PER_WARPGROUP,
                 )
+            if cutlass.const_expr(self.schedule.transforms_sum):
+                self._bias_and_activation(fragments.promoted, fragments.tCcC, args.bias, tile_n)
             if cutlass.const_expr(fused):
                 self._store_swiglu_tile(
                     fragments.promoted, fragments.tCcC, mD, args.d_sf, tile_m, tile_n, group, write_tile, args.eps
@@ -802,6 +811,14 @@ class HopperMaskedFp8GemmSwiGLUQuantKernel(MGroupedMaskedSwiGLUQuantEntry, Hoppe
     """`m_grouped_fp8_gemm_nt_masked_swiglu_quant` on sm_90a."""
 
 
+class HopperFp8GemmBiasKernel(Fp8GemmNtBiasEntry, HopperGemmKernel):
+    """`fp8_gemm_nt_bias`, with SiLU or GELU after it (`fp8_gemm_nt_bias_silu`, `_bias_gelu`), on sm_90a."""
+
+
+class HopperBf16GemmBiasKernel(Bf16GemmNtBiasEntry, HopperGemmKernel):
+    """`bf16_gemm_nt_bias`, with SiLU or GELU after it (`bf16_gemm_nt_bias_silu`, `_bias_gelu`), on sm_90a."""
+
+
 # The kernel class of each op whose epilogue applies SwiGLU and quantizes.
 SWIGLU_QUANT_KERNELS = {
     Op.FP8_GEMM_NT: HopperFp8GemmSwiGLUQuantKernel,
@@ -815,8 +832,10 @@ class HopperGemmTemplate(GemmContract):
 
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
-        if schedule.fused_activation:
+        if schedule.stores_from_registers:
             self.kernel = SWIGLU_QUANT_KERNELS[schedule.op](schedule)
+        elif schedule.adds_bias:
+            self.kernel = (HopperFp8GemmBiasKernel if schedule.block_scaled else HopperBf16GemmBiasKernel)(schedule)
         elif schedule.op.is_k_grouped:
             k_grouped = HopperKGroupedFp8GemmKernel if schedule.block_scaled else HopperKGroupedBf16GemmKernel
             self.kernel = k_grouped(schedule)

@@ -131,7 +131,7 @@ class HopperHost:
             else:
                 params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
         contract = {arg.name: arg for arg in op_contract(s)}
-        if s.fused_activation:
+        if s.stores_from_registers:
             # The activation's stores go from registers: D as a plain tensor.
             params.append(plain_binding(contract["d"]))
         else:
@@ -165,15 +165,17 @@ class HopperHost:
         if self.a_tail_slices:
             # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
             params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
-        if s.fused_activation:
+        if s.stores_from_registers:
             params += [plain_binding(contract["d_sf"]), plain_binding(contract["eps"])]
+        if s.adds_bias:
+            params.append(plain_binding(contract["bias"]))
         return params
 
     @cute.jit
     def _launch(
         self, a, b, c, sfa, sfb, max_active_clusters, stream, m_indices=None, zero_padding=None,
         masked_m=None, group_sizes=None, workspace=None, split_counters=None, split_partials=None,
-        k_splits=None, tail_split=None, d_sf=None, eps=None,
+        k_splits=None, tail_split=None, d_sf=None, eps=None, bias=None,
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
@@ -216,7 +218,7 @@ class HopperHost:
         )
         tma_atom_c = None
         tma_tensor_c = c  # the activation epilogue's D: a plain tensor, stored from registers
-        if cutlass.const_expr(not self.schedule.fused_activation):
+        if cutlass.const_expr(not self.schedule.stores_from_registers):
             tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
                 store_op,
                 c,
@@ -244,7 +246,7 @@ class HopperHost:
         sfb_elems = sfb_stride * self.schedule.stages if self.schedule.op.scales_b_per_row else 1
 
         # The activation epilogue stores from registers: no sub-tile buffers.
-        epi_elems = 1 if self.schedule.fused_activation else cute.cosize(epi_staged)
+        epi_elems = 1 if self.schedule.stores_from_registers else cute.cosize(epi_staged)
 
         @cute.struct
         class SharedStorage:
@@ -309,6 +311,7 @@ class HopperHost:
             epi_smem_layout_staged=epi_staged,
             d_sf=d_sf,
             eps=eps,
+            bias=bias,
         )
         kernel_call = self.kernel(*args)
         self._launch_persistent(kernel_call, persistent, stream)

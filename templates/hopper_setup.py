@@ -34,7 +34,7 @@ class HopperSetup:
         """Warp 0: bring every TMA descriptor the kernel uses into the descriptor cache."""
         cpasync.prefetch_descriptor(args.tma_atom_a)
         cpasync.prefetch_descriptor(args.tma_atom_b)
-        if cutlass.const_expr(not self.schedule.fused_activation):
+        if cutlass.const_expr(not self.schedule.stores_from_registers):
             cpasync.prefetch_descriptor(args.tma_atom_c)
         if cutlass.const_expr(self.a_tail_slices > 0):
             cpasync.prefetch_descriptor(args.tma_atom_a_tail)
@@ -229,10 +229,10 @@ class HopperSetup:
                 for _ in range(self.schedule.wgmma_accumulators)
             )
             promoted = cute.make_rmem_tensor(tCgC.shape[:3], self.acc_dtype)
-        if cutlass.const_expr(self.schedule.block_scaled or self.contiguous):
+        if cutlass.const_expr(self.schedule.block_scaled or self.contiguous or self.schedule.transforms_sum):
             # Tile-local (row, column) of every accumulator element of *this thread* (thr_mma is
             # the warpgroup's slice, which the WGMMA needs; coordinates need the thread's): the
-            # columns' scales, the rows' groups (contiguous layout).
+            # columns' scales and bias, the rows' groups (contiguous layout).
             thr_mma_own = tiled_mma.get_slice(tidx - THREADS_PER_WARPGROUP)
             tCcC = thr_mma_own.partition_C(cute.make_identity_tensor((tm, tn)))
         return MathFragments(tCrA, tCrB, accumulators, promoted, accs, tCcC)

@@ -40,6 +40,7 @@ class GemmArgs(NamedTuple):
     epi_smem_layout_staged: Any
     d_sf: Any  # the activation epilogue's output scales (None for the others)
     eps: Any  # the activation epilogue's quantizer eps (None for the others)
+    bias: Any  # the fused epilogue's bias per column of D (None for the others)
 
 
 class ClusterPosition(NamedTuple):

@@ -57,6 +57,12 @@ SCHEDULES = (
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x2_mca_s4_wg2_r40x232_epitma_rn_g1_swiglu",
+    # A bias per column (a plain [N] tensor after D) and an activation, FP8 and BF16; an
+    # activation alone takes the plain GEMM's arguments.
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s5_wg2_r40x232_epitma_rm_g8_bias_gelu",
+    "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c2x1_mcb_s3_wg2_r40x232_epitma_rm_g8_bias",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_bias_silu",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x128x64_c1x1_mc0_s6_wg2_r40x232_epitma_rm_g8_gelu",
 )
 # The SwiGLU kernels' eps.
 EPS = 1e-4
@@ -119,7 +125,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     b_dtype = schedule.b_dtype.value
     grouped = schedule.op.is_m_grouped
     masked = schedule.op.is_masked
-    fused = schedule.fused_activation
+    fused = schedule.stores_from_registers
     if fused:  # gate and up columns pair up: N = 2I with I a multiple of 128
         n = 256 * max(1, n // 256)
     # FP4 rows: strides of whole 32 bytes (64 elements), as its TMA type needs.
@@ -158,6 +164,8 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             OperandInfo(0x7FA000000000, (GROUPS, m, ib), (ib * lds, 1, lds), "f32") if masked
             else OperandInfo(0x7FA000000000, (m, ib), (1, lds), "f32")
         )
+    if schedule.adds_bias:  # bf16 [N], after D in the entry's arguments
+        operands["bias"] = OperandInfo(0x7FB000000000, (n,), (1,), "bf16")
     kt = 128 * -(-k // 128)
     if schedule.op.is_k_grouped:
         operands["a"] = OperandInfo(0x7F0000000000, (m, kt), (kt, 1), ab)
@@ -227,6 +235,8 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         if fused:
             args.append(tensor(fakes[5], "d_sf"))
             extents.update(I=n // 2, IB=n // 256)
+        if schedule.adds_bias:
+            args.append(tensor(fakes[5], "bias"))
         if masked:
             operands["masked_m"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
             args += [ap.CPointer(operands["masked_m"].ptr)]
@@ -263,6 +273,8 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         a_fake, b_fake, d_fake = fakes[:3]
         args = [tensor(a_fake, "a"), tensor(b_fake, "b"), tensor(d_fake, "d")]
         extents = {"M": m, "N": n, "K": k}
+        if schedule.adds_bias:
+            args.append(tensor(fakes[3], "bias"))
         if schedule.op.is_k_grouped:  # BF16, tokens first: A [Σk, M] and B [Σk, N] as MN-major views
             m8, n8 = -(-m // 8) * 8, -(-n // 8) * 8
             operands["a"] = OperandInfo(0x7F0000000000, (m8, kt), (1, m8), ab)

@@ -707,7 +707,7 @@ def test_c_launcher_abi_selfcheck_real_kernels(toolchain, real_export, name, mac
 ARCH_OPS = sorted(
     {(a.value, o.value) for o, archs in OP_ARCHS.items() for a in archs}
     # Entry points of their own: the ops with an activation fused into their epilogue.
-    | {(s.arch.value, s.entry) for s in default_schedules() if s.fused_activation}
+    | {(s.arch.value, s.entry) for s in default_schedules() if s.fused_epilogue}
 )
 STUB_CC = {"sm_90a": "90", "sm_100a": "100"}
 

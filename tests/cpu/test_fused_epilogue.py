@@ -1,6 +1,7 @@
-"""CPU tier: the SwiGLU + FP8 quantize epilogue without a GPU: its schedules (names, rules, contract),
-the weight arrangement and reference numerics it follows, and its ops' input checks on fake CUDA
-tensors (bad inputs refused naming the argument before anything could be launched)."""
+"""CPU tier: the fused epilogues without a GPU — SwiGLU + FP8 quantize, and bias + activation: their
+schedules (names, rules, contract), the weight arrangement and reference numerics they follow, and
+their ops' input checks on fake CUDA tensors (bad inputs refused naming the argument before anything
+could be launched)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ torch = pytest.importorskip("torch")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from cutegen.runtime import fused_ops  # noqa: E402
+from cutegen.runtime import epilogue_ops, fused_ops  # noqa: E402
 from cutegen.runtime.errors import InputError  # noqa: E402
 from cutegen.runtime.fused_reference import (  # noqa: E402
+    ACTIVATIONS,
+    bias_activation_ref,
     deinterleave_gate_up,
     interleave_gate_up,
     swiglu_quant_ref,
@@ -25,7 +28,7 @@ from cutegen.schedules.contract import op_contract  # noqa: E402
 from cutegen.schedules.loader import default_schedules  # noqa: E402
 from cutegen.schedules.naming import parse_name, procedural_name  # noqa: E402
 from cutegen.schedules.predicates import violations  # noqa: E402
-from cutegen.schedules.spec import Activation, DType, Epilogue  # noqa: E402
+from cutegen.schedules.spec import Activation, Bias, DType, Epilogue, Layout, Op  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 M, I, K, G = 200, 256, 512, 3
@@ -33,7 +36,7 @@ N, KB = 2 * I, K // 128
 
 
 def swiglu_schedules():
-    return [s for s in default_schedules() if s.fused_activation]
+    return [s for s in default_schedules() if s.stores_from_registers]
 
 
 # ---- schedules -------------------------------------------------------------------------------
@@ -58,7 +61,7 @@ def test_default_swiglu_schedules_cover_the_three_layouts_and_name_their_entry()
 def test_names_with_a_layout_and_an_activation_parse_in_order_only():
     s = swiglu_schedules()[0]
     name = procedural_name(s)
-    with pytest.raises(ValueError, match="neither a layout nor an activation"):
+    with pytest.raises(ValueError, match="not a layout, bias or activation tag"):
         parse_name(name + "_nt")
     with pytest.raises(ValueError, match="not a canonical"):
         parse_name(name.replace("_swiglu", "_nt_swiglu"))
@@ -69,7 +72,8 @@ def test_names_with_a_layout_and_an_activation_parse_in_order_only():
     [
         ({"c_dtype": DType.BF16}, "activation_output"),
         ({"tile_n": 128}, "swiglu_tile_pairs_gate_and_up"),
-        ({"epilogue": Epilogue.TMA_STORE_PER_WARPGROUP}, "activation_plain_epilogue"),
+        ({"epilogue": Epilogue.TMA_STORE_PER_WARPGROUP}, "fused_epilogue_stores"),
+        ({"bias": Bias.COLUMN}, "bias_ops"),
     ],
 )
 def test_each_swiglu_constraint_is_one_named_rule(change, rule):
@@ -218,6 +222,119 @@ def test_entry_points_refuse_a_kernel_that_is_not_a_name():
         fused_ops.fp8_gemm_nt_swiglu_quant(None, None, None, None, kernel=3)
 
 
+# ---- bias and activation ----------------------------------------------------------------------
+
+
+def bias_activation_schedules():
+    return [s for s in default_schedules() if s.transforms_sum]
+
+
+def test_bias_activation_schedules_cover_both_dense_gemms_and_every_epilogue():
+    want = {f"{gemm}{suffix}" for gemm in ("fp8_gemm_nt", "bf16_gemm_nt")
+            for suffix in ("_bias", "_bias_silu", "_bias_gelu", "_silu", "_gelu")}
+    assert {s.entry for s in bias_activation_schedules()} == want
+    for s in bias_activation_schedules():
+        assert s.c_dtype == DType.BF16 and s.hardware_evidence == "compiled only"
+        assert parse_name(procedural_name(s)) == s
+        # The runtime names the entry of a call's epilogue as the generator names the schedule's.
+        op = epilogue_ops.OP_FP8 if s.op == Op.FP8_GEMM_NT else epilogue_ops.OP_BF16
+        assert epilogue_ops.entry(op, s.adds_bias, s.activation.value) == s.entry
+        args = [a.name for a in op_contract(s)]
+        assert args[: args.index("d") + 1] == list(epilogue_ops.OPERANDS[op])
+        assert ("bias" in args) == s.adds_bias
+
+
+@pytest.mark.parametrize(
+    "change, rule",
+    [
+        ({"op": Op.FP8_WGRAD_GEMM_NT}, "bias_ops"),
+        ({"c_dtype": DType.F32}, "bias_ops"),
+        ({"activation": Activation.SWIGLU}, "bias_ops"),
+        ({"epilogue": Epilogue.TMA_STORE_ADD}, "fused_epilogue_stores"),
+        ({"layout": Layout.NN}, "fused_epilogue_stores"),
+    ],
+)
+def test_each_bias_constraint_is_one_named_rule(change, rule):
+    s = next(s for s in bias_activation_schedules() if s.adds_bias and s.op == Op.BF16_GEMM_NT)
+    assert rule in {v.name for v in violations(dataclasses.replace(s, **change))}
+
+
+def test_elementwise_activations_write_bf16_from_the_dense_gemms_only():
+    s = next(s for s in bias_activation_schedules() if not s.adds_bias and s.op == Op.FP8_GEMM_NT)
+    assert "activation_output" in {v.name for v in violations(dataclasses.replace(s, c_dtype=DType.F32))}
+    grouped = next(g for g in default_schedules() if g.op == Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS)
+    assert "activation_ops" in {v.name for v in violations(dataclasses.replace(grouped, activation=Activation.GELU))}
+
+
+def test_bias_activation_reference_is_act_of_the_biased_fp32_sum_rounded_once():
+    torch.manual_seed(2)
+    h, bias = torch.randn(33, 200) * 3, torch.randn(200).to(torch.bfloat16)
+    y = (h.double() + bias.double())
+    exact = {"none": y, "silu": y / (1 + torch.exp(-y)), "gelu": 0.5 * y * (1 + torch.erf(y / 2 ** 0.5))}
+    for act in ACTIVATIONS:
+        got = bias_activation_ref(h, bias, act)
+        assert got.dtype == torch.bfloat16
+        # One rounding to bf16 (8 bits of mantissa) of a value computed in fp32.
+        assert ((got.double() - exact[act]).abs() <= exact[act].abs() * 2 ** -8 + 1e-6).all(), act
+    assert torch.equal(bias_activation_ref(h), h.to(torch.bfloat16))
+    with pytest.raises(InputError, match="argument 'activation'"):
+        bias_activation_ref(h, None, "relu")
+
+
+def bf16(*shape):
+    return torch.empty(*shape, dtype=torch.bfloat16, device="cuda")
+
+
+def fp8_epilogue(**changes):
+    ops = {"a": fp8(M, K), "sfa": mn_major(M, KB), "b": fp8(N, K), "sfb": torch.empty(N // 128, KB, device="cuda"),
+           "bias": bf16(N), "activation": "gelu", "out": None}
+    ops.update(changes)
+    return epilogue_ops._fp8_meta(**ops)
+
+
+def bf16_epilogue(**changes):
+    ops = {"a": bf16(M, K), "b": bf16(N, K), "bias": bf16(N), "activation": "silu", "out": None}
+    ops.update(changes)
+    return epilogue_ops._bf16_meta(**ops)
+
+
+def test_well_formed_epilogue_calls_pass_the_checks():
+    with FakeTensorMode():
+        assert fp8_epilogue() == (M, N, K)
+        assert fp8_epilogue(bias=None, activation="silu", out=bf16(M, N)) == (M, N, K)
+        assert bf16_epilogue(activation="none", out=bf16(M, N)) == (M, N, K)
+
+
+@pytest.mark.parametrize(
+    "check, change, arg",
+    [
+        (fp8_epilogue, lambda: {"bias": torch.empty(N, device="cuda")}, "bias"),
+        (fp8_epilogue, lambda: {"bias": bf16(N + 8)}, "bias"),
+        (fp8_epilogue, lambda: {"bias": torch.empty_strided((N,), (2,), dtype=torch.bfloat16, device="cuda")}, "bias"),
+        (fp8_epilogue, lambda: {"bias": torch.empty(N, dtype=torch.bfloat16)}, "bias"),
+        (fp8_epilogue, lambda: {"activation": "relu"}, "activation"),
+        (fp8_epilogue, lambda: {"sfa": mn_major(M, -(-KB // 4)).to(torch.int32),
+                                "sfb": torch.empty(N // 128, 1, dtype=torch.int32, device="cuda")}, "sfa"),
+        (fp8_epilogue, lambda: {"out": bf16(M, N + 8)}, "out"),
+        (fp8_epilogue, lambda: {"out": torch.empty(M, N, device="cuda")}, "out"),
+        (fp8_epilogue, lambda: {"a": fp8(M, K + 128)}, "b"),
+        (bf16_epilogue, lambda: {"a": bf16(K, M).t()}, "a"),
+        (bf16_epilogue, lambda: {"bias": bf16(1, N)}, "bias"),
+        (bf16_epilogue, lambda: {"out": bf16(N, M).t()}, "out"),
+    ],
+)
+def test_bad_epilogue_inputs_are_refused_naming_the_argument_and_the_op(check, change, arg):
+    op = {fp8_epilogue: epilogue_ops.OP_FP8, bf16_epilogue: epilogue_ops.OP_BF16}[check]
+    with FakeTensorMode():
+        with pytest.raises(InputError, match=rf"^{op}: argument '{arg}'"):
+            check(**change())
+
+
+def test_epilogue_entry_points_refuse_a_kernel_that_is_not_a_name():
+    with pytest.raises(InputError, match="argument 'kernel'"):
+        epilogue_ops.bf16_gemm_nt_epilogue(None, None, kernel=3)
+
+
 # ---- the benchmark's report (its measurement needs a GPU) --------------------------------------
 
 
@@ -231,4 +348,10 @@ def test_fused_benchmark_renders_its_rows_against_the_targets():
     text = bench_fused.render({"rows": [row]})
     assert "decode (masked): fused 1.30x the best unfused pipeline" in text
     assert "| DeepSeek-V3 | masked | 32 x ~16 | 7168, 2048 | 100.0 | 300 | 97.0 |" in text
-    assert "prefill" not in text
+    assert "prefill" not in text and "bias" not in text
+    dense = {"gemm": "bf16_gemm_nt", "m": 4096, "n": 16384, "k": 4096, "tflops": 700.0, "best_unfused": "gemm + torch.compile",
+             "us": {"fused": 800.0, "gemm": 780.0, "gemm + torch": 1000.0, "gemm + torch.compile": 900.0},
+             "speedup": 900 / 800, "vs_gemm": 800 / 780}
+    text = bench_fused.render({"rows": [], "bias_activation": [dense]})
+    assert "dense GEMM + bias + GELU: fused 1.12x the best unfused pipeline" in text
+    assert "| bf16_gemm_nt | 4096, 16384, 4096 | 800.0 | 700 | 780.0 | gemm + torch 1000.0, gemm + torch.compile 900.0 |" in text

@@ -50,7 +50,10 @@ def test_the_runtime_passes_each_op_its_contract_operands():
     """The runtime's per-op operand lists (what a call binds, in entry order; the workspaces it
     supplies itself left out) are the contract's."""
     pytest.importorskip("torch")
-    from cutegen.runtime import bf16_grouped_ops, bf16_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, quant_ops, split_k
+    from cutegen.runtime import (
+        bf16_grouped_ops, bf16_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, quant_ops, split_k,
+    )
+    from cutegen.runtime.fused_reference import ACTIVATIONS
 
     supplied = {"split_counters", "split_partials", "workspace", "tile_counter"}
 
@@ -73,6 +76,9 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "per_token_quant_fp8": quant_ops._PER_TOKEN_OPERANDS,
         "per_block_quant_fp8": quant_ops._PER_BLOCK_OPERANDS,
         **fused_ops.OPERANDS,
+        # The dense GEMMs with a fused bias and/or activation: the GEMM's operands, then the bias.
+        **{epilogue_ops.entry(op, bias, act): (*epilogue_ops.OPERANDS[op], *(("bias",) if bias else ()))
+           for op in epilogue_ops.GEMM for bias in (False, True) for act in ACTIVATIONS if bias or act != "none"},
     }
     seen = set()
     for (_, entry, _, splits), schedule in EVERY_OP.items():

@@ -39,7 +39,7 @@ from cutegen.schedules import (
     violations,
 )
 from cutegen.schedules import predicates as preds
-from cutegen.schedules.spec import K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES
+from cutegen.schedules.spec import K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES, Bias
 from schedule_files import bf16_family  # noqa: E402
 
 # bf16_gemm_nt: bf16 or fp32 D stored by each tile, and (tma_store_add) added into D.
@@ -123,14 +123,16 @@ def test_default_schedules_are_valid_unique_and_expected():
     names = [procedural_name(s) for s in scheds]
     assert len(set(names)) == len(names)
     assert names == sorted(names)
-    bf16 = [n for n in names if "_gemm_bf16_" in n]
+    # The plain BF16 GEMMs (the fused epilogues' are `test_fused_epilogue`'s).
+    bf16 = [procedural_name(s) for s in scheds if s.op == Op.BF16_GEMM_NT and not s.fused_epilogue]
     assert bf16 == EXPECTED_DEFAULT_NAMES
 
 
 def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
-    assert len(default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)) == 74
+    bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
+    assert len(bf16) == 83 and sum(not s.fused_epilogue for s in bf16) == 74
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -144,6 +146,7 @@ def test_default_files_and_filters():
     assert {e.family for e in entries} == {
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
+        "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu",
     }
 
 
@@ -276,7 +279,7 @@ CRAFTED.update({
 
 # A default SwiGLU + FP8 quantize schedule (dense, one CTA a cluster): the activation rules' base.
 SWIGLU_BASE = next(
-    s for s in default_schedules(arch="sm_90a") if s.fused_activation and s.op == Op.FP8_GEMM_NT and s.cluster_m == 1
+    s for s in default_schedules(arch="sm_90a") if s.stores_from_registers and s.op == Op.FP8_GEMM_NT and s.cluster_m == 1
 )
 
 
@@ -289,8 +292,10 @@ CRAFTED.update({
                        (swbad(op=Op.FP8_WGRAD_GEMM_NT), "activation")],
     "activation_output": [(swbad(c_dtype=DType.F32), "c_dtype")],
     "swiglu_tile_pairs_gate_and_up": [(swbad(tile_n=128), "tile_n"), (swbad(math_warpgroups=1), "tile_m")],
-    "activation_plain_epilogue": [(swbad(epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
-                                  (swbad(layout=Layout.NN), "layout")],
+    "fused_epilogue_stores": [(swbad(epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
+                              (swbad(layout=Layout.NN), "layout"),
+                              (swbad(epilogue=Epilogue.TMA_STORE_PER_WARPGROUP), "epilogue")],
+    "bias_ops": [(bad(bias=Bias.COLUMN, c_dtype=DType.F32), "bias"), (swbad(bias=Bias.COLUMN), "bias")],
 })
 
 
@@ -847,7 +852,7 @@ def test_static_stage_rounds_where_they_were_measured_faster():
     for s in default_schedules():
         if s.op.is_quantize or not s.block_scaled:
             continue
-        key = (s.entry, s.arch.value, s.tile_m, s.tile_n)
+        key = (s.op.value, s.arch.value, s.tile_m, s.tile_n)
         chosen.setdefault(key, set()).add(s.static_stage_rounds)
         if s.static_stage_rounds:
             assert s.wgmma_accumulators == 1 and s.arch == Arch.SM90A
@@ -864,9 +869,8 @@ def test_static_stage_rounds_where_they_were_measured_faster():
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 128),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 160),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 256, 128),
-        ("fp8_gemm_nt_swiglu_quant", "sm_90a", 128, 256),
-        ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", "sm_90a", 128, 256),
-        ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", "sm_90a", 128, 256),
+        # The SwiGLU tiles (the contiguous one's is the plain 128x256's).
+        ("fp8_gemm_nt", "sm_90a", 128, 256), ("m_grouped_fp8_gemm_nt_masked", "sm_90a", 128, 256),
     }
     assert rounds == expected
 
@@ -889,7 +893,7 @@ def test_256_wide_block_scaled_tiles_run_in_column_waves():
         ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", 128, 256, 1, 1),
         ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", 128, 256, 1, 2),
     }
-    (s,) = [w for w in wide if not w.fused_activation]
+    (s,) = [w for w in wide if not w.fused_epilogue]
     assert s.column_waves == 2 and s.waves == 1 and s.all_waves == 2
     assert s.wgmma_accumulators == 1
     assert s.accumulator_registers == 128 + 64 <= s.consumer_regs - preds.REGISTER_HEADROOM

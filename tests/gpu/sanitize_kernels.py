@@ -25,7 +25,9 @@ from typing import Callable
 
 import torch
 
-from cutegen.runtime import bf16_grouped_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, ops, quant_ops
+from cutegen.runtime import (
+    bf16_grouped_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, ops, quant_ops,
+)
 
 
 def _fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,6 +163,33 @@ def run_masked_swiglu(name: str) -> None:
         fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(qa, sa, qb, sb, masked_m, 96, kernel=name)
 
 
+def _epilogue_of(name: str) -> tuple[bool, str]:
+    """(adds a bias, activation) of a bias/activation kernel, from its schedule."""
+    schedule = ops.catalogue().manifest(name).schedule
+    return schedule.get("bias", "none") != "none", schedule.get("activation", "none")
+
+
+def run_fp8_epilogue(name: str) -> None:
+    # N = 1000: the last tile's columns past N read the last column's bias (a read past the bias
+    # would leave its allocation under PYTORCH_NO_CUDA_MEMORY_CACHING=1); M = 296 and 17: tiles past
+    # M; K = 592: a partial last K block.
+    has_bias, activation = _epilogue_of(name)
+    for m in (296, 17):
+        qb, sb = _block_scaled(torch.randn(1000, 592, device="cuda", dtype=torch.bfloat16))
+        qa, sa = _fp8(m, 592)
+        bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16) if has_bias else None
+        epilogue_ops.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, activation, kernel=name)
+
+
+def run_bf16_epilogue(name: str) -> None:
+    has_bias, activation = _epilogue_of(name)
+    for m in (296, 24):
+        a = torch.randn(m, 520, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(1000, 520, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16) if has_bias else None
+        epilogue_ops.bf16_gemm_nt_epilogue(a, b, bias, activation, kernel=name)
+
+
 def run_bf16_contiguous(name: str) -> None:
     align = grouped_ops.contiguous_alignment()
     # As run_contiguous; out-of-range groups among the padding rows; N and K no tile multiples.
@@ -220,6 +249,8 @@ def run_quant(name: str) -> None:
             quant_ops.grouped_transposed_quant_fp8(big, sizes, kernel=name)
 
 
+# The bias/activation epilogues' entry suffixes (`cutegen.runtime.epilogue_ops.entry`).
+EPILOGUE_SUFFIXES = ("bias", "bias_silu", "bias_gelu", "silu", "gelu")
 RUNNERS: dict[str, Callable[[str], None]] = {
     "bf16_gemm_nt": run_bf16,
     "fp8_gemm_nt": run_fp8,
@@ -230,6 +261,8 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "fp8_gemm_nt_swiglu_quant": run_fp8_swiglu,
     "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant": run_contiguous_swiglu,
     "m_grouped_fp8_gemm_nt_masked_swiglu_quant": run_masked_swiglu,
+    **{f"fp8_gemm_nt_{suffix}": run_fp8_epilogue for suffix in EPILOGUE_SUFFIXES},
+    **{f"bf16_gemm_nt_{suffix}": run_bf16_epilogue for suffix in EPILOGUE_SUFFIXES},
     "m_grouped_bf16_gemm_nt_contiguous": run_bf16_contiguous,
     "m_grouped_bf16_gemm_nt_masked": run_bf16_masked,
     "k_grouped_bf16_gemm_tn_contiguous": run_bf16_k_grouped,
