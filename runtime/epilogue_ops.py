@@ -2,8 +2,10 @@
 
 * ``fp8_gemm_nt_epilogue(a, sfa, b, sfb, bias=None, activation="none", out=None, *, kernel=None)``:
   the FP8 GEMM as `fp8_gemm_nt` takes it (fp32 1x128 scales of A, 128x128 of B) → D bf16 [M, N];
-* ``bf16_gemm_nt_epilogue(a, b, bias=None, activation="none", out=None, *, kernel=None)``: the
-  BF16 GEMM, A [M, K] and B [N, K] K-major → D bf16 [M, N].
+* ``bf16_gemm_nt_epilogue(a, b, bias=None, activation="none", out=None, *, c=None, kernel=None)``:
+  the BF16 GEMM, A [M, K] and B [N, K] K-major → D bf16 [M, N]; with ``c`` (bf16 [M, N], a
+  residual) D = C + act(A · Bᵀ + bias), the tile added into D holding C by the TMA's reduce-add
+  (`out` may be `c` itself: in place).
 
 ``bias`` is a bf16 vector of N values (contiguous, 16-byte aligned), added to every row;
 ``activation`` is ``"none"``, ``"silu"`` or ``"gelu"`` (the exact, erf-based GELU, as
@@ -66,15 +68,16 @@ def _check_epilogue(op: str, a: torch.Tensor, n: int, bias: Any, activation: Any
         raise _fail(op, "bias", f"must be contiguous, got stride {bias.stride(0)}")
 
 
-def _check_out(op: str, a: torch.Tensor, out: Any, m: int, n: int) -> None:
+def _check_out(op: str, a: torch.Tensor, out: Any, m: int, n: int, arg: str = "out") -> None:
+    """D (``out``), or the residual C it starts from: bf16 [M, N], rows contiguous and 16-byte aligned."""
     if not isinstance(out, torch.Tensor):
-        raise _fail(op, "out", f"must be a torch.Tensor, got {type(out).__name__}")
+        raise _fail(op, arg, f"must be a torch.Tensor, got {type(out).__name__}")
     if out.device != a.device or out.dtype != torch.bfloat16:
-        raise _fail(op, "out", f"must be a torch.bfloat16 tensor on {a.device}, got {out.dtype} on {out.device}")
+        raise _fail(op, arg, f"must be a torch.bfloat16 tensor on {a.device}, got {out.dtype} on {out.device}")
     if tuple(out.shape) != (m, n):
-        raise _fail(op, "out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
+        raise _fail(op, arg, f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
     if (n > 1 and out.stride(1) != 1) or (m > 1 and out.stride(0) % 8):
-        raise _fail(op, "out", f"must be unit-stride along N with 16-byte aligned rows, got strides {list(out.stride())}")
+        raise _fail(op, arg, f"must be unit-stride along N with 16-byte aligned rows, got strides {list(out.stride())}")
 
 
 def _fp8_meta(a, sfa, b, sfb, bias, activation, out) -> tuple[int, int, int]:
@@ -102,7 +105,9 @@ def _bf16_meta(a, b, bias, activation, out) -> tuple[int, int, int]:
 
 
 def _launch(op: str, operands: dict[str, torch.Tensor], bias, activation: str, m: int, n: int, k: int,
-            kernel_name: str, scale: str | None) -> None:
+            kernel_name: str, scale: str | None, adds: bool = False) -> None:
+    """Launch the kernel of `op`'s epilogue on the checked operands (``adds``: one adding its result
+    into D, which holds C)."""
     inputs = {name: t for name, t in operands.items() if name != "d"}
     if bias is not None:
         inputs["bias"] = bias
@@ -110,9 +115,10 @@ def _launch(op: str, operands: dict[str, torch.Tensor], bias, activation: str, m
     if nothing_to_launch(operands["d"], m, n, k):
         if k == 0 and (bias is not None or activation != "none"):
             # The empty sum is zero: D = act(bias), broadcast over the rows.
-            zero = operands["d"].float() + (bias.float() if bias is not None else 0.0)
+            zero = torch.zeros_like(operands["d"], dtype=torch.float32) + (bias.float() if bias is not None else 0.0)
             act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}.get(activation)
-            operands["d"].copy_(act(zero) if act is not None else zero)
+            result = act(zero) if act is not None else zero
+            operands["d"].copy_(result.to(torch.bfloat16).float() + operands["d"].float() if adds else result)
         return
     for name, t in (*operands.items(), ("bias", bias)):
         check_aligned(op, "out" if name == "d" else name, t, 4 if name == "sfb" else 16)
@@ -121,7 +127,9 @@ def _launch(op: str, operands: dict[str, torch.Tensor], bias, activation: str, m
         bound["bias"] = bias
     device = device_ordinal(operands["a"])
     with torch.cuda.device(device):
-        loaded = kernel_for(entry(op, bias is not None, activation), m, n, k, device, kernel_name, scale, d_dtype="bf16")
+        loaded = kernel_for(
+            entry(op, bias is not None, activation), m, n, k, device, kernel_name, scale, d_dtype="bf16", adds=adds
+        )
         launch(loaded, bound, stream=current_stream(operands["a"]))
 
 
@@ -163,14 +171,14 @@ def fp8_gemm_nt_epilogue(
 
 def _bf16_impl(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str, out: torch.Tensor,
-    kernel_name: str = "",
+    adds: bool = False, kernel_name: str = "",
 ) -> None:
     m, n, k = _bf16_meta(a, b, bias, activation, out)
     operands = dict(zip(OPERANDS[OP_BF16], (a, b, out)))
-    _launch(OP_BF16, operands, bias, activation, m, n, k, kernel_name, None)
+    _launch(OP_BF16, operands, bias, activation, m, n, k, kernel_name, None, adds)
 
 
-def _bf16_fake(a, b, bias, activation: str, out, kernel_name: str = "") -> None:
+def _bf16_fake(a, b, bias, activation: str, out, adds: bool = False, kernel_name: str = "") -> None:
     _bf16_meta(a, b, bias, activation, out)
 
 
@@ -179,15 +187,22 @@ BF16 = TorchOp(OP_BF16, _bf16_impl, _bf16_fake, mutates=("out",))
 
 def bf16_gemm_nt_epilogue(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none",
-    out: torch.Tensor | None = None, *, kernel: str | None = None,
+    out: torch.Tensor | None = None, *, c: torch.Tensor | None = None, kernel: str | None = None,
 ) -> torch.Tensor:
-    """D[M, N] (bf16) = act(A @ Bᵀ + bias); see the module docstring."""
+    """D[M, N] (bf16) = (C +) act(A @ Bᵀ + bias); see the module docstring."""
     check_kernel_name(OP_BF16, kernel)
     m, n, _ = _bf16_meta(a, b, bias, activation, out)
     if bias is None and activation == "none":
-        return bf16_ops.bf16_gemm_nt(a, b, out, kernel=kernel)
-    d = out if out is not None else new_bf16_out(a, m, n)
-    BF16(a, b, bias, activation, d, kernel or "")
+        return bf16_ops.bf16_gemm_nt(a, b, out, c=c, kernel=kernel)
+    if c is None:
+        d = out if out is not None else new_bf16_out(a, m, n)
+    else:
+        _check_out(OP_BF16, a, c, m, n, "c")
+        d = out if out is not None else new_bf16_out(a, m, n)
+        if d.data_ptr() != c.data_ptr() or d.stride() != c.stride():  # else in place: D is C
+            check_disjoint(OP_BF16, {"out": d}, {"c": c})
+            d.copy_(c)
+    BF16(a, b, bias, activation, d, c is not None, kernel or "")
     return d
 
 

@@ -821,16 +821,17 @@ def swiglu_tile_pairs_gate_and_up(s: Schedule) -> str | None:
 
 @_rule()
 def fused_epilogue_stores(s: Schedule) -> str | None:
-    """A fused epilogue (a bias, an activation) writes D from K-major operands' whole sums: not
-    adding into D and not split K (a bias or activation of a partial sum is not the sum's); an
-    activation whose stores replace the TMA stores takes the plain tma_store epilogue."""
+    """A fused epilogue (a bias, an activation) applies to K-major operands' whole sums: not split
+    K (a bias or activation of a partial sum is not the sum's). An activation whose stores replace
+    the TMA stores takes the plain tma_store epilogue; a bias and an elementwise activation may add
+    their result into D (tma_store_add: D = C + act(A·Bᵀ + bias), a residual)."""
     if not s.fused_epilogue:
         return None
-    if s.layout == Layout.NT and not s.adds_into_d and not s.epilogue.splits_k and (
+    if s.layout == Layout.NT and not s.epilogue.splits_k and (
         s.epilogue == Epilogue.TMA_STORE or not s.stores_from_registers
     ):
         return None
-    what = "tma_store" if s.stores_from_registers else "an epilogue that neither adds into D nor splits K"
+    what = "tma_store" if s.stores_from_registers else "an epilogue that does not split K"
     return (f"epilogue={s.epilogue.value}, layout={s.layout.value}: bias={s.bias.value}, "
             f"activation={s.activation.value} take {what} and layout=nt")
 

@@ -63,6 +63,8 @@ SCHEDULES = (
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c2x1_mcb_s3_wg2_r40x232_epitma_rm_g8_bias",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_bias_silu",
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x128x64_c1x1_mc0_s6_wg2_r40x232_epitma_rm_g8_gelu",
+    # ... and a residual: the bias kernel adding into D (TMA reduce-add).
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x128x64_c1x1_mc0_s6_wg2_r40x232_epiadd_rm_g8_bias",
 )
 # The SwiGLU kernels' eps.
 EPS = 1e-4

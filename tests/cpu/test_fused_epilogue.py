@@ -250,13 +250,22 @@ def test_bias_activation_schedules_cover_both_dense_gemms_and_every_epilogue():
         ({"op": Op.FP8_WGRAD_GEMM_NT}, "bias_ops"),
         ({"c_dtype": DType.F32}, "bias_ops"),
         ({"activation": Activation.SWIGLU}, "bias_ops"),
-        ({"epilogue": Epilogue.TMA_STORE_ADD}, "fused_epilogue_stores"),
+        ({"epilogue": Epilogue.SPLIT_K_TMA_STORE}, "fused_epilogue_stores"),
         ({"layout": Layout.NN}, "fused_epilogue_stores"),
     ],
 )
 def test_each_bias_constraint_is_one_named_rule(change, rule):
     s = next(s for s in bias_activation_schedules() if s.adds_bias and s.op == Op.BF16_GEMM_NT)
     assert rule in {v.name for v in violations(dataclasses.replace(s, **change))}
+
+
+def test_a_residual_is_a_bias_kernel_adding_into_d():
+    adding = [s for s in bias_activation_schedules() if s.adds_into_d]
+    assert adding and all(s.entry == "bf16_gemm_nt_bias" and s.epilogue == Epilogue.TMA_STORE_ADD for s in adding)
+    # An activation may add into D too (D = C + act(A·Bᵀ + bias)); SwiGLU's stores may not.
+    assert not violations(dataclasses.replace(adding[0], activation=Activation.GELU))
+    assert "fused_epilogue_stores" in {v.name for v in violations(
+        dataclasses.replace(swiglu_schedules()[0], epilogue=Epilogue.TMA_STORE_ADD))}
 
 
 def test_elementwise_activations_write_bf16_from_the_dense_gemms_only():
@@ -298,6 +307,10 @@ def bf16_epilogue(**changes):
     return epilogue_ops._bf16_meta(**ops)
 
 
+def bf16_residual(c):
+    return epilogue_ops.bf16_gemm_nt_epilogue(bf16(M, K), bf16(N, K), bf16(N), "silu", c=c)
+
+
 def test_well_formed_epilogue_calls_pass_the_checks():
     with FakeTensorMode():
         assert fp8_epilogue() == (M, N, K)
@@ -321,10 +334,12 @@ def test_well_formed_epilogue_calls_pass_the_checks():
         (bf16_epilogue, lambda: {"a": bf16(K, M).t()}, "a"),
         (bf16_epilogue, lambda: {"bias": bf16(1, N)}, "bias"),
         (bf16_epilogue, lambda: {"out": bf16(N, M).t()}, "out"),
+        (bf16_residual, lambda: {"c": bf16(M, N + 8)}, "c"),
+        (bf16_residual, lambda: {"c": torch.empty(M, N, device="cuda")}, "c"),
     ],
 )
 def test_bad_epilogue_inputs_are_refused_naming_the_argument_and_the_op(check, change, arg):
-    op = {fp8_epilogue: epilogue_ops.OP_FP8, bf16_epilogue: epilogue_ops.OP_BF16}[check]
+    op = epilogue_ops.OP_FP8 if check is fp8_epilogue else epilogue_ops.OP_BF16
     with FakeTensorMode():
         with pytest.raises(InputError, match=rf"^{op}: argument '{arg}'"):
             check(**change())

@@ -132,7 +132,7 @@ def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
     bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
-    assert len(bf16) == 83 and sum(not s.fused_epilogue for s in bf16) == 74
+    assert len(bf16) == 85 and sum(not s.fused_epilogue for s in bf16) == 74
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -146,7 +146,7 @@ def test_default_files_and_filters():
     assert {e.family for e in entries} == {
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
-        "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu",
+        "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu", "hopper_bf16_gemm_bias_residual",
     }
 
 

@@ -163,17 +163,18 @@ def run_masked_swiglu(name: str) -> None:
         fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(qa, sa, qb, sb, masked_m, 96, kernel=name)
 
 
-def _epilogue_of(name: str) -> tuple[bool, str]:
-    """(adds a bias, activation) of a bias/activation kernel, from its schedule."""
+def _epilogue_of(name: str) -> tuple[bool, str, bool]:
+    """(adds a bias, activation, adds into D) of a bias/activation kernel, from its schedule."""
     schedule = ops.catalogue().manifest(name).schedule
-    return schedule.get("bias", "none") != "none", schedule.get("activation", "none")
+    return (schedule.get("bias", "none") != "none", schedule.get("activation", "none"),
+            schedule["epilogue"] == "tma_store_add")
 
 
 def run_fp8_epilogue(name: str) -> None:
     # N = 1000: the last tile's columns past N read the last column's bias (a read past the bias
     # would leave its allocation under PYTORCH_NO_CUDA_MEMORY_CACHING=1); M = 296 and 17: tiles past
     # M; K = 592: a partial last K block.
-    has_bias, activation = _epilogue_of(name)
+    has_bias, activation, _ = _epilogue_of(name)
     for m in (296, 17):
         qb, sb = _block_scaled(torch.randn(1000, 592, device="cuda", dtype=torch.bfloat16))
         qa, sa = _fp8(m, 592)
@@ -182,12 +183,13 @@ def run_fp8_epilogue(name: str) -> None:
 
 
 def run_bf16_epilogue(name: str) -> None:
-    has_bias, activation = _epilogue_of(name)
+    has_bias, activation, adds = _epilogue_of(name)
     for m in (296, 24):
         a = torch.randn(m, 520, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(1000, 520, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16) if has_bias else None
-        epilogue_ops.bf16_gemm_nt_epilogue(a, b, bias, activation, kernel=name)
+        c = torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16) if adds else None
+        epilogue_ops.bf16_gemm_nt_epilogue(a, b, bias, activation, c=c, kernel=name)
 
 
 def run_bf16_contiguous(name: str) -> None:

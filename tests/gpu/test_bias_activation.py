@@ -1,4 +1,4 @@
-"""GPU tests of the dense GEMMs with a fused bias and/or activation (`fp8_gemm_nt_epilogue`, `bf16_gemm_nt_epilogue`).
+"""GPU tests of the dense GEMMs with a fused bias and/or activation (`fp8_gemm_nt_epilogue`, `bf16_gemm_nt_epilogue`, with a residual).
 
 Every kernel of each epilogue is forced by name. With small integer operands (and power-of-two
 scales) the GEMM's fp32 sums are exact whatever the summation order, so D must be
@@ -33,6 +33,7 @@ def epilogue(ops):
 
 
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, activation: str, name: str) -> None:
+    """Bit for bit where one fp32 add and one rounding made `ref` ("none"), else within one bf16 ulp."""
     assert not out.isnan().any(), f"{name}: unwritten (poisoned) elements"
     if activation == "none":
         assert torch.equal(out, ref), name
@@ -73,9 +74,33 @@ def test_bf16_epilogue_is_the_reference_of_exact_sums(epilogue, ops, m, n, k, su
     bias = (torch.randn(n, device="cuda") * 8).to(torch.bfloat16) if has_bias else None
     ref = bias_activation_ref(a.float() @ b.float().t(), bias, activation)
     for name in ops.runnable_kernels(f"bf16_gemm_nt_{suffix}"):
+        if "_epiadd_" in name:  # the residual kernels: `test_residual_is_added_to_the_biased_sum`
+            continue
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         epilogue.bf16_gemm_nt_epilogue(a, b, bias, activation, out, kernel=name)
         assert_matches(out, ref, activation, name)
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES, ids=lambda v: str(v))
+def test_residual_is_added_to_the_biased_sum(epilogue, ops, m, n, k):
+    """D = C + (A·Bᵀ + bias): the biased sum rounded to bf16, then added to C by the TMA's
+    reduce-add (one more rounding: within one bf16 ulp of the fp32 sum's); in place (out is c) and
+    into a new output."""
+    from cutegen.runtime.fused_reference import bias_activation_ref
+
+    a, b = integer_bf16(m, k, seed=m + 2), integer_bf16(n, k, seed=n + 3)
+    bias = (torch.randn(n, device="cuda") * 8).to(torch.bfloat16)
+    c = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    ref = (c.float() + bias_activation_ref(a.float() @ b.float().t(), bias).float()).to(torch.bfloat16)
+    names = [x for x in ops.runnable_kernels("bf16_gemm_nt_bias") if "_epiadd_" in x]
+    assert names
+    for name in names:
+        got = epilogue.bf16_gemm_nt_epilogue(a, b, bias, c=c, kernel=name)
+        assert got is not c
+        assert_matches(got, ref, "residual", name)
+        inplace = c.clone()
+        assert epilogue.bf16_gemm_nt_epilogue(a, b, bias, out=inplace, c=inplace, kernel=name) is inplace
+        assert torch.equal(inplace, got), name
 
 
 def test_random_data_close_to_the_fp64_reference_and_a_new_output_by_default(epilogue, ops):
