@@ -134,9 +134,9 @@ SWIGLU_N = 768
 
 
 def run_fp8_swiglu(name: str) -> None:
-    for m in (296, 24):  # a last tile partly and mostly past M
-        qa, sa = _fp8(m, 520)
-        qb, sb = _block_scaled(torch.randn(SWIGLU_N, 520, device="cuda", dtype=torch.bfloat16))
+    for m in (296, 24):  # a last tile partly and mostly past M; K = 528: a partial last K block
+        qa, sa = _fp8(m, 528)
+        qb, sb = _block_scaled(torch.randn(SWIGLU_N, 528, device="cuda", dtype=torch.bfloat16))
         fused_ops.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, kernel=name)
 
 

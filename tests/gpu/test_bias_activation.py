@@ -32,15 +32,23 @@ def epilogue(ops):
     return epilogue_ops
 
 
+# GELU's negative tail: 1 + erf(x/√2) cancels in fp32, and the kernel's erf and torch's round
+# differently there; measured on an H100 (NOTES N86): 0.06% of outputs differ from torch's, by at
+# most 3.1e-5, and against fp64 both miss the rounded value equally often (3.31%, 3.32%).
+GELU_TAIL_ABS = 2 ** -14
+
+
 def assert_matches(out: torch.Tensor, ref: torch.Tensor, activation: str, name: str) -> None:
-    """Bit for bit where one fp32 add and one rounding made `ref` ("none"), else within one bf16 ulp."""
+    """Bit for bit where one fp32 add and one rounding made `ref` ("none"), else within one bf16 ulp
+    (and, for GELU, `GELU_TAIL_ABS`)."""
     assert not out.isnan().any(), f"{name}: unwritten (poisoned) elements"
     if activation == "none":
         assert torch.equal(out, ref), name
     else:
         # One bf16 ulp (2^-8 relative, the 8-bit significand) of the reference.
         diff = (out.float() - ref.float()).abs()
-        assert (diff <= ref.float().abs() * 2 ** -8 + 2 ** -24).all(), f"{name}: max diff {diff.max().item()}"
+        tail = GELU_TAIL_ABS if activation == "gelu" else 2 ** -24
+        assert (diff <= ref.float().abs() * 2 ** -8 + tail).all(), f"{name}: max diff {diff.max().item()}"
 
 
 def integer_bf16(rows: int, cols: int, seed: int) -> torch.Tensor:
