@@ -102,7 +102,9 @@ def run_k_grouped(name: str) -> None:
 M_GROUPED_KS = (512, 4224)
 
 
-def run_contiguous(name: str) -> None:
+def _contiguous_problems(n: int):
+    """Contiguous FP8 problems over three groups, N columns, each K of M_GROUPED_KS:
+    (qa, sfa, qb, sfb, m_indices)."""
     align = grouped_ops.contiguous_alignment()
     # An empty group in the middle; 2x1 clusters get a pair of two groups' tiles (no shared B)
     # and a pair of one group's (shared B).
@@ -113,11 +115,18 @@ def run_contiguous(name: str) -> None:
     m_indices[align - 5 : align] = -1  # padding rows
     for k in M_GROUPED_KS:
         qa, sa = _fp8(int(m_indices.numel()), k)
-        qb, sb = _block_scaled(torch.randn(3, 456, k, device="cuda", dtype=torch.bfloat16))
-        grouped_ops.m_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, m_indices, kernel=name)
+        qb, sb = _block_scaled(torch.randn(3, n, k, device="cuda", dtype=torch.bfloat16))
+        yield qa, sa, qb, sb, m_indices
 
 
-def run_masked(name: str) -> None:
+def run_contiguous(name: str) -> None:
+    for operands in _contiguous_problems(456):
+        grouped_ops.m_grouped_fp8_gemm_nt_contiguous(*operands, kernel=name)
+
+
+def _masked_problems(n: int):
+    """Masked FP8 problems over three groups (70, 0 and all 192 rows), N columns, each K of
+    M_GROUPED_KS: (qa, sfa, qb, sfb, masked_m)."""
     groups, max_m = 3, 192
     masked_m = torch.tensor([70, 0, 192], dtype=torch.int32, device="cuda")
     for k in M_GROUPED_KS:
@@ -125,8 +134,13 @@ def run_masked(name: str) -> None:
         qa, sa = quant_ops.per_token_quant_fp8(a)
         qa = qa.view(groups, max_m, k)
         sa = fp8_ops.to_mn_major_tma_aligned(sa.view(groups, max_m, k // 128))
-        qb, sb = _block_scaled(torch.randn(groups, 456, k, device="cuda", dtype=torch.bfloat16))
-        grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sa, qb, sb, masked_m, 96, kernel=name)
+        qb, sb = _block_scaled(torch.randn(groups, n, k, device="cuda", dtype=torch.bfloat16))
+        yield qa, sa, qb, sb, masked_m
+
+
+def run_masked(name: str) -> None:
+    for operands in _masked_problems(456):
+        grouped_ops.m_grouped_fp8_gemm_nt_masked(*operands, 96, kernel=name)
 
 
 # The SwiGLU kernels' N = 2I: three 256-wide tiles, so a 1x2 cluster's fourth tile lies past N.
@@ -141,26 +155,13 @@ def run_fp8_swiglu(name: str) -> None:
 
 
 def run_contiguous_swiglu(name: str) -> None:
-    align = grouped_ops.contiguous_alignment()
-    rows = [align, 0, 3 * align]
-    m_indices = torch.cat([torch.full((r,), g, dtype=torch.int32, device="cuda") for g, r in enumerate(rows)])
-    m_indices[align - 5 : align] = -1  # padding rows
-    for k in M_GROUPED_KS:
-        qa, sa = _fp8(int(m_indices.numel()), k)
-        qb, sb = _block_scaled(torch.randn(3, SWIGLU_N, k, device="cuda", dtype=torch.bfloat16))
-        fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(qa, sa, qb, sb, m_indices, kernel=name)
+    for operands in _contiguous_problems(SWIGLU_N):
+        fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(*operands, kernel=name)
 
 
 def run_masked_swiglu(name: str) -> None:
-    groups, max_m = 3, 192
-    masked_m = torch.tensor([70, 0, 192], dtype=torch.int32, device="cuda")
-    for k in M_GROUPED_KS:
-        a = torch.randn(groups * max_m, k, device="cuda", dtype=torch.bfloat16)
-        qa, sa = quant_ops.per_token_quant_fp8(a)
-        qa = qa.view(groups, max_m, k)
-        sa = fp8_ops.to_mn_major_tma_aligned(sa.view(groups, max_m, k // 128))
-        qb, sb = _block_scaled(torch.randn(groups, SWIGLU_N, k, device="cuda", dtype=torch.bfloat16))
-        fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(qa, sa, qb, sb, masked_m, 96, kernel=name)
+    for operands in _masked_problems(SWIGLU_N):
+        fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(*operands, 96, kernel=name)
 
 
 def _epilogue_of(name: str) -> tuple[bool, str, bool]:
