@@ -62,11 +62,23 @@ EXPECTED_DEFAULT_NAMES = sorted(
         for d, epilogue, layouts in (("bf16", "epitma", ("nn", "tn", "tt")), ("f32", "epiadd", ("tn",)))
         for layout in layouts
     ]
-    # Tile widths between 96 and 224 columns, bf16 D.
+    # Tile widths between 96 and 224 columns: storing a bf16 D, and adding into a bf16 or fp32 D.
     + [
-        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x{tile_n}x64_{cluster}_s{stages}_wg2_r40x232_epitma_rm_g8"
-        for tile_n, stages in ((96, 7), (144, 6), (160, 5), (176, 5), (192, 4), (208, 4), (224, 4))
+        f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_128x{tile_n}x64_{cluster}_s{stages[d]}_wg2_r40x232_{epilogue}_rm_g8"
+        for tile_n, stages in (
+            (96, {"bf16": 7, "f32": 7}), (144, {"bf16": 6, "f32": 5}), (160, {"bf16": 5, "f32": 5}),
+            (176, {"bf16": 5, "f32": 5}), (192, {"bf16": 4, "f32": 5}), (208, {"bf16": 4, "f32": 4}),
+            (224, {"bf16": 4, "f32": 4}),
+        )
         for cluster in ("c1x1_mc0", "c2x1_mcb")
+        for d, epilogue in (("bf16", "epitma"), ("bf16", "epiadd"), ("f32", "epiadd"))
+    ]
+    # Split K for the MN-major layouts, bf16 D.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_episk_rm_g8_{layout}"
+        for tile, stages, wg in (("128x128x64", 6, 2), ("64x128x64", 8, 1))
+        for cluster in ("c1x1_mc0", "c1x2_mca")
+        for layout in ("nn", "tn", "tt")
     ]
     # Split K for small M, bf16 or fp32 D, 64-row tiles of one math warpgroup and 128x128 of two.
     + [
@@ -132,7 +144,7 @@ def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
     bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
-    assert len(bf16) == 85 and sum(not s.fused_epilogue for s in bf16) == 74
+    assert len(bf16) == 125 and sum(not s.fused_epilogue for s in bf16) == 114
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -147,6 +159,7 @@ def test_default_files_and_filters():
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
         "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu", "hopper_bf16_gemm_bias_residual",
+        "hopper_bf16_gemm_mn_major_split_k",
     }
 
 
