@@ -40,6 +40,7 @@ from cutegen.schedules import (
     predicate_results,
     violations,
 )
+from cutegen.schedules.evidence import hardware_evidence
 
 PROG = "cutegen"
 DEFAULT_BUILD_DIR = "build"
@@ -193,13 +194,13 @@ def _catalogue_names() -> frozenset[str]:
 
 def _hardware(e: Expanded) -> str:
     """What hardware has run this schedule point. Only the shipped catalogue's points carry their
-    evidence ("ran on H200" / "compiled only", `Schedule.hardware_evidence`); a point only a user's schedule file
+    evidence ("ran on H200" / "compiled only", `schedules.evidence`); a point only a user's schedule file
     names, or one the rules refuse, has run nowhere."""
     if not e.valid or e.schedule is None:
         return "none (invalid)"
     if e.name not in _catalogue_names():
         return "none (not in catalogue)"
-    return e.schedule.hardware_evidence
+    return hardware_evidence(e.schedule)
 
 
 def _entry_json(e: Expanded) -> dict[str, Any]:

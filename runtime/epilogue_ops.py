@@ -1,11 +1,14 @@
 """PyTorch entry points of the dense GEMMs whose epilogue adds a bias per column and/or applies an activation: D = act(A · Bᵀ + bias) in one kernel.
 
-* ``fp8_gemm_nt_epilogue(a, sfa, b, sfb, bias=None, activation="none", out=None, *, kernel=None)``:
+* ``fp8_gemm_nt_epilogue(a, sfa, b, sfb, bias=None, activation="none", out=None, *, c=None, kernel=None)``:
   the FP8 GEMM as `fp8_gemm_nt` takes it (fp32 1x128 scales of A, 128x128 of B) → D bf16 [M, N];
 * ``bf16_gemm_nt_epilogue(a, b, bias=None, activation="none", out=None, *, c=None, kernel=None)``:
-  the BF16 GEMM, A [M, K] and B [N, K] K-major → D bf16 [M, N]; with ``c`` (bf16 [M, N], a
-  residual) D = C + act(A · Bᵀ + bias), the tile added into D holding C by the TMA's reduce-add
-  (`out` may be `c` itself: in place).
+  the BF16 GEMM, A [M, K] and B [N, K] K-major → D bf16 [M, N].
+
+With ``c`` (bf16 [M, N], a residual) both compute D = C + (A · Bᵀ + bias): the biased sum rounded
+to bf16 is added into D holding C by the TMA's reduce-add (`out` may be `c` itself: in place). A
+residual takes no activation (no shipped kernel adds an activated tile), and the FP8 GEMM without a
+bias adds zeros as its bias (its only adding kernels are the bias ones).
 
 ``bias`` is a bf16 vector of N values (contiguous, 16-byte aligned), added to every row;
 ``activation`` is ``"none"``, ``"silu"`` or ``"gelu"`` (the exact, erf-based GELU, as
@@ -138,31 +141,61 @@ def _launch(op: str, operands: dict[str, torch.Tensor], bias, activation: str, m
 
 def _fp8_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, bias: torch.Tensor | None,
-    activation: str, out: torch.Tensor, kernel_name: str = "",
+    activation: str, out: torch.Tensor, adds: bool = False, kernel_name: str = "",
 ) -> None:
     m, n, k = _fp8_meta(a, sfa, b, sfb, bias, activation, out)
     operands = dict(zip(OPERANDS[OP_FP8], (a, sfa, b, sfb, out)))
-    _launch(OP_FP8, operands, bias, activation, m, n, k, kernel_name, "f32")
+    _launch(OP_FP8, operands, bias, activation, m, n, k, kernel_name, "f32", adds)
 
 
-def _fp8_fake(a, sfa, b, sfb, bias, activation: str, out, kernel_name: str = "") -> None:
+def _fp8_fake(a, sfa, b, sfb, bias, activation: str, out, adds: bool = False, kernel_name: str = "") -> None:
     _fp8_meta(a, sfa, b, sfb, bias, activation, out)
 
 
 FP8 = TorchOp(OP_FP8, _fp8_impl, _fp8_fake, mutates=("out",))
 
+# Zero biases [N] per (device, N): what the FP8 residual kernels add when the caller gives none.
+_zero_biases: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _zero_bias(a: torch.Tensor, n: int) -> torch.Tensor:
+    key = (device_ordinal(a), n)
+    zeros = _zero_biases.get(key)
+    if zeros is None:
+        zeros = _zero_biases.setdefault(key, torch.zeros(n, dtype=torch.bfloat16, device=a.device))
+    return zeros
+
+
+def _residual_out(op: str, a: torch.Tensor, c: torch.Tensor, out: torch.Tensor | None, activation: str,
+                  m: int, n: int) -> torch.Tensor:
+    """D holding C, ready for a kernel adding into it: `out` (or a new tensor) set to C unless it is C."""
+    if activation != "none":
+        raise _fail(op, "c", f"(a residual) is added to A·Bᵀ + bias without an activation: no kernel adds an "
+                             f"activated tile into D, got activation={activation!r}")
+    _check_out(op, a, c, m, n, "c")
+    d = out if out is not None else new_bf16_out(a, m, n)
+    if d.data_ptr() != c.data_ptr() or d.stride() != c.stride():  # else in place: D is C
+        check_disjoint(op, {"out": d}, {"c": c})
+        d.copy_(c)
+    return d
+
 
 def fp8_gemm_nt_epilogue(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, bias: torch.Tensor | None = None,
-    activation: str = "none", out: torch.Tensor | None = None, *, kernel: str | None = None,
+    activation: str = "none", out: torch.Tensor | None = None, *, c: torch.Tensor | None = None,
+    kernel: str | None = None,
 ) -> torch.Tensor:
-    """D[M, N] (bf16) = act((A · sfa) @ (B · sfb)ᵀ + bias); see the module docstring."""
+    """D[M, N] (bf16) = (C +) act((A · sfa) @ (B · sfb)ᵀ + bias); see the module docstring."""
     check_kernel_name(OP_FP8, kernel)
     m, n, _ = _fp8_meta(a, sfa, b, sfb, bias, activation, out)
+    if c is not None:
+        d = _residual_out(OP_FP8, a, c, out, activation, m, n)
+        FP8(a, sfa, b, sfb, bias if bias is not None else _zero_bias(a, n), activation, d, True, kernel or "")
+        return d
     if bias is None and activation == "none":
         return fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out, kernel=kernel)
     d = out if out is not None else new_bf16_out(a, m, n)
-    FP8(a, sfa, b, sfb, bias, activation, d, kernel or "")
+    FP8(a, sfa, b, sfb, bias, activation, d, False, kernel or "")
     return d
 
 
@@ -197,11 +230,7 @@ def bf16_gemm_nt_epilogue(
     if c is None:
         d = out if out is not None else new_bf16_out(a, m, n)
     else:
-        _check_out(OP_BF16, a, c, m, n, "c")
-        d = out if out is not None else new_bf16_out(a, m, n)
-        if d.data_ptr() != c.data_ptr() or d.stride() != c.stride():  # else in place: D is C
-            check_disjoint(OP_BF16, {"out": d}, {"c": c})
-            d.copy_(c)
+        d = _residual_out(OP_BF16, a, c, out, activation, m, n)
     BF16(a, b, bias, activation, d, c is not None, kernel or "")
     return d
 

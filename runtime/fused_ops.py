@@ -4,20 +4,23 @@ Each computes h = (A · sfa) · (B · sfb)ᵀ as its plain FP8 GEMM does (1x128 
 B, fp32 promotion), then a = SiLU(h_gate) · h_up and writes a quantized per token and 1x128 block,
 exactly what the down-projection's FP8 GEMM takes as its A:
 
-* ``fp8_gemm_nt_swiglu_quant(a, sfa, b, sfb, out=None, out_sf=None, *, eps=1e-4, kernel=None)``
+* ``fp8_gemm_nt_swiglu_quant(a, sfa, b, sfb, out=None, out_sf=None, *, eps=1e-4, use_ue8m0=False, kernel=None)``
   → (q [M, I] e4m3, sf [M, I/128] fp32 MN-major TMA-aligned);
 * ``m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(a, sfa, b, sfb, m_indices, out=None, out_sf=None,
-  *, zero_padding=True, eps=1e-4, kernel=None)``: experts' rows contiguous in A (prefill), as
+  *, zero_padding=True, eps=1e-4, use_ue8m0=False, kernel=None)``: experts' rows contiguous in A (prefill), as
   `m_grouped_fp8_gemm_nt_contiguous` takes them; padding rows (m_indices -1) are written as
   zeros with scale eps/448 unless ``zero_padding`` is False;
 * ``m_grouped_fp8_gemm_nt_masked_swiglu_quant(a, sfa, b, sfb, masked_m, expected_m, out=None,
-  out_sf=None, *, eps=1e-4, kernel=None)``: the masked layout (decode under CUDA graphs) →
+  out_sf=None, *, eps=1e-4, use_ue8m0=False, kernel=None)``: the masked layout (decode under CUDA graphs) →
   (q [G, max_m, I], sf [G, max_m, I/128]); rows past masked_m[g] are not computed.
 
 ``b`` is W13 with its gate and up rows interleaved in 128-row blocks and ``sfb`` its 128x128 block
 scales reordered the same way: `interleave_gate_up` (once, when the weights are loaded). B has
-N = 2I rows, I a multiple of 128. The scales are fp32 (UE8M0 and FP4 weights are refused naming
-the argument). Numerics: `cutegen.runtime.fused_reference`. Bad inputs raise `InputError` naming
+N = 2I rows, I a multiple of 128. The input scales are fp32 (UE8M0 and FP4 weights are refused
+naming the argument). ``use_ue8m0=True`` rounds the output's scales up to powers of two (values
+UE8M0 holds exactly; DeepGEMM's ``use_ue8m0`` and the UE8M0 FP8 recipe), still stored as fp32 for
+the Hopper GEMM that reads them, and quantizes with them: its own kernels (entries ending
+``_ue8m0``). Numerics: `cutegen.runtime.fused_reference`. Bad inputs raise `InputError` naming
 the argument before anything is launched.
 """
 
@@ -40,6 +43,8 @@ OP_DENSE = "fp8_gemm_nt_swiglu_quant"
 OP_CONTIGUOUS = "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant"
 OP_MASKED = "m_grouped_fp8_gemm_nt_masked_swiglu_quant"
 SCALE_BLOCK = 128
+# The entry suffix of the kernels whose output scales are rounded to powers of two (`Schedule.entry`).
+UE8M0_ENTRY_SUFFIX = "_ue8m0"
 # What each op binds, in the kernel's entry order (its contract's operands, `schedules.contract`).
 OPERANDS = {
     OP_DENSE: ("a", "sfa", "b", "sfb", "d", "d_sf"),
@@ -52,6 +57,12 @@ _BASE_OPS = {OP_DENSE: "fp8_gemm_nt", OP_CONTIGUOUS: grouped_ops.OP, OP_MASKED: 
 
 def _fail(op: str, arg: str, what: str) -> InputError:
     return InputError(f"{op}: argument '{arg}' {what}")
+
+
+def _flag(op: str, use_ue8m0: Any) -> bool:
+    if not isinstance(use_ue8m0, bool):
+        raise _fail(op, "use_ue8m0", f"must be a bool, got {type(use_ue8m0).__name__}")
+    return use_ue8m0
 
 
 def _gemm_checks(op: str, check: Callable[[], Any]) -> Any:
@@ -105,14 +116,16 @@ def _outputs(a: torch.Tensor, lead: tuple[int, ...], inter: int, out, out_sf) ->
     return q, out_sf
 
 
-def _launch(op: str, operands: dict, m: int, n: int, k: int, kernel: str, extents: dict, rows_per_group=None) -> None:
+def _launch(op: str, operands: dict, m: int, n: int, k: int, kernel: str, extents: dict, use_ue8m0: bool,
+            rows_per_group=None) -> None:
     for arg in ("a", "sfa", "b", "d", "d_sf"):
         check_aligned(op, "out" if arg == "d" else "out_sf" if arg == "d_sf" else arg, operands[arg], 16)
     check_aligned(op, "sfb", operands["sfb"], 4)
     a = operands["a"]
     device = device_ordinal(a)
     with torch.cuda.device(device):
-        loaded = kernel_for(op, m, n, k, device, kernel, "f32", rows_per_group=rows_per_group)
+        entry = op + UE8M0_ENTRY_SUFFIX if use_ue8m0 else op
+        loaded = kernel_for(entry, m, n, k, device, kernel, "f32", rows_per_group=rows_per_group)
         launch(loaded, operands, extents=extents, stream=current_stream(a))
 
 
@@ -126,17 +139,18 @@ def _dense_meta(a, sfa, b, sfb, out, out_sf, eps) -> tuple[int, int, int, int]:
 
 def _dense_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, out_sf: torch.Tensor,
-    eps: float = DEFAULT_EPS, kernel_name: str = "",
+    eps: float = DEFAULT_EPS, use_ue8m0: bool = False, kernel_name: str = "",
 ) -> None:
     m, n, k, _ = _dense_meta(a, sfa, b, sfb, out, out_sf, eps)
     check_disjoint(OP_DENSE, {"out": out, "out_sf": out_sf}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb})
     if m == 0:
         return
     operands = dict(zip(OPERANDS[OP_DENSE], (a, sfa, b, sfb, out, out_sf)))
-    _launch(OP_DENSE, operands, m, n, k, kernel_name, {"eps": eps})
+    _launch(OP_DENSE, operands, m, n, k, kernel_name, {"eps": eps}, use_ue8m0)
 
 
-def _dense_fake(a, sfa, b, sfb, out, out_sf, eps: float = DEFAULT_EPS, kernel_name: str = "") -> None:
+def _dense_fake(a, sfa, b, sfb, out, out_sf, eps: float = DEFAULT_EPS, use_ue8m0: bool = False,
+                kernel_name: str = "") -> None:
     _dense_meta(a, sfa, b, sfb, out, out_sf, eps)
 
 
@@ -146,13 +160,14 @@ DENSE = TorchOp(OP_DENSE, _dense_impl, _dense_fake, mutates=("out", "out_sf"))
 def fp8_gemm_nt_swiglu_quant(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
     out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None, *,
-    eps: float = DEFAULT_EPS, kernel: str | None = None,
+    eps: float = DEFAULT_EPS, use_ue8m0: bool = False, kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The dense up-projection with SwiGLU and per-token FP8 quantize fused; see the module docstring."""
     check_kernel_name(OP_DENSE, kernel)
+    use_ue8m0 = _flag(OP_DENSE, use_ue8m0)
     m, _, _, inter = _dense_meta(a, sfa, b, sfb, out, out_sf, eps)
     q, sf = _outputs(a, (m,), inter, out, out_sf)
-    DENSE(a, sfa, b, sfb, q, sf, float(eps), kernel or "")
+    DENSE(a, sfa, b, sfb, q, sf, float(eps), use_ue8m0, kernel or "")
     return q, sf
 
 
@@ -167,7 +182,7 @@ def _contiguous_meta(a, sfa, b, sfb, m_indices, out, out_sf, eps) -> tuple[int, 
 def _contiguous_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
     out: torch.Tensor, out_sf: torch.Tensor, zero_padding: bool = True, eps: float = DEFAULT_EPS,
-    kernel_name: str = "",
+    use_ue8m0: bool = False, kernel_name: str = "",
 ) -> None:
     m, n, k, _ = _contiguous_meta(a, sfa, b, sfb, m_indices, out, out_sf, eps)
     check_disjoint(OP_CONTIGUOUS, {"out": out, "out_sf": out_sf},
@@ -175,11 +190,12 @@ def _contiguous_impl(
     if m == 0 or b.shape[0] == 0:
         return
     operands = dict(zip(OPERANDS[OP_CONTIGUOUS], (a, sfa, b, sfb, out, out_sf, m_indices)))
-    _launch(OP_CONTIGUOUS, operands, m, n, k, kernel_name, {"eps": eps, "ZERO_PADDING": int(bool(zero_padding))})
+    _launch(OP_CONTIGUOUS, operands, m, n, k, kernel_name, {"eps": eps, "ZERO_PADDING": int(bool(zero_padding))},
+            use_ue8m0)
 
 
 def _contiguous_fake(a, sfa, b, sfb, m_indices, out, out_sf, zero_padding: bool = True, eps: float = DEFAULT_EPS,
-                     kernel_name: str = "") -> None:
+                     use_ue8m0: bool = False, kernel_name: str = "") -> None:
     _contiguous_meta(a, sfa, b, sfb, m_indices, out, out_sf, eps)
 
 
@@ -189,13 +205,14 @@ CONTIGUOUS = TorchOp(OP_CONTIGUOUS, _contiguous_impl, _contiguous_fake, mutates=
 def m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, m_indices: torch.Tensor,
     out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None, *,
-    zero_padding: bool = True, eps: float = DEFAULT_EPS, kernel: str | None = None,
+    zero_padding: bool = True, eps: float = DEFAULT_EPS, use_ue8m0: bool = False, kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefill up-projection over contiguous experts with SwiGLU and FP8 quantize fused."""
     check_kernel_name(OP_CONTIGUOUS, kernel)
+    use_ue8m0 = _flag(OP_CONTIGUOUS, use_ue8m0)
     m, _, _, inter = _contiguous_meta(a, sfa, b, sfb, m_indices, out, out_sf, eps)
     q, sf = _outputs(a, (m,), inter, out, out_sf)
-    CONTIGUOUS(a, sfa, b, sfb, m_indices, q, sf, bool(zero_padding), float(eps), kernel or "")
+    CONTIGUOUS(a, sfa, b, sfb, m_indices, q, sf, bool(zero_padding), float(eps), use_ue8m0, kernel or "")
     return q, sf
 
 
@@ -209,7 +226,7 @@ def _masked_meta(a, sfa, b, sfb, masked_m, out, out_sf, eps) -> tuple[int, int, 
 
 def _masked_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-    out: torch.Tensor, out_sf: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str = "",
+    out: torch.Tensor, out_sf: torch.Tensor, eps: float = DEFAULT_EPS, use_ue8m0: bool = False, kernel_name: str = "",
 ) -> None:
     g, max_m, n, k, _ = _masked_meta(a, sfa, b, sfb, masked_m, out, out_sf, eps)
     check_disjoint(OP_MASKED, {"out": out, "out_sf": out_sf},
@@ -218,11 +235,11 @@ def _masked_impl(
         return
     rows = max(1, min(int(expected_m), max_m))
     operands = dict(zip(OPERANDS[OP_MASKED], (a, sfa, b, sfb, out, out_sf, masked_m)))
-    _launch(OP_MASKED, operands, rows * g, n, k, kernel_name, {"eps": eps}, rows_per_group=rows)
+    _launch(OP_MASKED, operands, rows * g, n, k, kernel_name, {"eps": eps}, use_ue8m0, rows_per_group=rows)
 
 
 def _masked_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, out_sf, eps: float = DEFAULT_EPS,
-                 kernel_name: str = "") -> None:
+                 use_ue8m0: bool = False, kernel_name: str = "") -> None:
     _masked_meta(a, sfa, b, sfb, masked_m, out, out_sf, eps)
 
 
@@ -232,16 +249,17 @@ MASKED = TorchOp(OP_MASKED, _masked_impl, _masked_fake, mutates=("out", "out_sf"
 def m_grouped_fp8_gemm_nt_masked_swiglu_quant(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
     out: torch.Tensor | None = None, out_sf: torch.Tensor | None = None, *,
-    eps: float = DEFAULT_EPS, kernel: str | None = None,
+    eps: float = DEFAULT_EPS, use_ue8m0: bool = False, kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode up-projection over [G, max_m, K] (masked_m on the GPU) with SwiGLU and FP8
     quantize fused; CUDA-graph capturable."""
     check_kernel_name(OP_MASKED, kernel)
+    use_ue8m0 = _flag(OP_MASKED, use_ue8m0)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail(OP_MASKED, "expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     g, max_m, _, _, inter = _masked_meta(a, sfa, b, sfb, masked_m, out, out_sf, eps)
     q, sf = _outputs(a, (g, max_m), inter, out, out_sf)
-    MASKED(a, sfa, b, sfb, masked_m, expected_m, q, sf, float(eps), kernel or "")
+    MASKED(a, sfa, b, sfb, masked_m, expected_m, q, sf, float(eps), use_ue8m0, kernel or "")
     return q, sf
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .errors import InputError
-from .quant_reference import DEFAULT_EPS, per_token_quant_fp8_ref
+from .quant_reference import DEFAULT_EPS, per_token_quant_fp8_ref, unpack_ue8m0
 
 SWIGLU_BLOCK = 128
 SCALE_BLOCK = 128
@@ -74,14 +74,22 @@ def swiglu_ref(h: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def swiglu_quant_ref(h: torch.Tensor, eps: float = DEFAULT_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_quant_ref(h: torch.Tensor, eps: float = DEFAULT_EPS, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(q e4m3 [..., M, I], fp32 scales [..., M, I/128]) of SiLU(gate) · up of the sums h
-    [..., M, 2I] (gate | up), quantized per token and 1x128 block (`per_token_quant_fp8_ref`)."""
+    [..., M, 2I] (gate | up), quantized per token and 1x128 block (`per_token_quant_fp8_ref`);
+    ``use_ue8m0``: with its UE8M0 scales (rounded up to powers of two), returned as fp32."""
     act = swiglu_ref(h)
     if act.dim() == 2:
-        return per_token_quant_fp8_ref(act, eps=eps)
-    qs, ss = zip(*(per_token_quant_fp8_ref(a, eps=eps) for a in act))
+        return _quantize_rows(act, eps, use_ue8m0)
+    qs, ss = zip(*(_quantize_rows(a, eps, use_ue8m0) for a in act))
     return torch.stack(qs), torch.stack(ss)
+
+
+def _quantize_rows(act: torch.Tensor, eps: float, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if not use_ue8m0:
+        return per_token_quant_fp8_ref(act, eps=eps)
+    q, packed = per_token_quant_fp8_ref(act, eps=eps, scale_format="ue8m0")
+    return q, unpack_ue8m0(packed, -(-act.shape[-1] // SCALE_BLOCK))
 
 
 # The elementwise activations of the bias-and-activation epilogue, by name.

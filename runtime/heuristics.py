@@ -83,8 +83,9 @@ MIN_SPLIT_BLOCKS = 2
 TAIL_SPLIT_MAX_FILL = (4, 5)
 TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
-# The contiguous layout's ops: each tile reads its rows' groups (`CostModel.grouped_tile_overhead_s`).
-CONTIGUOUS_OPS = frozenset({CONTIGUOUS_OP, "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant"})
+# The contiguous layout's GEMMs (a schedule's op, whatever epilogue its entry fuses): each tile
+# reads its rows' groups (`CostModel.grouped_tile_overhead_s`).
+CONTIGUOUS_OPS = frozenset({CONTIGUOUS_OP, "m_grouped_bf16_gemm_nt_contiguous"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -393,7 +394,7 @@ def _score(
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     larger_box = (mc_b > 1 and tn > tm) or (mc_a > 1 and tm > tn)
-    tile_overhead = model.grouped_tile_overhead_s if manifest.op in CONTIGUOUS_OPS else 0.0
+    tile_overhead = model.grouped_tile_overhead_s if manifest.schedule.get("op") in CONTIGUOUS_OPS else 0.0
     # A tail split spreads a last (or only) partial wave over every cluster where it pays: it
     # costs its fraction of a wave.
     wave_time = float(waves)

@@ -33,6 +33,7 @@ from .spec import (
     Layout,
     Multicast,
     Op,
+    OutputScale,
     ScaleFormat,
     Schedule,
 )
@@ -807,6 +808,18 @@ def activation_output(s: Schedule) -> str | None:
 
 
 @_rule()
+def rounded_scales_quantized_output(s: Schedule) -> str | None:
+    """Output scales are rounded (`OutputScale`) only where the epilogue quantizes D to e4m3 with
+    scales of its own: an activation's quantized output."""
+    if s.d_scale == OutputScale.F32:
+        return None
+    if s.c_dtype == DType.E4M3 and s.activation != Activation.NONE:
+        return None
+    return (f"d_scale={s.d_scale.value}: only an epilogue quantizing its activation to e4m3 writes scales, "
+            f"not c_dtype={s.c_dtype.value} with activation={s.activation.value}")
+
+
+@_rule()
 def swiglu_tile_pairs_gate_and_up(s: Schedule) -> str | None:
     """A SwiGLU tile is 2·SWIGLU_BLOCK columns (gate, then the matching up columns) in one row
     wave (tile_m = 64 per math warpgroup): each thread then holds every gate value's up value,
@@ -858,8 +871,9 @@ def mn_major_operands(s: Schedule) -> str | None:
             f"{', '.join(sorted(x.value for x in allowed))}")
 
 
-# Ops whose kernels take the tma_store_add epilogue (D = C + A·Bᵀ with D holding C).
-STORE_ADD_OPS = frozenset({Op.BF16_GEMM_NT})
+# Ops whose kernels take the tma_store_add epilogue (D = C + A·Bᵀ with D holding C): the BF16
+# GEMM, and the FP8 GEMM's fused epilogues (a residual; DeepGEMM's FP8 GEMM takes no C into bf16).
+STORE_ADD_OPS = frozenset({Op.BF16_GEMM_NT, Op.FP8_GEMM_NT})
 
 
 @_rule()

@@ -27,13 +27,6 @@ class Arch(str, enum.Enum):
         return {"sm_90a": (9, 0), "sm_100a": (10, 0)}[self.value]
 
     @property
-    def hardware_evidence(self) -> str:
-        """What has been done with this architecture's kernels: "ran on H200" (sm_90a: the GPU
-        test tier and the benchmark run them on an H200) or "compiled only" (sm_100a: compiled,
-        SASS-checked and ABI-checked on the CPU; no sm_100 GPU has executed them)."""
-        return {"sm_90a": "ran on H200", "sm_100a": "compiled only"}[self.value]
-
-    @property
     def smem_opt_in_bytes(self) -> int:
         """Largest dynamic shared memory one CTA may opt in to on this architecture."""
         return {"sm_90a": SM90_SMEM_OPT_IN_BYTES, "sm_100a": SM100_SMEM_OPT_IN_BYTES}[self.value]
@@ -303,6 +296,19 @@ class Bias(str, enum.Enum):
         return "bias" if self == Bias.COLUMN else "none"
 
 
+class OutputScale(str, enum.Enum):
+    """How the per-token 1x128 scales of a quantized (e4m3) output are rounded; stored as fp32
+    either way, in the layout the next FP8 GEMM reads as its sfa.
+
+    ``f32``: ``s = max(amax, eps) / 448``, as `per_token_quant_fp8` computes it (never named).
+    ``ue8m0``: that s rounded up to a power of two, ``2^ceil(log2 s)``, a value the 8-bit exponent
+    format UE8M0 holds exactly, and the values quantized with it: the scales of models whose FP8
+    recipe uses UE8M0 scales (DeepGEMM's ``use_ue8m0``), as fp32 for Hopper's FP8 GEMMs."""
+
+    F32 = "f32"
+    UE8M0 = "ue8m0"
+
+
 class Raster(str, enum.Enum):
     """Order in which the persistent scheduler walks output tiles (within a swizzle group)."""
 
@@ -381,10 +387,6 @@ SM100_MAX_ACCUMULATOR_STAGES = 4
 # update warps load the accumulator from tensor memory in chunks of one sub-tile's columns.
 SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
-# Per architecture whose GPU has run kernels (`Arch.hardware_evidence`): which of its kernels
-# have only been compiled and checked on the CPU (a predicate over the schedule). None at present:
-# the fused epilogues, built when no GPU was lent, ran on the H200 and an H100 on 2026-12-05 (NOTES N86).
-COMPILED_ONLY: dict[Arch, Any] = {}
 # Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
 # transposed kernel's shared-memory prefix sums hold.
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
@@ -465,6 +467,8 @@ class Schedule:
     activation: Activation = Activation.NONE
     # Named only when not the default (`naming`), before the activation.
     bias: Bias = Bias.NONE
+    # Named only when not the default (`naming`), last: a quantized output's scale rounding.
+    d_scale: OutputScale = OutputScale.F32
 
     # ---- derived facts, one definition each -------------------------------------------------
     @property
@@ -530,15 +534,6 @@ class Schedule:
         """Tiles are added into D by the TMA's reduce-add instead of stored: the weight
         gradients (`Op.accumulates`) and the ``tma_store_add`` epilogue."""
         return self.op.accumulates or self.epilogue == Epilogue.TMA_STORE_ADD
-
-    @property
-    def hardware_evidence(self) -> str:
-        """What has been done with this schedule's kernels: its architecture's evidence
-        (`Arch.hardware_evidence`), or "compiled only" for one not yet run there (`COMPILED_ONLY`)."""
-        not_yet_run = COMPILED_ONLY.get(self.arch)
-        if not_yet_run is not None and not_yet_run(self):
-            return "compiled only"
-        return self.arch.hardware_evidence
 
     @property
     def block_scaled(self) -> bool:
@@ -788,7 +783,8 @@ class Schedule:
     def entry(self) -> str:
         """The runtime entry point (and the manifest's op) of this schedule's kernels: the op's
         name, followed where the epilogue is fused by ``bias``, the activation's name and
-        ``quant`` for an e4m3 output (``m_grouped_fp8_gemm_nt_masked_swiglu_quant``,
+        ``quant`` for an e4m3 output, then ``ue8m0`` where its scales are rounded to powers of
+        two (``m_grouped_fp8_gemm_nt_masked_swiglu_quant``, ``fp8_gemm_nt_swiglu_quant_ue8m0``,
         ``fp8_gemm_nt_bias_gelu``)."""
         parts = [self.op.value]
         if self.adds_bias:
@@ -797,6 +793,8 @@ class Schedule:
             parts.append(self.activation.value)
         if self.fused_epilogue and self.c_dtype == DType.E4M3:
             parts.append("quant")
+        if self.d_scale != OutputScale.F32:
+            parts.append(self.d_scale.value)
         return "_".join(parts)
 
     @property
@@ -955,4 +953,5 @@ _FIELD_TYPES: dict[str, Any] = {
     "layout": Layout,
     "activation": Activation,
     "bias": Bias,
+    "d_scale": OutputScale,
 }

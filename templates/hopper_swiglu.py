@@ -10,9 +10,9 @@ the plain GEMM promotes them):
 * ``a = g / (1 + exp(-g)) · u`` in fp32 (``exp`` the accurate single-precision exponential,
   ``div.rn.f32``), as ``torch.nn.functional.silu(g) * u`` computes it on the GPU;
 * the 128 activations of the row are one group of the per-token quantizer
-  (`cutegen.templates.hopper_quant`): the amax on the bit patterns, ``s = max(amax, eps) / 448``,
-  ``q = cvt.rn.satfinite.e4m3(a · (1 / s))``; a non-finite group writes the NaN scale and 0x7F
-  bytes.
+  (`cutegen.templates.hopper_quant`): the amax on the bit patterns, ``s = max(amax, eps) / 448``
+  (rounded up to a power of two for `OutputScale.UE8M0`), ``q = cvt.rn.satfinite.e4m3(a · (1 / s))``;
+  a non-finite group writes the NaN scale and 0x7F bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from cutegen.schedules.spec import OutputScale
 from cutegen.templates.hopper_quant import E4M3_NAN_WORD, INF_BITS, _abs_bits_max, _scale_from_amax
 
 # A row's 128 activations lie with the four threads of a WGMMA accumulator quad (lanes 4k..4k+3):
@@ -68,7 +69,7 @@ class HopperSwiGLUEpilogue:
             sf_tile = mDSF[(None, None, group)]
         lane = cute.arch.lane_idx()
         for slot in cutlass.range_constexpr(ROW_SLOTS):
-            s = _scale_from_amax(amax[slot], eps, False)
+            s = _scale_from_amax(amax[slot], eps, self.schedule.d_scale == OutputScale.UE8M0)
             inv = Float32(1.0) / s
             # Elements 4j + 2·slot and 4j + 2·slot + 1: adjacent columns of one row.
             for j in cutlass.range_constexpr(half // 4):

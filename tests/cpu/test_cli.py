@@ -16,6 +16,7 @@ from cutegen.gen import cli
 from cutegen.gen.cli import main
 from cutegen.runtime.manifest import GridRule, KernelManifest, OperandSpec, Param
 from cutegen.schedules import all_expanded, default_schedules, procedural_name
+from cutegen.schedules.evidence import hardware_evidence
 from schedule_files import ONE_CTA_CLUSTER, bf16_family  # noqa: E402
 
 # Every bf16_gemm_nt schedule, and those of its first family (bf16 D, stored): the ones that ran on an H200.
@@ -144,7 +145,7 @@ def test_list_hardware_is_per_schedule_point(capsys, tmp_path):
     data = json.loads(out)
     by_name = {d["name"]: d for d in data}
     # The catalogue's points: each its schedule's evidence (the base family's ran on the H200).
-    assert all(by_name[procedural_name(s)]["hardware"] == s.hardware_evidence for s in default_schedules(op="bf16_gemm_nt"))
+    assert all(by_name[procedural_name(s)]["hardware"] == hardware_evidence(s) for s in default_schedules(op="bf16_gemm_nt"))
     assert all(by_name[n]["hardware"] == "ran on H200" for n in NAMES)
     mine = [d for d in data if d["source"] == str(extra)]
     assert {d["hardware"] for d in mine if d["valid"]} == {"none (not in catalogue)"}

@@ -28,7 +28,7 @@ from cutegen.schedules.contract import op_contract  # noqa: E402
 from cutegen.schedules.loader import default_schedules  # noqa: E402
 from cutegen.schedules.naming import parse_name, procedural_name  # noqa: E402
 from cutegen.schedules.predicates import violations  # noqa: E402
-from cutegen.schedules.spec import Activation, Bias, DType, Epilogue, Layout, Op  # noqa: E402
+from cutegen.schedules.spec import Activation, Bias, DType, Epilogue, Layout, Op, OutputScale  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 M, I, K, G = 200, 256, 512, 3
@@ -45,24 +45,31 @@ def swiglu_schedules():
 def test_default_swiglu_schedules_cover_the_three_layouts_and_name_their_entry():
     entries = {s.entry for s in swiglu_schedules()}
     assert entries == {
-        "fp8_gemm_nt_swiglu_quant",
-        "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant",
-        "m_grouped_fp8_gemm_nt_masked_swiglu_quant",
+        f"{op}_swiglu_quant{rounding}"
+        for op in ("fp8_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked")
+        for rounding in ("", "_ue8m0")
     }
     for s in swiglu_schedules():
         name = procedural_name(s)
-        assert name.endswith("_swiglu") and parse_name(name) == s
+        rounds = s.d_scale == OutputScale.UE8M0
+        assert name.endswith("_swiglu_ue8m0" if rounds else "_swiglu") and parse_name(name) == s
+        assert s.entry.endswith("_ue8m0") == rounds
+        # Every kernel comes with both roundings, otherwise the same.
+        assert dataclasses.replace(s, d_scale=OutputScale.F32 if rounds else OutputScale.UE8M0) in swiglu_schedules()
         # The activation changes the entry, never a plain kernel's name or entry.
-        plain = dataclasses.replace(s, activation=Activation.NONE, c_dtype=DType.BF16)
+        plain = dataclasses.replace(s, activation=Activation.NONE, c_dtype=DType.BF16, d_scale=OutputScale.F32)
         assert plain.entry == s.op.value and not procedural_name(plain).endswith("_swiglu")
-        assert s.hardware_evidence == "ran on H200"
 
 
 def test_names_with_a_layout_and_an_activation_parse_in_order_only():
     s = swiglu_schedules()[0]
     name = procedural_name(s)
-    with pytest.raises(ValueError, match="not a layout, bias or activation tag"):
+    with pytest.raises(ValueError, match="not a layout, bias, activation or output scale tag"):
         parse_name(name + "_nt")
+    with pytest.raises(ValueError, match="not a layout, bias, activation or output scale tag"):
+        parse_name(name + "_ue8m0_swiglu")
+    with pytest.raises(ValueError, match="not a canonical"):
+        parse_name(name + "_f32")  # the default rounding is never named
     with pytest.raises(ValueError, match="not a canonical"):
         parse_name(name.replace("_swiglu", "_nt_swiglu"))
 
@@ -74,6 +81,8 @@ def test_names_with_a_layout_and_an_activation_parse_in_order_only():
         ({"tile_n": 128}, "swiglu_tile_pairs_gate_and_up"),
         ({"epilogue": Epilogue.TMA_STORE_PER_WARPGROUP}, "fused_epilogue_stores"),
         ({"bias": Bias.COLUMN}, "bias_ops"),
+        ({"d_scale": OutputScale.UE8M0, "activation": Activation.NONE, "c_dtype": DType.BF16},
+         "rounded_scales_quantized_output"),
     ],
 )
 def test_each_swiglu_constraint_is_one_named_rule(change, rule):
@@ -149,6 +158,22 @@ def test_swiglu_quant_reference_is_close_to_the_float64_activation():
         assert ((deq - exact[g]).abs() <= exact[g].abs() / 16 + s[g].repeat_interleave(128, 1) * 2 ** -9 + 1e-30).all()
 
 
+def test_ue8m0_reference_rounds_each_scale_up_to_a_power_of_two_and_quantizes_with_it():
+    torch.manual_seed(4)
+    h = torch.randn(G, 64, N) * 4
+    q, s = swiglu_quant_ref(h)
+    q8, s8 = swiglu_quant_ref(h, use_ue8m0=True)
+    assert s8.dtype == torch.float32 and s8.shape == s.shape
+    mantissa, _ = torch.frexp(s8)
+    assert (mantissa == 0.5).all() and (s8 >= s).all() and (s8 < 2 * s).all()
+    assert (s8 != s).any()
+    # The values are those the per-token quantizer writes with UE8M0 scales.
+    act = swiglu_ref(h)
+    for g in range(G):
+        ref_q, _ = per_token_quant_fp8_ref(act[g], scale_format="ue8m0")
+        assert torch.equal(q8[g].view(torch.uint8), ref_q.view(torch.uint8))
+
+
 # ---- input checks on fake CUDA tensors ---------------------------------------------------------
 
 
@@ -222,6 +247,13 @@ def test_entry_points_refuse_a_kernel_that_is_not_a_name():
         fused_ops.fp8_gemm_nt_swiglu_quant(None, None, None, None, kernel=3)
 
 
+def test_entry_points_refuse_a_rounding_flag_that_is_not_a_bool():
+    with FakeTensorMode():
+        sfb = torch.empty(N // 128, KB, device="cuda")
+        with pytest.raises(InputError, match=rf"^{fused_ops.OP_DENSE}: argument 'use_ue8m0' must be a bool"):
+            fused_ops.fp8_gemm_nt_swiglu_quant(fp8(M, K), mn_major(M, KB), fp8(N, K), sfb, use_ue8m0="yes")
+
+
 # ---- bias and activation ----------------------------------------------------------------------
 
 
@@ -234,7 +266,7 @@ def test_bias_activation_schedules_cover_both_dense_gemms_and_every_epilogue():
             for suffix in ("_bias", "_bias_silu", "_bias_gelu", "_silu", "_gelu")}
     assert {s.entry for s in bias_activation_schedules()} == want
     for s in bias_activation_schedules():
-        assert s.c_dtype == DType.BF16 and s.hardware_evidence == "ran on H200"
+        assert s.c_dtype == DType.BF16
         assert parse_name(procedural_name(s)) == s
         # The runtime names the entry of a call's epilogue as the generator names the schedule's.
         op = epilogue_ops.OP_FP8 if s.op == Op.FP8_GEMM_NT else epilogue_ops.OP_BF16
@@ -261,7 +293,8 @@ def test_each_bias_constraint_is_one_named_rule(change, rule):
 
 def test_a_residual_is_a_bias_kernel_adding_into_d():
     adding = [s for s in bias_activation_schedules() if s.adds_into_d]
-    assert adding and all(s.entry == "bf16_gemm_nt_bias" and s.epilogue == Epilogue.TMA_STORE_ADD for s in adding)
+    assert {s.entry for s in adding} == {"bf16_gemm_nt_bias", "fp8_gemm_nt_bias"}
+    assert all(s.epilogue == Epilogue.TMA_STORE_ADD for s in adding)
     # An activation may add into D too (D = C + act(A·Bᵀ + bias)); SwiGLU's stores may not.
     assert not violations(dataclasses.replace(adding[0], activation=Activation.GELU))
     assert "fused_epilogue_stores" in {v.name for v in violations(
@@ -307,8 +340,13 @@ def bf16_epilogue(**changes):
     return epilogue_ops._bf16_meta(**ops)
 
 
-def bf16_residual(c):
-    return epilogue_ops.bf16_gemm_nt_epilogue(bf16(M, K), bf16(N, K), bf16(N), "silu", c=c)
+def bf16_residual(c, activation="none"):
+    return epilogue_ops.bf16_gemm_nt_epilogue(bf16(M, K), bf16(N, K), bf16(N), activation, c=c)
+
+
+def fp8_residual(c, bias=None, activation="none"):
+    b = torch.empty(N // 128, KB, device="cuda")
+    return epilogue_ops.fp8_gemm_nt_epilogue(fp8(M, K), mn_major(M, KB), fp8(N, K), b, bias, activation, c=c)
 
 
 def test_well_formed_epilogue_calls_pass_the_checks():
@@ -336,10 +374,15 @@ def test_well_formed_epilogue_calls_pass_the_checks():
         (bf16_epilogue, lambda: {"out": bf16(N, M).t()}, "out"),
         (bf16_residual, lambda: {"c": bf16(M, N + 8)}, "c"),
         (bf16_residual, lambda: {"c": torch.empty(M, N, device="cuda")}, "c"),
+        (bf16_residual, lambda: {"c": bf16(M, N), "activation": "silu"}, "c"),
+        (fp8_residual, lambda: {"c": bf16(M, N + 8)}, "c"),
+        (fp8_residual, lambda: {"c": torch.empty(M, N, device="cuda")}, "c"),
+        (fp8_residual, lambda: {"c": bf16(M, N), "bias": bf16(N), "activation": "gelu"}, "c"),
+        (fp8_residual, lambda: {"c": bf16(M, N), "bias": bf16(N - 8)}, "bias"),
     ],
 )
 def test_bad_epilogue_inputs_are_refused_naming_the_argument_and_the_op(check, change, arg):
-    op = epilogue_ops.OP_FP8 if check is fp8_epilogue else epilogue_ops.OP_BF16
+    op = epilogue_ops.OP_FP8 if check in (fp8_epilogue, fp8_residual) else epilogue_ops.OP_BF16
     with FakeTensorMode():
         with pytest.raises(InputError, match=rf"^{op}: argument '{arg}'"):
             check(**change())

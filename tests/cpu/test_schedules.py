@@ -39,7 +39,9 @@ from cutegen.schedules import (
     violations,
 )
 from cutegen.schedules import predicates as preds
-from cutegen.schedules.spec import K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES, Bias
+from cutegen.schedules.spec import (
+    K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES, Activation, Bias, OutputScale,
+)
 from schedule_files import bf16_family  # noqa: E402
 
 # bf16_gemm_nt: bf16 or fp32 D stored by each tile, and (tma_store_add) added into D.
@@ -215,8 +217,8 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     ],
     # Only the BF16 GEMM takes C to add its tiles to.
     "store_add_ops": [
-        (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32, tile_k=128,
-             epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
+        (bad(op=Op.M_GROUPED_FP8_GEMM_NT_MASKED, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.F32,
+             tile_k=128, epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
     ],
     "whole_tile_epilogue_16bit_output": [
         (bad(epilogue=Epilogue.TMA_STORE_WHOLE_TILE, c_dtype=DType.F32), "c_dtype"),
@@ -304,6 +306,7 @@ CRAFTED.update({
     "activation_ops": [(swbad(scale=ScaleFormat.UE8M0), "activation"),
                        (swbad(op=Op.FP8_WGRAD_GEMM_NT), "activation")],
     "activation_output": [(swbad(c_dtype=DType.F32), "c_dtype")],
+    "rounded_scales_quantized_output": [(swbad(d_scale=OutputScale.UE8M0, activation=Activation.NONE), "d_scale")],
     "swiglu_tile_pairs_gate_and_up": [(swbad(tile_n=128), "tile_n"), (swbad(math_warpgroups=1), "tile_m")],
     "fused_epilogue_stores": [(swbad(epilogue=Epilogue.TMA_STORE_ADD), "epilogue"),
                               (swbad(layout=Layout.NN), "layout"),
@@ -900,11 +903,12 @@ def test_256_wide_block_scaled_tiles_run_in_column_waves():
     wide = [s for s in default_schedules(arch="sm_90a") if s.column_waves > 1]
     assert {(s.entry, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in wide} == {
         ("m_grouped_fp8_gemm_nt_contiguous", 128, 256, 2, 1),
-        ("fp8_gemm_nt_swiglu_quant", 128, 256, 1, 1), ("fp8_gemm_nt_swiglu_quant", 128, 256, 2, 1),
-        ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", 128, 256, 1, 1),
-        ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", 128, 256, 2, 1),
-        ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", 128, 256, 1, 1),
-        ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", 128, 256, 1, 2),
+    } | {
+        (f"{op}_swiglu_quant{rounding}", 128, 256, *cluster)
+        for op, clusters in (("fp8_gemm_nt", ((1, 1), (2, 1))), ("m_grouped_fp8_gemm_nt_contiguous", ((1, 1), (2, 1))),
+                             ("m_grouped_fp8_gemm_nt_masked", ((1, 1), (1, 2))))
+        for cluster in clusters
+        for rounding in ("", "_ue8m0")
     }
     (s,) = [w for w in wide if not w.fused_epilogue]
     assert s.column_waves == 2 and s.waves == 1 and s.all_waves == 2

@@ -147,21 +147,26 @@ def run_masked(name: str) -> None:
 SWIGLU_N = 768
 
 
+def _rounds_scales(name: str) -> bool:
+    """A SwiGLU kernel whose output scales are powers of two (`use_ue8m0`)."""
+    return ops.catalogue().manifest(name).schedule.get("d_scale", "f32") == "ue8m0"
+
+
 def run_fp8_swiglu(name: str) -> None:
     for m in (296, 24):  # a last tile partly and mostly past M; K = 528: a partial last K block
         qa, sa = _fp8(m, 528)
         qb, sb = _block_scaled(torch.randn(SWIGLU_N, 528, device="cuda", dtype=torch.bfloat16))
-        fused_ops.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, kernel=name)
+        fused_ops.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, use_ue8m0=_rounds_scales(name), kernel=name)
 
 
 def run_contiguous_swiglu(name: str) -> None:
     for operands in _contiguous_problems(SWIGLU_N):
-        fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(*operands, kernel=name)
+        fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(*operands, use_ue8m0=_rounds_scales(name), kernel=name)
 
 
 def run_masked_swiglu(name: str) -> None:
     for operands in _masked_problems(SWIGLU_N):
-        fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(*operands, 96, kernel=name)
+        fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(*operands, 96, use_ue8m0=_rounds_scales(name), kernel=name)
 
 
 def _epilogue_of(name: str) -> tuple[bool, str, bool]:
@@ -175,12 +180,13 @@ def run_fp8_epilogue(name: str) -> None:
     # N = 1000: the last tile's columns past N read the last column's bias (a read past the bias
     # would leave its allocation under PYTORCH_NO_CUDA_MEMORY_CACHING=1); M = 296 and 17: tiles past
     # M; K = 592: a partial last K block.
-    has_bias, activation, _ = _epilogue_of(name)
+    has_bias, activation, adds = _epilogue_of(name)
     for m in (296, 17):
         qb, sb = _block_scaled(torch.randn(1000, 592, device="cuda", dtype=torch.bfloat16))
         qa, sa = _fp8(m, 592)
         bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16) if has_bias else None
-        epilogue_ops.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, activation, kernel=name)
+        c = torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16) if adds else None
+        epilogue_ops.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, activation, c=c, kernel=name)
 
 
 def run_bf16_epilogue(name: str) -> None:
@@ -261,9 +267,9 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "k_grouped_fp8_gemm_nt_contiguous": run_k_grouped,
     "m_grouped_fp8_gemm_nt_contiguous": run_contiguous,
     "m_grouped_fp8_gemm_nt_masked": run_masked,
-    "fp8_gemm_nt_swiglu_quant": run_fp8_swiglu,
-    "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant": run_contiguous_swiglu,
-    "m_grouped_fp8_gemm_nt_masked_swiglu_quant": run_masked_swiglu,
+    **{f"fp8_gemm_nt_swiglu_quant{s}": run_fp8_swiglu for s in ("", "_ue8m0")},
+    **{f"m_grouped_fp8_gemm_nt_contiguous_swiglu_quant{s}": run_contiguous_swiglu for s in ("", "_ue8m0")},
+    **{f"m_grouped_fp8_gemm_nt_masked_swiglu_quant{s}": run_masked_swiglu for s in ("", "_ue8m0")},
     **{f"fp8_gemm_nt_{suffix}": run_fp8_epilogue for suffix in EPILOGUE_SUFFIXES},
     **{f"bf16_gemm_nt_{suffix}": run_bf16_epilogue for suffix in EPILOGUE_SUFFIXES},
     "m_grouped_bf16_gemm_nt_contiguous": run_bf16_contiguous,

@@ -67,6 +67,8 @@ def test_fp8_epilogue_is_the_reference_of_exact_sums(epilogue, ops, m, n, k, suf
     h = exact_sums(qa, sa, qb, sb)
     ref = bias_activation_ref(h, bias, activation)
     for name in ops.runnable_kernels(f"fp8_gemm_nt_{suffix}"):
+        if "_epiadd_" in name:  # the residual kernels: `test_fp8_residual_is_added_to_the_biased_sum`
+            continue
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         got = epilogue.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, activation, out, kernel=name)
         assert got is out
@@ -109,6 +111,31 @@ def test_residual_is_added_to_the_biased_sum(epilogue, ops, m, n, k):
         inplace = c.clone()
         assert epilogue.bf16_gemm_nt_epilogue(a, b, bias, out=inplace, c=inplace, kernel=name) is inplace
         assert torch.equal(inplace, got), name
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("has_bias", (True, False), ids=("bias", "no_bias"))
+def test_fp8_residual_is_added_to_the_biased_sum(epilogue, ops, m, n, k, has_bias):
+    """The FP8 GEMM's residual, D = C + (A·Bᵀ + bias) (a zero bias when none is given): the biased
+    exact sum rounded to bf16, added to C by the reduce-add; in place and into a new output."""
+    from cutegen.runtime.fused_reference import bias_activation_ref
+
+    qa, sa, qb, sb = integer_operands(m, -(-n // 128) * 128, k, seed=m + n + 5)
+    qb = qb[:n].contiguous()
+    bias = (torch.randn(n, device="cuda") * 8).to(torch.bfloat16) if has_bias else None
+    c = torch.randn(m, n, device="cuda").to(torch.bfloat16)
+    ref = (c.float() + bias_activation_ref(exact_sums(qa, sa, qb, sb), bias).float()).to(torch.bfloat16)
+    names = [x for x in ops.runnable_kernels("fp8_gemm_nt_bias") if "_epiadd_" in x]
+    assert names
+    for name in names:
+        got = epilogue.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, c=c, kernel=name)
+        assert got is not c
+        assert_matches(got, ref, "residual", name)
+        inplace = c.clone()
+        assert epilogue.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, out=inplace, c=inplace, kernel=name) is inplace
+        assert torch.equal(inplace, got), name
+    # The heuristic's choice among them, with the residual given.
+    assert torch.equal(epilogue.fp8_gemm_nt_epilogue(qa, sa, qb, sb, bias, c=c), got)
 
 
 def test_random_data_close_to_the_fp64_reference_and_a_new_output_by_default(epilogue, ops):

@@ -11,11 +11,15 @@ torch = pytest.importorskip("torch")
 
 from test_fp8_gemm import calc_diff  # noqa: E402
 from test_grouped_gemm import MASKED_OP, check_masked, make_masked, make_problem, poisoned  # noqa: E402
+from test_fused_epilogue import POISON_Q, exact_sums, integer_operands, reference_of_interleaved  # noqa: E402
 from test_k_grouped_gemm import make, references  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
+# The SwiGLU + FP8 quantize ops of both layouts, with exact and power-of-two output scales.
+SWIGLU_CONTIGUOUS_OPS = ("m_grouped_fp8_gemm_nt_contiguous_swiglu_quant", "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant_ue8m0")
+SWIGLU_MASKED_OPS = ("m_grouped_fp8_gemm_nt_masked_swiglu_quant", "m_grouped_fp8_gemm_nt_masked_swiglu_quant_ue8m0")
 K_GROUPED_OP = "k_grouped_fp8_gemm_nt_contiguous"
 INT32_MAX = 2**31 - 1
 
@@ -73,6 +77,71 @@ def test_masked_counts_past_the_rows_or_negative(ops):
         grouped_ops.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 128, out=out, kernel=name)
         torch.cuda.synchronize()
         check_masked(out, a, b, rows_computed, f"{name}, masked_m {counts}: ")
+
+
+def _swiglu_kernels(ops, entries) -> list[tuple[str, bool]]:
+    """(kernel, rounds its scales to powers of two) of every runnable kernel of the entries."""
+    found = [(name, entry.endswith("_ue8m0")) for entry in entries for name in ops.runnable_kernels(entry)]
+    if not found:
+        pytest.skip(f"no {entries[0]} kernel of the catalogue runs on this GPU")
+    return found
+
+
+def test_swiglu_contiguous_rows_naming_no_group_are_padding(ops):
+    """The fused SwiGLU op reads m_indices as the plain one does: rows naming no group (G,
+    INT32_MAX, -7 over whole tiles; G on one row of a real tile) are padding, written as zeros with
+    a zero row's scale, and B is never read for them; the real rows are bitwise the reference."""
+    from cutegen.runtime import fused_ops
+
+    groups, n, k = 3, 512, 512
+    tiles = [0, 1, groups, INT32_MAX, -7]  # the group each 128-row tile names
+    rows = 128 * len(tiles)
+    qa, sa, qb, sb = integer_operands(rows, n, k, seed=21, groups=groups)
+    m_indices = torch.tensor([g for g in tiles for _ in range(128)], dtype=torch.int32, device="cuda")
+    m_indices[5] = groups  # one row inside group 0's tile
+    h = torch.zeros(rows, n, device="cuda")
+    for gi in range(groups):
+        sel = m_indices == gi
+        if sel.any():
+            h[sel] = exact_sums(qa[sel], sa[sel], qb[gi], sb[gi])
+    for name, ue8m0 in _swiglu_kernels(ops, SWIGLU_CONTIGUOUS_OPS):
+        q_ref, sf_ref = reference_of_interleaved(h, ue8m0)
+        out = torch.full((rows, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        q, sf = fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
+            qa, sa, qb, sb, m_indices, out=out, use_ue8m0=ue8m0, kernel=name
+        )
+        torch.cuda.synchronize()
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)), name
+        assert torch.equal(sf, sf_ref), name
+        assert (q[128 * 2:].view(torch.uint8) == 0).all() and (q[5].view(torch.uint8) == 0).all(), name
+
+
+def test_swiglu_masked_counts_past_the_rows_or_negative(ops):
+    """masked_m past max_m (and INT32_MAX) computes the max_m rows there are, a negative count
+    none (the poison stays); the computed rows are bitwise the reference."""
+    from cutegen.runtime import fused_ops
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    groups, max_m, n, k = 4, 192, 512, 512
+    counts = [max_m + 100, -5, INT32_MAX, 70]
+    rows_computed = [max_m, 0, max_m, 70]
+    parts = [integer_operands(max_m, n, k, seed=30 + gi) for gi in range(groups)]
+    qa = torch.stack([p[0] for p in parts])
+    sa = to_mn_major_tma_aligned(torch.stack([p[1] for p in parts]))
+    qb = torch.stack([p[2] for p in parts])
+    sb = torch.stack([p[3] for p in parts])
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    for name, ue8m0 in _swiglu_kernels(ops, SWIGLU_MASKED_OPS):
+        out = torch.full((groups, max_m, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        q, sf = fused_ops.m_grouped_fp8_gemm_nt_masked_swiglu_quant(
+            qa, sa, qb, sb, masked_m, 96, out=out, use_ue8m0=ue8m0, kernel=name
+        )
+        torch.cuda.synchronize()
+        for gi, rows in enumerate(rows_computed):
+            q_ref, sf_ref = reference_of_interleaved(exact_sums(*parts[gi]), ue8m0)
+            assert torch.equal(q[gi, :rows].view(torch.uint8), q_ref[:rows].view(torch.uint8)), f"{name}: group {gi}"
+            assert torch.equal(sf[gi, :rows].contiguous(), sf_ref[:rows].contiguous()), f"{name}: group {gi}"
+        assert (q[1].view(torch.uint8) == POISON_Q).all(), f"{name}: a negative count wrote rows"
 
 
 def test_k_grouped_sizes_past_the_operands(ops):

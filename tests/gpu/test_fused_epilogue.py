@@ -2,7 +2,8 @@
 
 Every kernel of each op is forced by name. Exactness: with small integer operands and power-of-two
 scales the GEMM's fp32 sums are exact whatever the summation order, so the kernel's e4m3 bytes
-and scales must equal `swiglu_quant_ref` computed by torch on the GPU from those sums, bit for bit.
+and scales must equal `swiglu_quant_ref` computed by torch on the GPU from those sums, bit for bit,
+with exact scales and with scales rounded to powers of two (`use_ue8m0`).
 Accuracy: on random quantized data, the dequantized output is within e4m3's half ulp of SwiGLU of
 the fp64 product of the dequantized operands. Outputs are poisoned first; rows past M (past
 masked_m, padding rows) are checked as the op documents.
@@ -33,8 +34,13 @@ def fused(ops):
     return fused_ops
 
 
-def kernels(ops, op):
-    return ops.runnable_kernels(op)
+def kernels(ops, op, ue8m0=False):
+    """The op's kernels (those whose output scales are powers of two with ``ue8m0``)."""
+    return ops.runnable_kernels(op + ("_ue8m0" if ue8m0 else ""))
+
+
+# Exact fp32 scales, and scales rounded up to powers of two (`use_ue8m0`).
+UE8M0 = pytest.mark.parametrize("ue8m0", (False, True), ids=("f32", "ue8m0"))
 
 
 def integer_operands(rows: int, n: int, k: int, seed: int, groups: int | None = None):
@@ -55,11 +61,11 @@ def exact_sums(qa, sa, qb, sb) -> torch.Tensor:
     return dequantized_reference(qa, sa.contiguous(), qb, sb).float()
 
 
-def reference_of_interleaved(h_interleaved: torch.Tensor):
+def reference_of_interleaved(h_interleaved: torch.Tensor, ue8m0: bool = False):
     from cutegen.runtime.fused_reference import deinterleave_gate_up, swiglu_quant_ref
 
     h = deinterleave_gate_up(h_interleaved.T.contiguous()).T  # back to gate | up columns
-    return swiglu_quant_ref(h, eps=EPS)
+    return swiglu_quant_ref(h, eps=EPS, use_ue8m0=ue8m0)
 
 
 def assert_bitwise(q, sf, q_ref, sf_ref, rows):
@@ -67,16 +73,24 @@ def assert_bitwise(q, sf, q_ref, sf_ref, rows):
     assert torch.equal(sf[:rows].contiguous().view(torch.int32), sf_ref[:rows].contiguous().view(torch.int32))
 
 
+@UE8M0
 @pytest.mark.parametrize("m", [1, 200, 1024])
-def test_dense_is_bitwise_the_reference_of_exact_sums(fused, ops, m):
+def test_dense_is_bitwise_the_reference_of_exact_sums(fused, ops, m, ue8m0):
     n, k = 512, 512
     qa, sa, qb, sb = integer_operands(m, n, k, seed=m)
-    q_ref, sf_ref = reference_of_interleaved(exact_sums(qa, sa, qb, sb))
-    for name in kernels(ops, OPS[0]):
+    q_ref, sf_ref = reference_of_interleaved(exact_sums(qa, sa, qb, sb), ue8m0)
+    if ue8m0:  # the reference rounds the scales to powers of two
+        assert (torch.frexp(sf_ref)[0] == 0.5).all()
+    names = kernels(ops, OPS[0], ue8m0)
+    assert names
+    for name in names:
         out = torch.full((m, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-        q, sf = fused.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, out=out, eps=EPS, kernel=name)
+        q, sf = fused.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, out=out, eps=EPS, use_ue8m0=ue8m0, kernel=name)
         assert q is out
         assert_bitwise(q, sf, q_ref, sf_ref, m)
+    # The heuristic's choice serves the same scale rounding.
+    q, sf = fused.fp8_gemm_nt_swiglu_quant(qa, sa, qb, sb, eps=EPS, use_ue8m0=ue8m0)
+    assert_bitwise(q, sf, q_ref, sf_ref, m)
 
 
 @pytest.mark.parametrize("m, n, k", [(333, 2 * 2048, 7168), (4096, 2 * 768, 2048)])
@@ -101,7 +115,8 @@ def test_dense_random_data_within_half_an_ulp_of_fp64(fused, ops, m, n, k):
         assert ((deq - act).abs() <= bound).all(), name
 
 
-def test_contiguous_padding_rows_and_empty_groups(fused, ops):
+@UE8M0
+def test_contiguous_padding_rows_and_empty_groups(fused, ops, ue8m0):
     from cutegen.runtime.fused_reference import deinterleave_gate_up, swiglu_quant_ref
 
     sizes = [0, 200, 1, 384]
@@ -119,12 +134,12 @@ def test_contiguous_padding_rows_and_empty_groups(fused, ops):
         sel = m_indices == gi
         if sel.any():
             h[sel] = exact_sums(qa[sel], sa[sel], qb[gi], sb[gi])
-    q_ref, sf_ref = swiglu_quant_ref(deinterleave_gate_up(h.T.contiguous()).T, eps=EPS)
-    for name in kernels(ops, OPS[1]):
+    q_ref, sf_ref = swiglu_quant_ref(deinterleave_gate_up(h.T.contiguous()).T, eps=EPS, use_ue8m0=ue8m0)
+    for name in kernels(ops, OPS[1], ue8m0):
         for zero_padding in (True, False):
             out = torch.full((rows, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
             q, sf = fused.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
-                qa, sa, qb, sb, m_indices, out=out, zero_padding=zero_padding, eps=EPS, kernel=name
+                qa, sa, qb, sb, m_indices, out=out, zero_padding=zero_padding, eps=EPS, use_ue8m0=ue8m0, kernel=name
             )
             real = m_indices >= 0
             assert torch.equal(q[real].view(torch.uint8), q_ref[real].view(torch.uint8)), name
@@ -133,8 +148,9 @@ def test_contiguous_padding_rows_and_empty_groups(fused, ops):
                 assert torch.equal(q[~real].view(torch.uint8), q_ref[~real].view(torch.uint8)), name
 
 
+@UE8M0
 @pytest.mark.parametrize("n", [512, 768])  # 768: three N tiles, a 1x2 cluster's fourth past N
-def test_masked_rows_and_graph_replay(fused, ops, n):
+def test_masked_rows_and_graph_replay(fused, ops, n, ue8m0):
     from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
     groups, max_m, k = 4, 256, 512
@@ -144,10 +160,12 @@ def test_masked_rows_and_graph_replay(fused, ops, n):
     sa = to_mn_major_tma_aligned(torch.stack([p[1] for p in parts]))
     qb = torch.stack([p[2] for p in parts])
     sb = torch.stack([p[3] for p in parts])
-    refs = [reference_of_interleaved(exact_sums(*p)) for p in parts]
-    for name in kernels(ops, OPS[2]):
+    refs = [reference_of_interleaved(exact_sums(*p), ue8m0) for p in parts]
+    for name in kernels(ops, OPS[2], ue8m0):
         out = torch.full((groups, max_m, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-        q, sf = fused.m_grouped_fp8_gemm_nt_masked_swiglu_quant(qa, sa, qb, sb, masked, 128, out=out, eps=EPS, kernel=name)
+        q, sf = fused.m_grouped_fp8_gemm_nt_masked_swiglu_quant(
+            qa, sa, qb, sb, masked, 128, out=out, eps=EPS, use_ue8m0=ue8m0, kernel=name
+        )
         for gi in range(groups):
             rows = int(masked[gi])
             assert_bitwise(q[gi], sf[gi], *refs[gi], rows)
@@ -156,7 +174,9 @@ def test_masked_rows_and_graph_replay(fused, ops, n):
         graph = torch.cuda.CUDAGraph()
         out.view(torch.uint8).fill_(POISON_Q)
         with torch.cuda.graph(graph):
-            fused.m_grouped_fp8_gemm_nt_masked_swiglu_quant(qa, sa, qb, sb, masked, 128, out=out, out_sf=sf, eps=EPS, kernel=name)
+            fused.m_grouped_fp8_gemm_nt_masked_swiglu_quant(
+                qa, sa, qb, sb, masked, 128, out=out, out_sf=sf, eps=EPS, use_ue8m0=ue8m0, kernel=name
+            )
         graph.replay()
         torch.cuda.synchronize()
         for gi in range(1, groups):

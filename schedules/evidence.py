@@ -1,0 +1,55 @@
+"""What hardware has run each kernel of the shipped catalogue: "ran on H200" or "compiled only".
+
+Kept apart from the schedule vocabulary (`spec`), whose source every kernel's build fingerprint
+reads: recording that kernels have run never invalidates a built kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .spec import Arch, Epilogue, Layout, Op, OutputScale, Schedule
+
+RAN = "ran on H200"
+COMPILED_ONLY = "compiled only"
+
+# Per architecture: sm_90a's kernels run on an H200 (the GPU test tier and the benchmark);
+# sm_100a's are compiled, SASS-checked and ABI-checked on the CPU, and no sm_100 GPU has run them.
+ARCH_EVIDENCE: dict[Arch, str] = {Arch.SM90A: RAN, Arch.SM100A: COMPILED_ONLY}
+
+# The BF16 tile widths whose adding kernels joined the catalogue with the MN-major split K.
+_BF16_WIDTHS = frozenset({96, 144, 160, 176, 192, 208, 224})
+
+
+def _sm90a_not_yet_run(s: Schedule) -> bool:
+    """The sm_90a kernels built on 2026-12-05 while no GPU was lent: the SwiGLU kernels with
+    UE8M0-rounded output scales, the FP8 GEMM's residual, and the BF16 GEMM's adding kernels in the
+    widths and its split K over MN-major operands."""
+    if s.d_scale == OutputScale.UE8M0:
+        return True
+    if s.op == Op.FP8_GEMM_NT and s.epilogue == Epilogue.TMA_STORE_ADD:
+        return True
+    if s.op == Op.BF16_GEMM_NT:
+        widths_adding = s.epilogue == Epilogue.TMA_STORE_ADD and s.tile_n in _BF16_WIDTHS
+        mn_major_split = s.epilogue == Epilogue.SPLIT_K_TMA_STORE and s.layout != Layout.NT
+        return widths_adding or mn_major_split
+    return False
+
+
+# Per architecture whose GPU has run kernels: those of its kernels only compiled and checked on the
+# CPU so far.
+NOT_YET_RUN: dict[Arch, Callable[[Schedule], bool]] = {Arch.SM90A: _sm90a_not_yet_run}
+
+
+def arch_evidence(arch: Arch) -> str:
+    """What has been done with an architecture's kernels (`ARCH_EVIDENCE`)."""
+    return ARCH_EVIDENCE[Arch(arch)]
+
+
+def hardware_evidence(s: Schedule) -> str:
+    """What has been done with this schedule's kernels: its architecture's evidence, or "compiled
+    only" for one not yet run there (`NOT_YET_RUN`)."""
+    not_yet_run = NOT_YET_RUN.get(s.arch)
+    if not_yet_run is not None and not_yet_run(s):
+        return COMPILED_ONLY
+    return arch_evidence(s.arch)
