@@ -54,7 +54,7 @@ import torch
 
 from . import stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_extents, check_matrix, check_not_overlapping_itself
+from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .grouped_ops import M_ALIGNMENT
 from .k_grouped_ops import check_sizes_and_output, descriptor_workspace, workspace_words
@@ -214,8 +214,7 @@ def m_grouped_bf16_gemm_nt_contiguous(
     kernel: str | None = None,
 ) -> torch.Tensor:
     """Grouped BF16 GEMM over contiguous expert segments; see the module docstring."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_CONTIGUOUS, kernel)
     if out is None:
         return CONTIGUOUS(a, b, m_indices, bool(zero_padding), kernel or "")
     CONTIGUOUS_OUT(a, b, m_indices, out, bool(zero_padding), kernel or "")
@@ -323,8 +322,7 @@ def m_grouped_bf16_gemm_nt_masked(
     kernel: str | None = None,
 ) -> torch.Tensor:
     """Grouped BF16 GEMM over [G, max_m, K] with per-group row counts on the GPU; see the module docstring."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail_masked("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_MASKED, kernel)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     if out is None:
@@ -425,8 +423,7 @@ def k_grouped_bf16_gemm_tn_contiguous(
 ) -> torch.Tensor:
     """MoE weight gradient in BF16 over groups that split the tokens; D is updated in place and
     returned (see the module docstring)."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail_k("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_K_GROUPED, kernel)
     if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
         raise _fail_k("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
     K_GROUPED(a, b, d, group_sizes, c, expected_k or 0, kernel or "")

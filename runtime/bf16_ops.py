@@ -46,7 +46,7 @@ import torch
 
 from . import split_k, stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
+from .checks import check_aligned, check_disjoint, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError
 from .kernel_choice import kernel_for
 from .launch import launch
@@ -232,8 +232,7 @@ def bf16_gemm_nt(
     heuristic's count; rounded so that no split is empty); not with ``c``.
     """
     # The tensors are checked by the op itself (once per call layout), naming each argument.
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_BF16_GEMM_NT, kernel)
     if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
         raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
     if c is None:

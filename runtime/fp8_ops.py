@@ -46,7 +46,7 @@ import torch
 
 from . import split_k, stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_matrix, check_not_overlapping_itself
+from .checks import check_aligned, check_disjoint, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError
 from .kernel_choice import catalogue, kernel_for, runnable_kernels
 from .launch import launch
@@ -359,8 +359,7 @@ def fp8_gemm_nt(
     ``torch.ops.cutegen.fp8_gemm_nt`` (`torch_ops.TorchOp`).
     """
     # The tensors are checked by the op itself (once per call layout), naming each argument.
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_FP8_GEMM_NT, kernel)
     if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
         raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
     if out is None:
@@ -506,8 +505,7 @@ def fp8_wgrad_gemm_nt(
     itself (C = D); with ``c``, D is first set to C. The kernel adds its fp32 tile into D with a
     TMA reduce-add, so D must not alias A, B or the scales.
     """
-    if kernel is not None and not isinstance(kernel, str):
-        raise InputError(f"{OP_FP8_WGRAD}: argument 'kernel' must be a kernel name (str) or None")
+    check_kernel_name(OP_FP8_WGRAD, kernel)
     FP8_WGRAD_GEMM_NT(a, sfa, b, sfb, d, c, kernel or "")
     return d
 

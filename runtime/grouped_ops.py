@@ -49,7 +49,7 @@ import torch
 
 from . import fp8_ops
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_extents, check_matrix, check_not_overlapping_itself
+from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .heuristics import CONTIGUOUS_OP as OP
 from .kernel_choice import kernel_for, runnable_kernels
@@ -299,8 +299,7 @@ def m_grouped_fp8_gemm_nt_contiguous(
     kernel: str | None = None,
 ) -> torch.Tensor:
     """Grouped FP8 GEMM over contiguous expert segments; see the module docstring."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP, kernel)
     if out is None:
         return CONTIGUOUS(a, sfa, b, sfb, m_indices, bool(zero_padding), kernel or "")
     CONTIGUOUS_OUT(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
@@ -447,8 +446,7 @@ def m_grouped_fp8_gemm_nt_masked(
     kernel: str | None = None,
 ) -> torch.Tensor:
     """Grouped FP8 GEMM over [G, max_m, K] with per-group row counts on the GPU; see the module docstring."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail_masked("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_MASKED, kernel)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     if out is None:

@@ -39,7 +39,7 @@ import torch
 
 from . import stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_not_overlapping_itself
+from .checks import check_aligned, check_disjoint, check_kernel_name, check_not_overlapping_itself
 from .errors import InputError
 from .fp8_ops import F32_ROW_ALIGN_ELEMS
 from .fp8_ops import SFA_COLUMN_ALIGN as SCALE_ROW_ALIGN  # 16 bytes of fp32: TMA's stride rule
@@ -218,8 +218,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
 ) -> torch.Tensor:
     """MoE weight gradient over groups that split K; D is updated in place and returned (module
     docstring)."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail("kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP, kernel)
     if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
         raise _fail("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
     K_GROUPED(a, sfa, b, sfb, d, group_sizes, c, expected_k or 0, kernel or "")

@@ -46,7 +46,7 @@ import torch
 
 from . import driver, stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_extents, check_not_overlapping_itself, span_of
+from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_not_overlapping_itself, span_of
 from .errors import ArtifactError, InputError
 from .kernel_choice import candidates, catalogue, forced_manifest
 from .launch import launch
@@ -386,8 +386,7 @@ def per_token_quant_fp8(
     kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token 1x128 FP8 quantize of x [M, K]; see the module docstring."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail(OP_PER_TOKEN, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_PER_TOKEN, kernel)
     if not isinstance(x, torch.Tensor):
         raise _fail(OP_PER_TOKEN, "x", f"must be a torch.Tensor, got {type(x).__name__}")
     if out is None and out_scales is None:
@@ -486,8 +485,7 @@ def per_block_quant_fp8(
     kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block 128x128 FP8 quantize of a weight w [N, K]; see the module docstring."""
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail(OP_PER_BLOCK, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(OP_PER_BLOCK, kernel)
     if not isinstance(w, torch.Tensor):
         raise _fail(OP_PER_BLOCK, "w", f"must be a torch.Tensor, got {type(w).__name__}")
     if out is None and out_scales is None:
@@ -641,8 +639,7 @@ def grouped_transposed_quant_fp8(
     given, must agree).
     """
     op = OP_GROUPED
-    if kernel is not None and not isinstance(kernel, str):
-        raise _fail(op, "kernel", f"must be a kernel name (str) or None, got {type(kernel).__name__}")
+    check_kernel_name(op, kernel)
     for arg, t in (("x", x), ("group_sizes", group_sizes)):
         if not isinstance(t, torch.Tensor):
             raise _fail(op, arg, f"must be a torch.Tensor, got {type(t).__name__}")
