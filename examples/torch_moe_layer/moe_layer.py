@@ -1,7 +1,7 @@
 """A DeepSeek-style FP8 mixture-of-experts layer forward on cutegen kernels, checked against bf16 torch.
 
     python examples/torch_moe_layer/moe_layer.py [--build-dir build] [--tokens 4096] [--experts 8]
-        [--hidden 2048] [--intermediate 768] [--top-k 2] [--decode-tokens 16]
+        [--hidden 2048] [--intermediate 768] [--top-k 2] [--decode-tokens 16] [--time ROUNDS]
 
 Prefill (contiguous layout): the router's top-k assignments are sorted by expert and each expert's
 rows padded to `contiguous_alignment()`; the activations are quantised per token (1x128, scales
@@ -15,11 +15,16 @@ Where the catalogue has kernels of the fused up-projection for this GPU
 (`m_grouped_fp8_gemm_nt_{contiguous,masked}_swiglu_quant`), the layer runs a second time with
 them: the up-projection writes the quantised SiLU(gate)·up itself, from weights whose gate and up
 rows are interleaved once (`interleave_gate_up`). `--up-projection` picks one path or both.
+
+`--time ROUNDS` then times the whole layer with each path, interleaved round by round (CUDA
+events, medians): prefill from the router's output to the combined bf16 result, and one decode
+step as its CUDA graph's replay, and prints the fused path's speedup.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 
 import torch
@@ -146,6 +151,8 @@ def main() -> int:
     p.add_argument("--up-projection", choices=("both", "fused", "unfused"), default="both",
                    help="the up-projection with SwiGLU and FP8 quantize fused, the separate kernels, or both "
                         "(both: the fused one only where its kernels run on this GPU)")
+    p.add_argument("--time", type=int, default=0, metavar="ROUNDS",
+                   help="after the checks, time the layer with each path over this many interleaved rounds")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("this example needs a CUDA GPU")
@@ -173,7 +180,49 @@ def main() -> int:
     x3 = torch.randn(e, 128, h, device=dev).to(torch.bfloat16)
     for fused in paths:
         failures += run_layer(args, experts, x, topk_ids, topk_w, ref, x3, (w13, w2), fused)
+    if args.time > 0:
+        time_layer(args, experts, x, topk_ids, topk_w, x3, paths)
     return 1 if failures else 0
+
+
+def _elapsed_ms(run, repeat: int = 1) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeat
+
+
+def time_layer(args, experts, x, topk_ids, topk_w, x3, paths) -> None:
+    """Median time of the whole layer per path, the paths interleaved in every round: prefill
+    (routing layout, quantize, both GEMMs, the activation, combine) and a decode step's graph."""
+    masked_m = torch.randint(0, args.decode_tokens + 1, (args.experts,), dtype=torch.int32, device=x.device)
+    graphs = {}
+    for fused in paths:
+        decode(x3, masked_m, args.decode_tokens, experts, fused)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            decode(x3, masked_m, args.decode_tokens, experts, fused)
+        graphs[fused] = graph
+    times = {fused: {"prefill": [], "decode": []} for fused in paths}
+    for _ in range(args.time):
+        for fused in paths:
+            times[fused]["prefill"].append(_elapsed_ms(lambda: prefill(x, topk_ids, topk_w, experts, fused)))
+            times[fused]["decode"].append(_elapsed_ms(graphs[fused].replay, repeat=10))
+    med = {fused: {phase: statistics.median(v) for phase, v in t.items()} for fused, t in times.items()}
+    print(f"layer time, medians of {args.time} interleaved rounds ({torch.cuda.get_device_name()}; "
+          f"{args.tokens} tokens x top-{args.top_k} of {args.experts} experts, hidden {args.hidden}, "
+          f"intermediate {args.intermediate}; decode {args.decode_tokens} rows per expert at most):")
+    print("| up-projection | prefill ms | decode step us |")
+    print("| --- | --- | --- |")
+    for fused in paths:
+        label = "fused SwiGLU + quantize" if fused else "GEMM, then SwiGLU + quantize"
+        print(f"| {label} | {med[fused]['prefill']:.3f} | {med[fused]['decode'] * 1e3:.1f} |")
+    if len(paths) == 2:
+        print(f"fused / separate speedup: prefill {med[False]['prefill'] / med[True]['prefill']:.3f}x, "
+              f"decode {med[False]['decode'] / med[True]['decode']:.3f}x")
 
 
 def run_layer(args, experts, x, topk_ids, topk_w, ref, x3, weights, fused: bool) -> int:
