@@ -194,7 +194,7 @@ def _catalogue_names() -> frozenset[str]:
 
 def _hardware(e: Expanded) -> str:
     """What hardware has run this schedule point. Only the shipped catalogue's points carry their
-    evidence ("ran on H200" / "compiled only", `schedules.evidence`); a point only a user's schedule file
+    evidence ("ran on H200" / "ran on H100" / "compiled only", `schedules.evidence`); a point only a user's schedule file
     names, or one the rules refuse, has run nowhere."""
     if not e.valid or e.schedule is None:
         return "none (invalid)"

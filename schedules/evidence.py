@@ -1,4 +1,4 @@
-"""What hardware has run each kernel of the shipped catalogue: "ran on H200" or "compiled only".
+"""What hardware has run each kernel of the shipped catalogue: "ran on H200", "ran on H100" or "compiled only".
 
 Kept apart from the schedule vocabulary (`spec`), whose source every kernel's build fingerprint
 reads: recording that kernels have run never invalidates a built kernel.
@@ -11,6 +11,7 @@ from typing import Callable
 from .spec import Arch, Epilogue, Layout, Op, OutputScale, Schedule
 
 RAN = "ran on H200"
+RAN_ON_H100 = "ran on H100"
 COMPILED_ONLY = "compiled only"
 
 # Per architecture: sm_90a's kernels run on an H200 (the GPU test tier and the benchmark);
@@ -21,10 +22,11 @@ ARCH_EVIDENCE: dict[Arch, str] = {Arch.SM90A: RAN, Arch.SM100A: COMPILED_ONLY}
 _BF16_WIDTHS = frozenset({96, 144, 160, 176, 192, 208, 224})
 
 
-def _sm90a_not_yet_run(s: Schedule) -> bool:
-    """The sm_90a kernels built on 2026-12-05 while no GPU was lent: the SwiGLU kernels with
-    UE8M0-rounded output scales, the FP8 GEMM's residual, and the BF16 GEMM's adding kernels in the
-    widths and its split K over MN-major operands."""
+def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
+    """The sm_90a kernels built on 2026-12-05 that have run on an H100 (the GPU tier and
+    compute-sanitizer, NOTES N87) but not on an H200: the SwiGLU kernels with UE8M0-rounded output
+    scales, the FP8 GEMM's residual, and the BF16 GEMM's adding kernels in the widths and its split
+    K over MN-major operands."""
     if s.d_scale == OutputScale.UE8M0:
         return True
     if s.op == Op.FP8_GEMM_NT and s.epilogue == Epilogue.TMA_STORE_ADD:
@@ -36,9 +38,8 @@ def _sm90a_not_yet_run(s: Schedule) -> bool:
     return False
 
 
-# Per architecture whose GPU has run kernels: those of its kernels only compiled and checked on the
-# CPU so far.
-NOT_YET_RUN: dict[Arch, Callable[[Schedule], bool]] = {Arch.SM90A: _sm90a_not_yet_run}
+# Per architecture: kernels whose evidence is not the architecture's, and what it is instead.
+EXCEPTIONS: dict[Arch, tuple[Callable[[Schedule], bool], str]] = {Arch.SM90A: (_sm90a_ran_on_h100_only, RAN_ON_H100)}
 
 
 def arch_evidence(arch: Arch) -> str:
@@ -47,9 +48,9 @@ def arch_evidence(arch: Arch) -> str:
 
 
 def hardware_evidence(s: Schedule) -> str:
-    """What has been done with this schedule's kernels: its architecture's evidence, or "compiled
-    only" for one not yet run there (`NOT_YET_RUN`)."""
-    not_yet_run = NOT_YET_RUN.get(s.arch)
-    if not_yet_run is not None and not_yet_run(s):
-        return COMPILED_ONLY
+    """What has been done with this schedule's kernels: its architecture's evidence, or an
+    exception's (`EXCEPTIONS`)."""
+    exception = EXCEPTIONS.get(s.arch)
+    if exception is not None and exception[0](s):
+        return exception[1]
     return arch_evidence(s.arch)
