@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import bf16_ops, fp8_ops
+from . import bf16_ops, fp8_ops, stream_scratch
 from .checks import check_aligned, check_disjoint, check_kernel_name, checks_under
 from .errors import InputError
 from .fused_reference import ACTIVATIONS
@@ -159,6 +159,9 @@ _zero_biases: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _zero_bias(a: torch.Tensor, n: int) -> torch.Tensor:
+    if stream_scratch.capturing():
+        # Zeros made during a capture are written only when the graph replays: never cached.
+        return torch.zeros(n, dtype=torch.bfloat16, device=a.device)
     key = (device_ordinal(a), n)
     zeros = _zero_biases.get(key)
     if zeros is None:
