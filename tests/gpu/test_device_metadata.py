@@ -11,7 +11,9 @@ torch = pytest.importorskip("torch")
 
 from test_fp8_gemm import calc_diff  # noqa: E402
 from test_grouped_gemm import MASKED_OP, check_masked, make_masked, make_problem, poisoned  # noqa: E402
-from test_fused_epilogue import POISON_Q, exact_sums, integer_operands, reference_of_interleaved  # noqa: E402
+from test_fused_epilogue import (  # noqa: E402
+    POISON_Q, contiguous_exact_sums, exact_sums, integer_operands, masked_integer_operands, reference_of_interleaved,
+)
 from test_k_grouped_gemm import make, references  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -99,11 +101,7 @@ def test_swiglu_contiguous_rows_naming_no_group_are_padding(ops):
     qa, sa, qb, sb = integer_operands(rows, n, k, seed=21, groups=groups)
     m_indices = torch.tensor([g for g in tiles for _ in range(128)], dtype=torch.int32, device="cuda")
     m_indices[5] = groups  # one row inside group 0's tile
-    h = torch.zeros(rows, n, device="cuda")
-    for gi in range(groups):
-        sel = m_indices == gi
-        if sel.any():
-            h[sel] = exact_sums(qa[sel], sa[sel], qb[gi], sb[gi])
+    h = contiguous_exact_sums(qa, sa, qb, sb, m_indices, groups)
     for name, ue8m0 in _swiglu_kernels(ops, SWIGLU_CONTIGUOUS_OPS):
         q_ref, sf_ref = reference_of_interleaved(h, ue8m0)
         out = torch.full((rows, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
@@ -120,16 +118,11 @@ def test_swiglu_masked_counts_past_the_rows_or_negative(ops):
     """masked_m past max_m (and INT32_MAX) computes the max_m rows there are, a negative count
     none (the poison stays); the computed rows are bitwise the reference."""
     from cutegen.runtime import fused_ops
-    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
 
     groups, max_m, n, k = 4, 192, 512, 512
     counts = [max_m + 100, -5, INT32_MAX, 70]
     rows_computed = [max_m, 0, max_m, 70]
-    parts = [integer_operands(max_m, n, k, seed=30 + gi) for gi in range(groups)]
-    qa = torch.stack([p[0] for p in parts])
-    sa = to_mn_major_tma_aligned(torch.stack([p[1] for p in parts]))
-    qb = torch.stack([p[2] for p in parts])
-    sb = torch.stack([p[3] for p in parts])
+    parts, qa, sa, qb, sb = masked_integer_operands(groups, max_m, n, k, seed=30)
     masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
     for name, ue8m0 in _swiglu_kernels(ops, SWIGLU_MASKED_OPS):
         out = torch.full((groups, max_m, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)

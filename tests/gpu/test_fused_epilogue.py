@@ -61,6 +61,30 @@ def exact_sums(qa, sa, qb, sb) -> torch.Tensor:
     return dequantized_reference(qa, sa.contiguous(), qb, sb).float()
 
 
+def masked_integer_operands(groups: int, max_m: int, n: int, k: int, seed: int):
+    """`integer_operands` per group (seeds seed, seed + 1, ...), and the masked layout's A, SFA
+    (MN-major), B, SFB stacked from them: (parts, qa, sa, qb, sb)."""
+    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
+
+    parts = [integer_operands(max_m, n, k, seed=seed + gi) for gi in range(groups)]
+    qa = torch.stack([p[0] for p in parts])
+    sa = to_mn_major_tma_aligned(torch.stack([p[1] for p in parts]))
+    qb = torch.stack([p[2] for p in parts])
+    sb = torch.stack([p[3] for p in parts])
+    return parts, qa, sa, qb, sb
+
+
+def contiguous_exact_sums(qa, sa, qb, sb, m_indices, groups: int) -> torch.Tensor:
+    """The contiguous layout's sums per row (exact, as `exact_sums`), in B's row order; zero on
+    rows naming no group."""
+    h = torch.zeros(qa.shape[0], qb.shape[-2], device="cuda")
+    for gi in range(groups):
+        sel = m_indices == gi
+        if sel.any():
+            h[sel] = exact_sums(qa[sel], sa[sel], qb[gi], sb[gi])
+    return h
+
+
 def reference_of_interleaved(h_interleaved: torch.Tensor, ue8m0: bool = False):
     from cutegen.runtime.fused_reference import deinterleave_gate_up, swiglu_quant_ref
 
@@ -117,8 +141,6 @@ def test_dense_random_data_within_half_an_ulp_of_fp64(fused, ops, m, n, k):
 
 @UE8M0
 def test_contiguous_padding_rows_and_empty_groups(fused, ops, ue8m0):
-    from cutegen.runtime.fused_reference import deinterleave_gate_up, swiglu_quant_ref
-
     sizes = [0, 200, 1, 384]
     n, k, groups = 512, 512, len(sizes)
     aligned = [-(-s // 128) * 128 for s in sizes]
@@ -129,12 +151,8 @@ def test_contiguous_padding_rows_and_empty_groups(fused, ops, ue8m0):
     for gi, (s, al) in enumerate(zip(sizes, aligned)):
         m_indices[start:start + s] = gi
         start += al
-    h = torch.zeros(rows, n, device="cuda")
-    for gi in range(groups):
-        sel = m_indices == gi
-        if sel.any():
-            h[sel] = exact_sums(qa[sel], sa[sel], qb[gi], sb[gi])
-    q_ref, sf_ref = swiglu_quant_ref(deinterleave_gate_up(h.T.contiguous()).T, eps=EPS, use_ue8m0=ue8m0)
+    h = contiguous_exact_sums(qa, sa, qb, sb, m_indices, groups)
+    q_ref, sf_ref = reference_of_interleaved(h, ue8m0)
     for name in kernels(ops, OPS[1], ue8m0):
         for zero_padding in (True, False):
             out = torch.full((rows, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
@@ -151,15 +169,9 @@ def test_contiguous_padding_rows_and_empty_groups(fused, ops, ue8m0):
 @UE8M0
 @pytest.mark.parametrize("n", [512, 768])  # 768: three N tiles, a 1x2 cluster's fourth past N
 def test_masked_rows_and_graph_replay(fused, ops, n, ue8m0):
-    from cutegen.runtime.fp8_ops import to_mn_major_tma_aligned
-
     groups, max_m, k = 4, 256, 512
     masked = torch.tensor([0, 1, 130, 256], dtype=torch.int32, device="cuda")
-    parts = [integer_operands(max_m, n, k, seed=10 + gi) for gi in range(groups)]
-    qa = torch.stack([p[0] for p in parts])
-    sa = to_mn_major_tma_aligned(torch.stack([p[1] for p in parts]))
-    qb = torch.stack([p[2] for p in parts])
-    sb = torch.stack([p[3] for p in parts])
+    parts, qa, sa, qb, sb = masked_integer_operands(groups, max_m, n, k, seed=10)
     refs = [reference_of_interleaved(exact_sums(*p), ue8m0) for p in parts]
     for name in kernels(ops, OPS[2], ue8m0):
         out = torch.full((groups, max_m, n // 2), POISON_Q, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
