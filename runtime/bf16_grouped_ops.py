@@ -168,7 +168,7 @@ def _contiguous(a, b, m_indices, out, zero_padding: bool, kernel: str) -> torch.
     call = _calls.get(key)
     if call is not None:
         d = out if out is not None else new_bf16_out(a, a.shape[0], b.shape[1])
-        if _calls.launch(call, (a, b, d, m_indices), current_stream(a)):
+        if call.relaunch((a, b, d, m_indices), current_stream(a)):
             return d
     m, n, _, _ = check_contiguous(a, b, m_indices, out)
     if out is None:
@@ -257,7 +257,8 @@ def _run_masked(a, b, masked_m, expected_m: int, out, kernel: str) -> Launched |
     rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
         # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
-        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows, layout="nt")
+        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows, layout="nt",
+                            max_rows_per_group=max_m)
         names = sorted(s.name for s in loaded.manifest.operands)
         if names != sorted(_MASKED_OPERANDS):
             raise KernelLoadError(f"kernel {loaded.name}: unexpected operands {names} for {OP_MASKED}")
@@ -276,7 +277,7 @@ def _masked(a, b, masked_m, expected_m: int, out, kernel: str) -> torch.Tensor:
     call = _masked_calls.get(key)
     if call is not None:
         d = out if out is not None else new_bf16_group_out(a, a.shape[0], a.shape[1], b.shape[1])
-        if _masked_calls.launch(call, (a, b, d, masked_m), current_stream(a)):
+        if call.relaunch((a, b, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = check_masked(a, b, masked_m, out)
     if out is None:
@@ -376,7 +377,7 @@ def _k_grouped(a, b, d, group_sizes, c, expected_k: int | None, kernel: str) -> 
     if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):  # C = D: no copy
         d.copy_(c)
     if call is not None:
-        if _k_calls.launch(call, tensors, current_stream(a)):
+        if call.relaunch(tensors, current_stream(a)):
             return
         g, m, n, tokens = check_k_grouped(a, b, d, group_sizes, c)
     if g == 0 or m == 0 or n == 0 or tokens == 0:

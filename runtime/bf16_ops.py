@@ -162,7 +162,7 @@ def _impl(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "", k_splits: int
     call = _calls.get(key)
     if call is not None:
         out = new_bf16_out(a, a.shape[0], b.shape[0])
-        if _calls.launch(call, (a, b, out), current_stream(a)):
+        if call.relaunch((a, b, out), current_stream(a)):
             return out
     m, n, _ = check_meta(a, b, None)
     out = new_bf16_out(a, m, n)
@@ -173,7 +173,7 @@ def _impl(a: torch.Tensor, b: torch.Tensor, kernel_name: str = "", k_splits: int
 def _out_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> None:
     key = _calls.key((a, b, out), kernel_name, k_splits)
     call = _calls.get(key)
-    if call is not None and _calls.launch(call, (a, b, out), current_stream(a)):
+    if call is not None and call.relaunch((a, b, out), current_stream(a)):
         return
     check_meta(a, b, out)
     check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})
@@ -200,7 +200,7 @@ _accumulations = CallCache(f"{OP_BF16_GEMM_NT}_accumulate")
 def _accumulate_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
     key = _accumulations.key((a, b, out), kernel_name)
     call = _accumulations.get(key)
-    if call is not None and _accumulations.launch(call, (a, b, out), current_stream(a)):
+    if call is not None and call.relaunch((a, b, out), current_stream(a)):
         return
     check_meta(a, b, out)
     check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})

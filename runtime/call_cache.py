@@ -4,7 +4,8 @@ An op checks its inputs, chooses its kernel and prepares the launch once per dis
 layout: the tensors' shapes, strides, dtypes and devices, the op's other arguments, the SM budget
 and the calling thread. A later call with that layout has passed the same checks, so it only
 reads the tensors' addresses, checks their alignment and that the outputs the caller gave share
-no memory with another tensor of the call (`overlap`), and relaunches (`launch.relaunch`); a
+no memory with another tensor of the call, and relaunches (`RememberedCall.launch`, written out
+per call by `_straight_relaunch`); a
 launch being captured into a CUDA graph records those parameters like any other. Scratch that a
 launch needs beside the call's tensors (a per-stream tile counter or workspace) is remembered
 with the call (``fixed``), which then relaunches only on the stream it was remembered on and
@@ -19,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from . import sm_budget
 from .errors import shared_memory_error
-from .launch import PreparedLaunch, relaunch
+from .launch import PreparedLaunch, issue_through_bindings, relaunch, tma_address_patchable
 from .params import byte_span
 
 CALLS_PER_OP = 1024
@@ -30,19 +31,21 @@ _get_ident = threading.get_ident
 _budget = sm_budget.budget
 
 
-def _unrolled_layout(arity: int) -> Callable[..., tuple]:
-    """``layout(t0, …)``: each tensor's shape, strides, dtype and device ordinal, in one flat tuple.
+def _unrolled_key(arity: int) -> Callable[[Sequence[Any], tuple], tuple]:
+    """``key(tensors, extra)``: each tensor's shape, strides, dtype and device ordinal, then the
+    op's other arguments ``extra``, the SM budget and the calling thread, in one flat tuple.
 
     Written out per arity, because a loop over the tensors costs about 1 µs more per call, a
     tenth of a small GEMM's whole host time."""
-    args = ", ".join(f"t{i}" for i in range(arity))
+    names = ", ".join(f"t{i}" for i in range(arity))
     body = " ".join(f"t{i}.shape, t{i}.stride(), t{i}.dtype, t{i}.get_device()," for i in range(arity))
-    namespace: dict[str, Any] = {}
-    exec(f"def layout({args}):\n    return ({body})\n", namespace)  # noqa: S102 - built from integers only
-    return namespace["layout"]
+    namespace: dict[str, Any] = {"budget": _budget, "get_ident": _get_ident}
+    source = f"def key(tensors, extra):\n    {names}, = tensors\n    return ({body} extra, budget(), get_ident())\n"
+    exec(source, namespace)  # noqa: S102 - built from integers only
+    return namespace["key"]
 
 
-_LAYOUTS = [None, *(_unrolled_layout(n) for n in range(1, MAX_TENSORS + 1))]
+_KEYS = [None, *(_unrolled_key(n) for n in range(1, MAX_TENSORS + 1))]
 
 
 class Launched(NamedTuple):
@@ -58,42 +61,88 @@ class Launched(NamedTuple):
 
 
 class RememberedCall:
-    """A checked call's kernel and plan: the call's tensor ``positions[j]`` holds the address of
+    """A checked call's kernel and plan. The call's tensor ``positions[j]`` holds the address of
     the plan's operand j (``operand_order``), counting the call's tensors and then ``fixed``;
-    ``disjoint`` lists the (output, other) pairs of plan operands that must share no memory, with
-    each operand's extent in bytes in ``spans`` and its argument name in ``labels``."""
+    ``sites`` are the plan's address sites (`PreparedLaunch.sites`) by call tensor instead;
+    ``disjoint`` lists the (output, other) pairs of call tensors that must share no memory, with
+    each tensor's extent in bytes in ``spans`` and its argument name in ``labels``."""
 
-    __slots__ = ("op", "kernel", "prepared", "positions", "fixed", "stream", "extra", "disjoint", "spans", "labels")
+    __slots__ = ("op", "kernel", "prepared", "positions", "sites", "fixed", "stream", "capturing", "extra", "disjoint",
+                 "spans", "labels", "relaunch")
 
     def __init__(
         self, op: str, kernel: Any, prepared: PreparedLaunch, positions: tuple[int, ...], fixed: tuple,
         stream: int | None, extra: Any, disjoint: tuple[tuple[int, int], ...] = (), spans: tuple[int, ...] = (),
-        labels: tuple[str, ...] = (),
+        labels: tuple[str, ...] = (), capturing: Callable[[], bool] = lambda: False,
     ) -> None:
         self.op = op
         self.kernel = kernel
         self.prepared = prepared
         self.positions = positions
+        self.sites = tuple((positions[j], word, need, operand) for j, word, need, operand in prepared.sites)
         self.fixed = fixed  # scratch tensors the plan keeps using (kept alive here)
         self.stream = stream  # the stream the scratch belongs to
         self.extra = extra  # what the op derived from the layout during its checks
         self.disjoint = disjoint
         self.spans = spans
-        self.labels = labels  # the argument name of each plan operand, for errors
+        self.labels = labels  # the argument name of each call tensor, for errors
+        self.capturing = capturing  # whether the calling stream is capturing a CUDA graph
+        self.relaunch: Callable[[Sequence[Any], int], bool] = _straight_relaunch(self)
 
     def launch(self, tensors: Sequence[Any], stream: int) -> bool:
-        """Relaunch on ``tensors`` (in the order the call was remembered with); False if the plan
-        cannot be retargeted; InputError when an output shares memory with another tensor."""
+        """Relaunch on ``tensors`` (in the order the call was remembered with); False, launching
+        nothing, when the call has scratch and ``stream`` is not the scratch's or is capturing a
+        graph, or when the plan cannot be retargeted; InputError when an output shares memory with
+        another tensor or an address is misaligned. `relaunch` does the same, faster."""
         if self.fixed:
+            if stream != self.stream or self.capturing():
+                return False
             tensors = (*tensors, *self.fixed)
-        pointers = [tensors[i].data_ptr() for i in self.positions]  # in the plan's operand order
+        pointers = [t.data_ptr() for t in tensors]  # the call's order, read once each
         if self.disjoint:
             spans = self.spans
-            for out, other in self.disjoint:  # pairs of plan positions
+            for out, other in self.disjoint:
                 if pointers[out] < pointers[other] + spans[other] and pointers[other] < pointers[out] + spans[out]:
                     raise shared_memory_error(self.op, self.labels[out], self.labels[other], pointers[out],
                                               spans[out], pointers[other], spans[other])
-        return relaunch(self.kernel, self.prepared, pointers, stream)
+        return relaunch(self.kernel, self.prepared, self.sites, pointers, stream)
+
+
+def _straight_relaunch(call: RememberedCall) -> Callable[[Sequence[Any], int], bool]:
+    """``call.launch`` written out for this call's tensors, scratch, sites and overlap pairs, with
+    the driver's launch called directly: about 1 µs less per call than the loops, a tenth of a
+    small GEMM's host time. Anything off the common path (a misaligned address, an overlap, another
+    stream, a failed launch) is left to ``call.launch``, which decides it; without the ctypes
+    launcher ``call.launch`` is all there is."""
+    prepared = call.prepared
+    raw = prepared.raw
+    if raw is None or not tma_address_patchable():
+        return call.launch
+    n = len(call.positions) - len(call.fixed)  # the call's own tensors; the scratch follows them
+    lines = ["def relaunch(tensors, stream):"]
+    if call.fixed:  # as call.launch: scratch belongs to one stream, and a capture needs its own
+        lines += ["    if stream != scratch_stream or capturing():", "        return False"]
+    lines.append(f"    {', '.join(f't{i}' for i in range(n))}, = tensors")
+    lines += [f"    p{i} = t{i}.data_ptr()" for i in range(n)]
+    lines += [f"    p{n + j} = {t.data_ptr()}" for j, t in enumerate(call.fixed)]  # kept alive by the call
+    spans = call.spans
+    tests = [f"p{i} % {need}" for i, _, need, _ in call.sites if i < n]
+    tests += [f"(p{o} < p{x} + {spans[x]} and p{x} < p{o} + {spans[o]})" for o, x in call.disjoint]
+    tests.append("stream != prepared.stream")
+    lines += [f"    if {' or '.join(tests)}:", "        return slow(tensors, stream)", "    prepared.current = None"]
+    lines += [f"    words[{word}] = p{i}" for i, word, _, _ in call.sites]
+    lines += [
+        "    if launch_kernel_ex(config, function, params, None):",
+        "        issue_through_bindings(kernel, prepared)",
+        "    return True",
+    ]
+    namespace: dict[str, Any] = {
+        "slow": call.launch, "prepared": prepared, "words": prepared.words, "launch_kernel_ex": raw.launch_kernel_ex,
+        "config": raw.config, "function": raw.function, "params": raw.params, "kernel": call.kernel,
+        "issue_through_bindings": issue_through_bindings, "scratch_stream": call.stream, "capturing": call.capturing,
+    }
+    exec("\n".join(lines) + "\n", namespace)  # noqa: S102 - built from integers and fixed names only
+    return namespace["relaunch"]
 
 
 class CallCache:
@@ -104,10 +153,9 @@ class CallCache:
         self.op = op
         self._calls: dict[tuple, RememberedCall] = {}
         self._capturing = capturing
+        # The remembered call of a `key` (None for None, which no call is remembered under).
+        self.get: Callable[[tuple | None], RememberedCall | None] = self._calls.get
         _caches.append(self)
-
-    def get(self, key: tuple | None) -> RememberedCall | None:
-        return self._calls.get(key) if key is not None else None
 
     @staticmethod
     def key(tensors: Sequence[Any], *extra: Any) -> tuple | None:
@@ -115,18 +163,9 @@ class CallCache:
         left out of ``tensors``, their presence stated in ``extra``); None when an argument is not
         a tensor, which the op's checks then refuse by name."""
         try:
-            layout = _LAYOUTS[len(tensors)](*tensors)
+            return _KEYS[len(tensors)](tensors, extra)
         except (AttributeError, TypeError):
             return None
-        return (layout, extra, _budget(), _get_ident())
-
-    def launch(self, call: RememberedCall | None, tensors: Sequence[Any], stream: int) -> bool:
-        """Relaunch ``call`` (from `get`) on ``tensors``; False, launching nothing, when there is
-        none, when it has scratch and ``stream`` is not the scratch's or is capturing a graph, or
-        when its plan cannot be retargeted."""
-        if call is None or (call.fixed and (stream != call.stream or self._capturing())):
-            return False
-        return call.launch(tensors, stream)
 
     def remember(self, key: tuple | None, launched: Launched | None, tensors: Sequence[Any] = ()) -> None:
         """Remember a checked call's launch (None: nothing to remember). Its tensors bind the
@@ -149,21 +188,16 @@ class CallCache:
         outputs = launched.outputs or {}
         disjoint: tuple[tuple[int, int], ...] = ()
         spans: tuple[int, ...] = ()
-        labels: tuple[str, ...] = ()
+        labels = tuple(outputs.get(name, name) for name in bound)
         if outputs:
-            # Kept by plan position (`positions`): the call's tensor i is at plan position slot[i].
             names = list(launched.names)
-            slot = {position: j for j, position in enumerate(positions)}
-            call_spans = [byte_span(t.shape, t.stride(), 8 * t.element_size()) for t in tensors]
-            spans = tuple(call_spans[i] if i < len(names) else 0 for i in positions)
-            labels = tuple(outputs.get(bound[i], bound[i]) for i in positions)
+            spans = tuple(byte_span(t.shape, t.stride(), 8 * t.element_size()) for t in tensors)
             written = [names.index(name) for name in outputs]
-            disjoint = tuple((slot[out], slot[other]) for out in written for other in range(len(names))
-                             if other != out and not (other in written and other < out)
-                             and call_spans[out] and call_spans[other])
+            disjoint = tuple((out, other) for out in written for other in range(len(names))
+                             if other != out and not (other in written and other < out) and spans[out] and spans[other])
         self._calls[key] = RememberedCall(
             self.op, launched.kernel, prepared, positions, tuple(fixed.values()), prepared.stream, launched.extra,
-            disjoint, spans, labels,
+            disjoint, spans, labels, self._capturing,
         )
 
     def __contains__(self, key: tuple | None) -> bool:

@@ -302,7 +302,7 @@ def _impl(
     call = _calls.get(key)
     if call is not None:
         out = new_bf16_out(a, a.shape[0], b.shape[0])
-        if _calls.launch(call, (a, sfa, b, sfb, out), current_stream(a)):
+        if call.relaunch((a, sfa, b, sfb, out), current_stream(a)):
             return out
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb)
@@ -317,7 +317,7 @@ def _out_impl(
 ) -> None:
     key = _calls.key((a, sfa, b, sfb, out), kernel_name, k_splits)
     call = _calls.get(key)
-    if call is not None and _calls.launch(call, (a, sfa, b, sfb, out), current_stream(a)):
+    if call is not None and call.relaunch((a, sfa, b, sfb, out), current_stream(a)):
         return
     _check_meta(a, sfa, b, sfb, out)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb, out=out)
@@ -439,7 +439,7 @@ def _wgrad_impl(
         check_disjoint(OP_FP8_WGRAD, {"d": d}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb})
     if c is not None and not _same_view(c, d):  # C = D needs no copy; D = C.t() does
         d.copy_(c)
-    if call is not None and _wgrad_calls.launch(call, (a, sfa, b, sfb, d), current_stream(a)):
+    if call is not None and call.relaunch((a, sfa, b, sfb, d), current_stream(a)):
         return
     m, k = a.shape
     n = b.shape[0]

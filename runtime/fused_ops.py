@@ -117,7 +117,7 @@ def _outputs(a: torch.Tensor, lead: tuple[int, ...], inter: int, out, out_sf) ->
 
 
 def _launch(op: str, operands: dict, m: int, n: int, k: int, kernel: str, extents: dict, use_ue8m0: bool,
-            rows_per_group=None) -> None:
+            rows_per_group: int | None = None, max_rows_per_group: int | None = None) -> None:
     for arg in ("a", "sfa", "b", "d", "d_sf"):
         check_aligned(op, "out" if arg == "d" else "out_sf" if arg == "d_sf" else arg, operands[arg], 16)
     check_aligned(op, "sfb", operands["sfb"], 4)
@@ -125,7 +125,8 @@ def _launch(op: str, operands: dict, m: int, n: int, k: int, kernel: str, extent
     device = device_ordinal(a)
     with torch.cuda.device(device):
         entry = op + UE8M0_ENTRY_SUFFIX if use_ue8m0 else op
-        loaded = kernel_for(entry, m, n, k, device, kernel, "f32", rows_per_group=rows_per_group)
+        loaded = kernel_for(entry, m, n, k, device, kernel, "f32", rows_per_group=rows_per_group,
+                            max_rows_per_group=max_rows_per_group)
         launch(loaded, operands, extents=extents, stream=current_stream(a))
 
 
@@ -235,7 +236,8 @@ def _masked_impl(
         return
     rows = max(1, min(int(expected_m), max_m))
     operands = dict(zip(OPERANDS[OP_MASKED], (a, sfa, b, sfb, out, out_sf, masked_m)))
-    _launch(OP_MASKED, operands, rows * g, n, k, kernel_name, {"eps": eps}, use_ue8m0, rows_per_group=rows)
+    _launch(OP_MASKED, operands, rows * g, n, k, kernel_name, {"eps": eps}, use_ue8m0, rows_per_group=rows,
+            max_rows_per_group=max_m)
 
 
 def _masked_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, out_sf, eps: float = DEFAULT_EPS,

@@ -247,7 +247,7 @@ def _contiguous(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str)
     call = _calls.get(key)
     if call is not None:
         d = out if out is not None else new_bf16_out(a, a.shape[0], b.shape[1])
-        if _calls.launch(call, (a, sfa, b, sfb, d, m_indices), current_stream(a)):
+        if call.relaunch((a, sfa, b, sfb, d, m_indices), current_stream(a)):
             return d
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, out)
     if out is None:
@@ -370,8 +370,10 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
     rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
         scale = _scale_for_call(OP_MASKED, _fail_masked, packed, b_dtype, device, kernel)
-        # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
-        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, scale, rows_per_group=rows, b_dtype=b_dtype)
+        # Each group pads its rows to the tile height: the heuristic sees G groups of about `rows`
+        # rows, at most max_m.
+        loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, scale, rows_per_group=rows, b_dtype=b_dtype,
+                            max_rows_per_group=max_m)
         stream = current_stream(a)
         operands = {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "d": out, "masked_m": masked_m}
         if packed:
@@ -394,7 +396,7 @@ def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> torc
     call = _masked_calls.get(key)
     if call is not None:
         d = out if out is not None else new_bf16_group_out(a, a.shape[0], a.shape[1], b.shape[1])
-        if _masked_calls.launch(call, (a, sfa, b, sfb, d, masked_m), current_stream(a)):
+        if call.relaunch((a, sfa, b, sfb, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
     if out is None:

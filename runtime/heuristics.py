@@ -25,6 +25,13 @@ multicast:
   ``tma_store_per_warpgroup``): compute times `CostModel.whole_tile_short_k_factor` (below 1)
   where K has at most `CostModel.whole_tile_max_k_blocks` blocks, else
   `CostModel.whole_tile_long_k_factor`, so they rank before their ring twins at short K only.
+* Masked M-grouped kernels (``rows_per_group``: the expected rows of a group; each group pads
+  its rows to the tile height): the rows a group really holds are only known on the GPU and
+  spread around the expected count. Scored at the expected rows alone, a tile that fills
+  exactly one wave there wins and then runs a second, nearly empty wave whenever the groups are
+  a little larger, so the estimate is the mean over `MASKED_ROWS_SPREAD` times the expected
+  rows, each cut to the most a group holds (``max_rows_per_group``, the layout's max_m; groups
+  that cannot grow are scored at the expected rows). Smaller groups only shorten the tiles.
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``; for kernels that
@@ -74,6 +81,9 @@ TUNING_ENV = "CUTEGEN_TUNING"
 TUNING_FILE = "tuning.json"
 DEFAULT_NUM_SMS = 132
 TIE_TOLERANCE = 0.005
+# Real rows per masked group as multiples of the expected rows, from the expected count up to the
+# most DeepGEMM's tests and engines' decode batches draw (0.7-1.3x).
+MASKED_ROWS_SPREAD = (1.0, 1.1, 1.2, 1.3)
 # Split counts the model considers for split-K kernels, and the fewest K blocks a split keeps.
 MAX_K_SPLITS = 16
 MIN_SPLIT_BLOCKS = 2
@@ -316,11 +326,21 @@ def score(
     num_sms: int = DEFAULT_NUM_SMS,
     model: CostModel = DEFAULT_MODEL,
     rows_per_group: int | None = None,
+    max_rows_per_group: int | None = None,
 ) -> Score:
     """Score one candidate for the problem (M, N, K); see the module docstring. With
-    ``rows_per_group`` (masked grouped GEMMs), M is ceil(M / rows_per_group) groups whose tiles
-    do not span groups: each group pads its rows to the tile height. A split-K kernel's score
-    is that of its best split count."""
+    ``rows_per_group`` (masked grouped GEMMs), M is ceil(M / rows_per_group) groups of about
+    that many rows (at most ``max_rows_per_group``), whose tiles do not span groups: each group
+    pads its rows to the tile height; the estimate is the mean over `MASKED_ROWS_SPREAD` and the
+    other fields are those at the expected rows. A split-K kernel's score is that of its best
+    split count."""
+    if rows_per_group and not splits_k(manifest):
+        groups = ceil_div(max(int(m), 1), rows_per_group)
+        most = max_rows_per_group or max(round(f * rows_per_group) for f in MASKED_ROWS_SPREAD)
+        spread = [max(1, min(most, round(f * rows_per_group))) for f in MASKED_ROWS_SPREAD]
+        at = [_score(manifest, groups * rows, n, k, num_sms, model, rows, 1) for rows in spread]
+        expected = _score(manifest, groups * rows_per_group, n, k, num_sms, model, rows_per_group, 1)
+        return dataclasses.replace(expected, estimated_us=sum(s.estimated_us for s in at) / len(at))
     if not splits_k(manifest):
         return _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
     scored = [_score(manifest, m, n, k, num_sms, model, rows_per_group, s) for s in _split_candidates(k)]
@@ -573,10 +593,11 @@ def explain(
     build_dir: str | os.PathLike[str] | None = None,
     model: CostModel = DEFAULT_MODEL,
     rows_per_group: int | None = None,
+    max_rows_per_group: int | None = None,
 ) -> list[Score]:
     """Every candidate's score, best first; a tuning-table pick comes first with source 'tuning'."""
     matching = _candidates(op, candidates)
-    ranked = _rank(score(c, m, n, k, num_sms, model, rows_per_group) for c in matching)
+    ranked = _rank(score(c, m, n, k, num_sms, model, rows_per_group, max_rows_per_group) for c in matching)
     table = load_tuning_table(build_dir) if tuning is None else tuning
     tuned = _tuned(op, matching, m, n, k, table)
     if tuned is not None:
@@ -599,18 +620,19 @@ def choose(
     build_dir: str | os.PathLike[str] | None = None,
     model: CostModel = DEFAULT_MODEL,
     rows_per_group: int | None = None,
+    max_rows_per_group: int | None = None,
 ) -> KernelManifest:
     """The candidate to run for (M, N, K): the tuning table's if it names one, else the model's.
 
     ``tuning`` given explicitly replaces the table lookup (pass ``{}`` to ignore any table);
-    ``rows_per_group``: see `score`.
+    ``rows_per_group``, ``max_rows_per_group``: see `score`.
     """
     matching = _candidates(op, candidates)
     table = load_tuning_table(build_dir) if tuning is None else tuning
     tuned = _tuned(op, matching, m, n, k, table)
     if tuned is not None:
         return tuned
-    best = _rank(score(c, m, n, k, num_sms, model, rows_per_group) for c in matching)[0]
+    best = _rank(score(c, m, n, k, num_sms, model, rows_per_group, max_rows_per_group) for c in matching)[0]
     return next(c for c in matching if c.name == best.name)
 
 
@@ -631,6 +653,7 @@ def format_table(scores: Iterable[Score]) -> str:
 __all__ = [
     "CostModel",
     "DEFAULT_MODEL",
+    "MASKED_ROWS_SPREAD",
     "Score",
     "choose",
     "explain",

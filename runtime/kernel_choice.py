@@ -121,12 +121,14 @@ def choose_kernel(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
     d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
+    max_rows_per_group: int | None = None,
 ) -> str:
     """The name of the kernel the heuristic (or tuning table) picks for this problem and GPU
     among those with the properties `candidates` filters on (``scale``, ``b_dtype``, ``d_dtype``,
-    ``adds``, when given); ``rows_per_group``: M is that many rows per group, as the masked
-    grouped GEMM's groups, see `heuristics.score`."""
-    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, d_dtype, adds, layout, rows_per_group, sm_budget.budget())
+    ``adds``, when given); ``rows_per_group``: M is groups of about that many rows (at most
+    ``max_rows_per_group``), as the masked grouped GEMM's groups, see `heuristics.score`."""
+    key = (op, int(device), int(m), int(n), int(k), scale, b_dtype, d_dtype, adds, layout, rows_per_group,
+           max_rows_per_group, sm_budget.budget())
     name = _choices.get(key)
     if name is None:
         info = driver.device_info(device)
@@ -135,6 +137,7 @@ def choose_kernel(
             sm_budget.usable_sms(info.sm_count),
             build_dir=catalogue().build_dir,
             rows_per_group=rows_per_group,
+            max_rows_per_group=max_rows_per_group,
         )
         name = manifest.name
         if len(_choices) >= _CHOICE_CACHE_SIZE:
@@ -147,6 +150,7 @@ def explain(
     op: str, m: int, n: int, k: int, device: int = 0, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
     d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
+    max_rows_per_group: int | None = None,
 ) -> list[heuristics.Score]:
     """The heuristic's scored table for this problem on this GPU, best first: the candidates
     `choose_kernel` weighs, scored as it does, with the same arguments."""
@@ -156,6 +160,7 @@ def explain(
         sm_budget.usable_sms(info.sm_count),
         build_dir=catalogue().build_dir,
         rows_per_group=rows_per_group,
+        max_rows_per_group=max_rows_per_group,
     )
 
 
@@ -206,11 +211,13 @@ def kernel_for(
     op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
     d_dtype: str | None = None, adds: bool | None = None, layout: str | None = None,
+    max_rows_per_group: int | None = None,
 ) -> Any:
     """The loaded kernel for a call: the one forced by name, or the heuristic's choice."""
     name = (
         forced_manifest(op, forced, scale, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout).name if forced
-        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout)
+        else choose_kernel(op, m, n, k, device, scale, rows_per_group, b_dtype, d_dtype=d_dtype, adds=adds,
+                           layout=layout, max_rows_per_group=max_rows_per_group)
     )
     return catalogue().load(name, device)
 

@@ -26,7 +26,7 @@ import collections
 import ctypes
 import dataclasses
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import raw_launch, sm_budget
 from .driver import LoadedKernel, check, cu, launch_config
@@ -153,16 +153,11 @@ class PreparedLaunch:
     # Where each address lives in the blob: (index into operand_order, 8-byte word index,
     # alignment the address needs, operand name).
     sites: tuple[tuple[int, int, int, str], ...] = ()
-    # The addresses the blob holds now, in operand_order.
-    current: list[int] = dataclasses.field(default_factory=list)
+    # The addresses the blob holds now, in operand_order; None when a relaunch wrote them.
+    current: list[int] | None = dataclasses.field(default_factory=list)
     words: Any = None  # the blob's whole 8-byte words (a ctypes uint64 array over it)
     stream: int | None = None  # the stream config.hStream names
     raw: raw_launch.RawLaunch | None = None  # the ctypes launch, when the driver library is loaded
-
-    @property
-    def addresses(self) -> dict[str, int]:
-        """The address of each operand the blob holds now."""
-        return dict(zip(self.operand_order, self.current))
 
 
 def address_sites(manifest: KernelManifest) -> tuple[tuple[str, int, int], ...]:
@@ -299,10 +294,21 @@ def retarget(kernel: LoadedKernel, prepared: PreparedLaunch, pointers: list[int]
     caller prepares afresh."""
     if pointers == prepared.current:
         return True
+    if not _patch(kernel, prepared, prepared.sites, pointers):
+        return False
+    prepared.current = pointers
+    return True
+
+
+def _patch(kernel: LoadedKernel, prepared: PreparedLaunch, sites: Sequence[tuple[int, int, int, str]],
+           pointers: Sequence[int]) -> bool:
+    """Write ``pointers[i]`` at each site ``(i, word, need, operand)``; False when addresses cannot
+    be patched. Leaves ``prepared.current`` unknown (None) until its caller states it."""
     if not (_PATCHABLE or tma_address_patchable()):
         return False
+    prepared.current = None  # a refusal below may leave the blob half written
     words = prepared.words
-    for i, word, need, operand in prepared.sites:
+    for i, word, need, operand in sites:
         ptr = pointers[i]
         if ptr % need:
             raise InputError(
@@ -310,7 +316,6 @@ def retarget(kernel: LoadedKernel, prepared: PreparedLaunch, pointers: list[int]
                 f"0x{ptr:x} (misaligned by {ptr % need} bytes)"
             )
         words[word] = ptr
-    prepared.current = pointers
     return True
 
 
@@ -363,11 +368,15 @@ def launch(
     return prepared
 
 
-def relaunch(kernel: LoadedKernel, prepared: PreparedLaunch, pointers: list[int], stream: int) -> bool:
-    """Launch an earlier call's plan again with its operands at ``pointers`` (every operand the
-    kernel declares, in ``prepared.operand_order``); False, launching nothing, when the plan
-    cannot be retargeted."""
-    if prepared.skip or (pointers != prepared.current and not retarget(kernel, prepared, pointers)):
+def relaunch(
+    kernel: LoadedKernel, prepared: PreparedLaunch, sites: Sequence[tuple[int, int, int, str]], pointers: Sequence[int],
+    stream: int,
+) -> bool:
+    """Launch an earlier call's plan again, each address site ``(i, word, need, operand)`` of
+    ``sites`` (`PreparedLaunch.sites` by the caller's numbering) set to ``pointers[i]``; False,
+    launching nothing, when the plan cannot be retargeted. Every site is written on every call,
+    which costs less than comparing the addresses first."""
+    if prepared.skip or not _patch(kernel, prepared, sites, pointers):
         return False
     _issue(kernel, prepared, stream)
     return True

@@ -325,7 +325,7 @@ def _per_token_impl(
     if call is not None:
         m, k = x.shape
         q, sf = _per_token_outputs(x, m, k, call.extra, scale_format, scale_layout)
-        if _per_token_calls.launch(call, (x, q, sf), current_stream(x)):
+        if call.relaunch((x, q, sf), current_stream(x)):
             return q, sf
     m, k, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
     q, sf = _per_token_outputs(x, m, k, cols, scale_format, scale_layout)
@@ -355,7 +355,7 @@ def _per_token_out_impl(
         if m % TMA_ALIGN_ROWS and scale_layout == "mn-major-tma-aligned":
             # the padding rows the kernel writes must fit the buffer: more than the layout says
             _scale_buffer_view(OP_PER_TOKEN, out_scales, m, call.extra, scale_layout)
-        if _per_token_calls.launch(call, (x, out, out_scales), current_stream(x)):
+        if call.relaunch((x, out, out_scales), current_stream(x)):
             return
     m, _, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
     sf_kernel = _scale_buffer_view(OP_PER_TOKEN, out_scales, m, cols, scale_layout)  # padding rows included
@@ -436,7 +436,7 @@ def _per_block_impl(w: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str 
     call = _per_block_calls.get(key)
     if call is not None:
         q, sf = _per_block_outputs(w, call.extra)
-        if _per_block_calls.launch(call, (w, q, sf), current_stream(w)):
+        if call.relaunch((w, q, sf), current_stream(w)):
             return q, sf
     _, _, shape_s, eps = _per_block_meta(w, eps, None, None)
     q, sf = _per_block_outputs(w, shape_s)
@@ -460,7 +460,7 @@ def _per_block_out_impl(
 ) -> None:
     key = _per_block_calls.key((w, out, out_scales), eps, kernel_name)
     call = _per_block_calls.get(key)
-    if call is not None and _per_block_calls.launch(call, (w, out, out_scales), current_stream(w)):
+    if call is not None and call.relaunch((w, out, out_scales), current_stream(w)):
         return
     _, _, _, eps = _per_block_meta(w, eps, out, out_scales)
     check_disjoint(OP_PER_BLOCK, {"out": out, "out_scales": out_scales}, {"w": w})
@@ -573,7 +573,7 @@ def _grouped_impl(x, group_sizes, eps, num_blocks, kernel):
     call = _grouped_calls.get(key)
     if call is not None:
         q, sf = _grouped_outputs(x, *call.extra)
-        if _grouped_calls.launch(call, (x, group_sizes, q, sf), current_stream(x)):
+        if call.relaunch((x, group_sizes, q, sf), current_stream(x)):
             return q, sf
     _, h, _, s, eps = _grouped_meta(x, group_sizes, eps, num_blocks, None, None)
     q, sf = _grouped_outputs(x, s, h)
@@ -604,7 +604,7 @@ def _grouped_out_impl(
 ) -> None:
     key = _grouped_calls.key((x, group_sizes, out, out_scales), eps, kernel_name)
     call = _grouped_calls.get(key)
-    if call is not None and _grouped_calls.launch(call, (x, group_sizes, out, out_scales), current_stream(x)):
+    if call is not None and call.relaunch((x, group_sizes, out, out_scales), current_stream(x)):
         return
     _, _, _, _, eps = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)
     check_disjoint(OP_GROUPED, {"out": out, "out_scales": out_scales}, {"x": x, "group_sizes": group_sizes})

@@ -49,6 +49,47 @@ def plain_eager(args: tuple) -> bool:
     return True
 
 
+def _eager_test(schema: str, impl: Callable[..., Any]) -> Callable[..., bool]:
+    """`plain_eager` written out for one op's arguments, from its schema: only its tensor
+    parameters tested, by name, without a loop (0.3 µs less per call). A parameter or a tensor
+    subclass among them falls back to `plain_eager`; ops with a tensor list keep it altogether."""
+    arguments = torch._C.parse_schema(f"{LIBRARY_NAME}::op{schema}").arguments
+    defaults = [p.default for p in inspect.signature(impl).parameters.values()]
+    names = [f"x{i}" for i in range(len(arguments))]
+    plain, grads = [], []
+    for name, argument in zip(names, arguments):
+        kind = argument.type
+        optional = isinstance(kind, torch._C.OptionalType)
+        if optional:
+            kind = kind.getElementType()
+        if isinstance(kind, torch._C.ListType) and isinstance(kind.getElementType(), torch._C.TensorType):
+            return lambda *args: plain_eager(args)
+        if not isinstance(kind, torch._C.TensorType):
+            continue  # the dispatcher takes no tensor here, and the implementation's checks refuse one
+        plain.append(f"({name} is None or type({name}) is _Tensor)" if optional else f"type({name}) is _Tensor")
+        grads.append(f"({name} is not None and {name}.requires_grad)" if optional else f"{name}.requires_grad")
+    # Trailing arguments the dispatcher leaves out take the implementation's defaults.
+    params = ", ".join(
+        name if default is inspect.Parameter.empty else f"{name}=_default_{i}"
+        for i, (name, default) in enumerate(zip(names, defaults))
+    )
+    # A factory, so that the op's defaults are closure cells: torch.compile traces this function
+    # and resolves the globals it reads in this module, which holds only the shared helpers.
+    source = (
+        f"def written_out({', '.join(f'_default_{i}' for i in range(len(defaults)))}):\n"
+        f"    def eager({params}):\n"
+        "        if _is_compiling() or _dispatch_modes() or _functorch_active():\n"
+        "            return False\n"
+        f"        if {' and '.join(plain) or 'True'}:\n"
+        f"            return not (_grad_enabled() and ({' or '.join(grads) or 'False'}))\n"
+        f"        return plain_eager(({', '.join(names)},))\n"
+        "    return eager\n"
+    )
+    namespace = dict(globals())
+    exec(source, namespace)  # noqa: S102 - built from the schema's argument count and kinds only
+    return namespace["written_out"](*defaults)
+
+
 def _parameters(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
     return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
@@ -72,9 +113,10 @@ class TorchOp:
         self.impl = impl
         self.fake = fake
         self.overload = getattr(getattr(torch.ops, LIBRARY_NAME), name).default
+        self.eager = _eager_test(self.schema, impl)
 
     def __call__(self, *args: Any) -> Any:
-        if plain_eager(args):
+        if self.eager(*args):
             return self.impl(*args)
         return self.overload(*args)
 
@@ -90,7 +132,7 @@ def current_stream(t: torch.Tensor) -> int:
     """The ``CUstream`` handle of torch's current stream on the device of CUDA tensor ``t`` (a
     capture's, while capturing)."""
     if _raw_current_stream is not None:
-        return int(_raw_current_stream(t.get_device()))
+        return _raw_current_stream(t.get_device())  # an int already
     return torch.cuda.current_stream(t.device).cuda_stream
 
 

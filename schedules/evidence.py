@@ -24,10 +24,12 @@ _BF16_WIDTHS = frozenset({96, 144, 160, 176, 192, 208, 224})
 
 def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     """The sm_90a kernels built on 2026-12-05 that have run on an H100 (the GPU tier and
-    compute-sanitizer, NOTES N87) but not on an H200: the SwiGLU kernels with UE8M0-rounded output
-    scales, the FP8 GEMM's residual, and the BF16 GEMM's adding kernels in the widths and its split
-    K over MN-major operands."""
+    compute-sanitizer, NOTES N87, N88) but not on an H200: the SwiGLU kernels with UE8M0-rounded
+    output scales, the FP8 GEMM's residual, the BF16 GEMM's adding kernels in the widths and its
+    split K over MN-major operands, and the masked FP8 GEMM's 128x192 tiles."""
     if s.d_scale == OutputScale.UE8M0:
+        return True
+    if s.op == Op.M_GROUPED_FP8_GEMM_NT_MASKED and s.tile_n == 192:
         return True
     if s.op == Op.FP8_GEMM_NT and s.epilogue == Epilogue.TMA_STORE_ADD:
         return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,8 +51,8 @@ def test_layout_key_covers_every_arity():
     cache = call_cache.CallCache("test_op")
     tensors = [torch.zeros(2, i + 1) for i in range(call_cache.MAX_TENSORS)]
     for n in range(1, call_cache.MAX_TENSORS + 1):
-        layout = cache.key(tensors[:n])[0]
-        assert layout == tuple(x for t in tensors[:n] for x in (t.shape, t.stride(), t.dtype, t.get_device()))
+        layout = tuple(x for t in tensors[:n] for x in (t.shape, t.stride(), t.dtype, t.get_device()))
+        assert cache.key(tensors[:n], "extra") == (*layout, ("extra",), sm_budget.budget(), threading.get_ident())
 
 
 def _plan(order=("a", "d"), stream=7):
@@ -82,9 +84,90 @@ def test_calls_with_scratch_relaunch_only_on_their_stream_and_never_while_captur
     call = cache.get(key)
     assert call.positions == (0, 1, 2) and call.fixed == (scratch,) and call.stream == 7
     tensors = (torch.zeros(2), torch.zeros(2))
-    assert not cache.launch(call, tensors, 8)  # another stream: its own scratch, through the checked path
+    assert not call.relaunch(tensors, 8)  # another stream: its own scratch, through the checked path
     capturing[0] = True
-    assert not cache.launch(call, tensors, 7)
+    assert not call.relaunch(tensors, 7)
     other = cache.key((torch.zeros(3),))
     cache.remember(other, call_cache.Launched(object(), _plan(("a", "d", "w")), ("a", "d"), fixed={"w": scratch}))
     assert other not in cache  # scratch allocated for a capture is that capture's alone
+
+
+def test_the_straight_relaunch_writes_and_refuses_what_the_loops_do(monkeypatch):
+    import ctypes
+    import types
+
+    from cutegen.runtime import launch as launch_module
+    from cutegen.runtime.raw_launch import RawLaunch
+
+    monkeypatch.setattr(launch_module, "_PATCHABLE", True)
+    through_bindings = []
+    monkeypatch.setattr(launch_module, "issue_through_bindings", lambda kernel, prepared: through_bindings.append(1))
+    monkeypatch.setattr(call_cache, "issue_through_bindings", lambda kernel, prepared: through_bindings.append(1))
+    launched, result = [], [0]
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    def driver(config, function, params, extra):
+        launched.append((config, function, params))
+        return result[0]
+
+    blob = bytearray(64)
+    config = types.SimpleNamespace(hStream=None, getPtr=lambda: 0x1000)
+    plan = PreparedLaunch(
+        grid=(1, 1, 1), skip=False, config=config, operand_order=("a", "sfb", "d"),
+        sites=((0, 1, 16, "a"), (1, 3, 4, "sfb"), (2, 5, 16, "d")), current=[0, 0, 0], stream=0,
+        words=(ctypes.c_uint64 * 8).from_buffer(blob), raw=RawLaunch(types.SimpleNamespace(launch_kernel_ex=driver), config, 0x2000, 0x3000),
+    )
+    kernel = types.SimpleNamespace(name="test_kernel")
+    cache = call_cache.CallCache("test_op")
+    pool = torch.empty(4096)
+    d, a, sfb = pool[0:64].view(8, 8), pool[64:128].view(8, 8), pool[128:136]
+    key = cache.key((d, a, sfb))
+    cache.remember(key, call_cache.Launched(kernel, plan, ("d", "a", "sfb"), outputs={"d": "out"}), (d, a, sfb))
+    call = cache.get(key)
+    assert call.relaunch != call.launch  # written out for this call
+
+    def words():
+        return [plan.words[i] for i in (1, 3, 5)]
+
+    for offset in (256, 512, 1024):
+        tensors = (pool[offset:offset + 64].view(8, 8), pool[offset + 64:offset + 128].view(8, 8), pool[offset + 129:offset + 137])
+        assert call.relaunch(tensors, 0) and len(launched) == 1
+        assert words() == [tensors[1].data_ptr(), tensors[2].data_ptr(), tensors[0].data_ptr()] and plan.current is None
+        straight = words()
+        plan.words[1] = plan.words[3] = plan.words[5] = 0
+        assert call.launch(tensors, 0) and words() == straight and len(launched) == 2
+        launched.clear()
+
+    def refusals(tensors):
+        messages = []
+        for relaunch in (call.relaunch, call.launch):
+            with pytest.raises(InputError) as caught:
+                relaunch(tensors, 0)
+            messages.append(str(caught.value))
+        return messages
+
+    misaligned = refusals((pool[0:64].view(8, 8), pool[65:129].view(8, 8), pool[128:136]))
+    assert misaligned[0] == misaligned[1] and "operand 'a' base address must be 16-byte aligned" in misaligned[0]
+    overlap = refusals((pool[0:64].view(8, 8), pool[32:96].view(8, 8), pool[128:136]))
+    assert overlap[0] == overlap[1] and "argument 'out' must not share memory with argument 'a'" in overlap[0]
+    assert not launched
+
+    assert call.relaunch((d, a, sfb), 5) and plan.stream == 5 and int(config.hStream) == 5  # another stream: the loops
+    assert call.relaunch((d, a, sfb), 5) and len(launched) == 2
+    result[0] = 201  # the launch refused (no current context): launched again through cuda-bindings
+    assert call.relaunch((d, a, sfb), 5) and through_bindings == [1]
+    result[0] = 0
+
+    # Scratch beside the call's tensors: its address written too, only on its stream, never while capturing.
+    capturing = [False]
+    scratch = pool[2048:2056]
+    cache = call_cache.CallCache("test_op", lambda: capturing[0])
+    key = cache.key((d, a))
+    plan.stream = 5
+    cache.remember(key, call_cache.Launched(kernel, plan, ("d", "a"), fixed={"sfb": scratch}), (d, a))
+    call = cache.get(key)
+    assert call.relaunch != call.launch and call.stream == 5
+    assert call.relaunch((d, a), 5) and words() == [a.data_ptr(), scratch.data_ptr(), d.data_ptr()]
+    assert not call.relaunch((d, a), 0) and not call.launch((d, a), 0)
+    capturing[0] = True
+    assert not call.relaunch((d, a), 5) and not call.launch((d, a), 5)

@@ -53,6 +53,6 @@ def test_a_remembered_call_refuses_an_output_over_an_input(monkeypatch):
     cache.remember(key, call_cache.Launched(object(), plan, ("a", "d"), outputs={"d": "out"}), (a, out))
     call = cache.get(key)
     assert call.disjoint == ((1, 0),) and call.labels == ("a", "out")
-    assert cache.launch(call, (buf[32:48], buf[48:64]), 0)  # new addresses, still apart
+    assert call.relaunch((buf[32:48], buf[48:64]), 0)  # new addresses, still apart
     with pytest.raises(InputError, match="test_op: argument 'out' must not share memory with argument 'a'"):
-        cache.launch(call, (buf[0:16], buf[8:24]), 0)
+        call.relaunch((buf[0:16], buf[8:24]), 0)

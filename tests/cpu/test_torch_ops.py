@@ -68,3 +68,50 @@ def test_plain_eager_is_false_under_autograd_and_modes():
 
     with FakeTensorMode():
         assert not torch_ops.plain_eager((x,))
+
+
+def _optional_impl(x: torch.Tensor, c: torch.Tensor | None = None, out: torch.Tensor | None = None, k: int = 0) -> None:
+    return None
+
+
+def _optional_fake(x, c=None, out=None, k=0) -> None:
+    return None
+
+
+OPTIONAL = torch_ops.TorchOp("test_only_optional", _optional_impl, _optional_fake)
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def test_each_op_s_written_out_eager_test_agrees_with_plain_eager():
+    x = torch.ones(2)
+    tensors = [x, torch.nn.Parameter(torch.ones(2)), torch.ones(2, requires_grad=True), x.as_subclass(_Subclass)]
+    cases = [(SCALED, (t,)) for t in tensors] + [(SCALED, (t, 0.5, "tag")) for t in tensors]
+    cases += [(FILL, (t, u)) for t in tensors for u in tensors] + [(FILL, (t, u, 3)) for t in tensors for u in tensors]
+    cases += [(OPTIONAL, (t, c, u, 1)[:given]) for t in tensors for c in [None, *tensors] for u in [None, *tensors]
+              for given in (1, 2, 3, 4)]
+    for op, args in cases:
+        for grad_mode in (True, False):
+            with torch.set_grad_enabled(grad_mode):
+                assert op.eager(*args) == torch_ops.plain_eager(args), (op, args, grad_mode)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not OPTIONAL.eager(x) and not FILL.eager(x, x)
+
+
+def test_torch_compile_traces_each_op_to_its_own_overload():
+    """torch.compile traces a `TorchOp` call (the dispatcher's path while compiling) through its
+    written-out eager test: each op's objects stay its own, never globals of a module that lacks
+    them."""
+    x = torch.arange(4.0)
+    out = torch.zeros(3)
+
+    def both(x, out):
+        FILL(x, out, 5)
+        return SCALED(x, 3.0), OPTIONAL(x, None, out)
+
+    scaled, none = torch.compile(both, backend="eager", fullgraph=True)(x, out)
+    assert torch.equal(scaled, x * 3) and none is None and torch.equal(out, torch.full((3,), 5.0))
