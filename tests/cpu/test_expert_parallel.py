@@ -1,0 +1,51 @@
+"""CPU tier: the expert-parallel MoE layer's dispatch and combine (examples/expert_parallel) on gloo ranks, against the layer in one process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "expert_parallel"))
+import ep_moe  # noqa: E402
+
+
+def test_routing_and_the_dispatch_plan_in_one_process():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, -1.0, 4.0, 0.0]])
+    experts, weights = ep_moe.route(logits, 2)
+    assert experts.tolist() == [[1, 3], [0, 2]]
+    assert torch.allclose(weights.sum(1), torch.ones(2)) and bool((weights[:, 0] > weights[:, 1]).all())
+    plan = ep_moe.plan_dispatch(experts, ep_moe.Shards(4, 1))
+    # Pairs t * k + j sorted by expert: (1, 0) expert 0, (0, 0) expert 1, (1, 1) expert 2, (0, 1) expert 3.
+    assert plan.order.tolist() == [2, 0, 3, 1] and plan.send == plan.recv == [4]
+    with pytest.raises(ValueError, match="multiple of the ranks"):
+        ep_moe.Shards(6, 4)
+
+
+@pytest.mark.parametrize(
+    "tokens, experts, top_k",
+    [
+        ((37, 5), 8, 2),  # uneven ranks
+        ((20, 0), 4, 3),  # a rank with no tokens sends nothing and still serves its experts
+        ((11, 0, 7), 6, 1),  # three ranks, top-1
+    ],
+)
+def test_every_rank_matches_the_layer_in_one_process(tokens, experts, top_k):
+    problem = ep_moe.Problem(tokens, experts=experts, top_k=top_k, hidden=256, intermediate=64, seed=len(tokens))
+    diffs = ep_moe.run_on_cpu_ranks(problem)
+    assert len(diffs) == len(tokens) and max(diffs) <= ep_moe.TOLERANCE, diffs
+
+
+def test_a_plan_for_another_world_size_is_refused():
+    problem = ep_moe.Problem((4, 4), experts=4)
+    x, logits, w13, w2 = problem.inputs()
+    experts, _ = ep_moe.route(logits, 2)
+    # One process, no process group: the two-rank plan has nobody to exchange with.
+    with pytest.raises(ValueError, match="the shards are for 2 ranks, the process group has 1"):
+        ep_moe.plan_dispatch(experts, ep_moe.Shards(4, 2))
