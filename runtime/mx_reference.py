@@ -18,7 +18,8 @@ CPU and GPU tensors (torch only):
   [MN, ⌈blocks/4⌉], MN-major with columns of align(MN, 4) words, byte ``j`` of word ``w`` the scale
   of block ``4w + j`` (`quant_reference.pack_ue8m0`); `deepgemm_sf_to_blocked` converts it.
 
-`mx_gemm_ref` is the float64 product these define: D = Σ_k (a · sfa) (b · sfb).
+`mx_gemm_ref` is the float64 product these define: D = Σ_k (a · sfa) (b · sfb). `quant_fp4_ref`
+quantises to FP4 with UE8M0 scales (round to nearest even, saturating), `dequant_fp4` inverts it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from .params import ceil_div
+from .quant_reference import DEFAULT_EPS, NAN_BITS, amax_and_bad, check_eps, pack_ue8m0, round_up_pow2, unpack_ue8m0
 
 # Elements per MX scale along K.
 MX_VEC = 32
@@ -36,6 +38,13 @@ ATOM_BYTES = ATOM_ROWS * ATOM_SCALES
 UE8M0_NAN = 0xFF
 # FP4 E2M1 magnitudes by their three low bits.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MAX = 6.0
+E2M1_MAX_CODE = 7
+# The midpoints between consecutive magnitudes, and whether the lower one's code is even (a tie
+# rounds to it) or odd (a tie rounds up).
+E2M1_MIDPOINTS = tuple(
+    ((lo + hi) / 2, i % 2 == 0) for i, (lo, hi) in enumerate(zip(E2M1_VALUES, E2M1_VALUES[1:]))
+)
 
 
 def ue8m0_to_float(e: torch.Tensor) -> torch.Tensor:
@@ -90,6 +99,68 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"FP4 packs two elements per byte: the last extent ({codes.shape[-1]}) must be even")
     pairs = codes.reshape(*codes.shape[:-1], -1, 2)
     return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+
+
+def float_to_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """fp32 -> E2M1 codes (uint8 0-15): to the nearest E2M1 value, a tie to the even code (0, 1, 2
+    or 4 in magnitude), saturating at ±6 (PTX's ``cvt.rn.satfinite.e2m1x2.f32``); a result of
+    zero is +0 (code 0). NaN has no E2M1 code: the caller handles it (`quant_fp4_ref`)."""
+    a = y.to(torch.float32).abs()
+    code = torch.zeros(a.shape, dtype=torch.uint8, device=a.device)
+    for midpoint, lower_is_even in E2M1_MIDPOINTS:
+        code += (a > midpoint if lower_is_even else a >= midpoint).to(torch.uint8)
+    negative = (y < 0) & (code != 0)
+    return code | (negative.to(torch.uint8) << 3)
+
+
+def quant_fp4_ref(
+    x: torch.Tensor, group: int = MX_VEC, eps: float = DEFAULT_EPS, scale_layout: str = "k-major"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise x [M, K] (K even) to FP4 E2M1 per 1 x ``group`` along K with UE8M0 scales: the
+    FP4 weights (``group`` 32) or activations the block-scaled sm_100a kernels take.
+
+    Per group: ``amax`` over its real elements (a partial last group counts its missing elements
+    as zeros); ``s = 2^ceil(log2(max(amax, eps) / 6))`` (`quant_reference.round_up_pow2` of the
+    IEEE quotient, so every scaled element has magnitude at most 6); each element's code is
+    `float_to_e2m1` of ``x · (1 / s)`` (fp32, round to nearest). A group holding NaN or ±Inf has
+    the NaN scale (UE8M0 byte 0xFF) and codes 7 (6.0): its dequantised values are NaN.
+
+    Returns ``(packed, scales)``: packed codes uint8 [M, K/2] (element 2i in the low nibble, as
+    `pack_e2m1`), and the scales packed four per int32 as `quant_reference.pack_ue8m0` writes them
+    in ``scale_layout`` (``mn-major-tma-aligned``: DeepGEMM's SM100 layout, what `fp8_gemm_nt`
+    takes for an FP4 B with ``group`` 32). DeepGEMM's ``per_token_cast_to_fp4`` test helper
+    differs only at exact midpoints, which it rounds toward zero.
+    """
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a 2-D floating-point tensor, got {tuple(x.shape)} {x.dtype}")
+    m, k = x.shape
+    if k % 2:
+        raise ValueError(f"FP4 packs two elements per byte: K ({k}) must be even")
+    if not isinstance(group, int) or group < 2 or group % 2:
+        raise ValueError(f"group must be a positive even int, got {group!r}")
+    eps = check_eps(eps)
+    g = ceil_div(k, group)
+    xf = torch.zeros((m, g * group), dtype=torch.float32, device=x.device)
+    xf[:, :k] = x.float()
+    xg = xf.view(m, g, group)
+    amax, bad = amax_and_bad(xg)
+    eps32 = torch.tensor(eps, dtype=torch.float32, device=x.device)
+    # A tensor divisor: torch on CUDA turns division by a Python scalar into a multiplication.
+    s = round_up_pow2(torch.maximum(amax, eps32) / torch.full_like(amax, E2M1_MAX))
+    s = torch.where(bad, torch.tensor(NAN_BITS, dtype=torch.int32, device=x.device).view(torch.float32), s)
+    inv = torch.ones_like(s) / s
+    codes = float_to_e2m1(xg * inv.unsqueeze(-1))
+    codes = torch.where(bad.unsqueeze(-1), torch.full_like(codes, E2M1_MAX_CODE), codes)
+    packed = pack_e2m1(codes.view(m, g * group)[:, :k])
+    return packed, pack_ue8m0(s, scale_layout)
+
+
+def dequant_fp4(packed: torch.Tensor, scales: torch.Tensor, group: int = MX_VEC) -> torch.Tensor:
+    """fp32 values of `quant_fp4_ref`'s output (scales in either layout)."""
+    values = e2m1_to_float(unpack_e2m1(packed))
+    m, k = values.shape
+    s = unpack_ue8m0(scales, ceil_div(k, group))
+    return values * s.repeat_interleave(group, dim=1)[:, :k]
 
 
 def expand_scales(sf: torch.Tensor, granularity: int, vec: int = MX_VEC) -> torch.Tensor:

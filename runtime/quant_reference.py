@@ -132,7 +132,7 @@ def quantize_groups(xg: torch.Tensor, s: torch.Tensor, bad: torch.Tensor, real: 
     return q.view(torch.float8_e4m3fn)
 
 
-def _amax_and_bad(xg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def amax_and_bad(xg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per group (last dim): max |x| over the finite elements, and whether any element is not finite."""
     finite = torch.isfinite(xg)
     bad = (~finite).any(dim=-1)
@@ -259,7 +259,7 @@ def per_token_quant_fp8_ref(
     xf = torch.zeros((m, g * group), dtype=torch.float32, device=x.device)
     xf[:, :k] = x.float()
     xg = xf.view(m, g, group)
-    amax, bad = _amax_and_bad(xg)
+    amax, bad = amax_and_bad(xg)
     s = group_scales(amax, bad, eps, scale_format == "ue8m0")
     q = quantize_groups(xg, s, bad).view(m, g * group)[:, :k].contiguous()
     if scale_format == "ue8m0":
@@ -303,7 +303,7 @@ def per_block_quant_fp8_ref(
     wf = torch.zeros((bn * block, bk * block), dtype=torch.float32, device=w.device)
     wf[:n, :k] = w.float()
     blocks = wf.view(bn, block, bk, block).permute(0, 2, 1, 3).reshape(bn, bk, block * block)
-    amax, bad = _amax_and_bad(blocks)
+    amax, bad = amax_and_bad(blocks)
     s = group_scales(amax, bad, eps, scale_format == "ue8m0")
     q = quantize_groups(blocks, s, bad)
     q = q.view(torch.uint8).view(bn, bk, block, block).permute(0, 2, 1, 3).reshape(bn * block, bk * block)
@@ -371,7 +371,7 @@ def grouped_transposed_quant_fp8_ref(
         xt = torch.zeros((h, p), dtype=torch.float32, device=x.device)
         xt[:, :m] = x[tok : tok + m].float().t()
         blocks = xt.view(h, nb, GROUP)
-        amax, bad = _amax_and_bad(blocks)
+        amax, bad = amax_and_bad(blocks)
         s = group_scales(amax, bad, eps, False)  # [h, nb]
         real = (torch.arange(p, device=x.device) < m).view(nb, GROUP).unsqueeze(0)
         qg = quantize_groups(blocks, s, bad, real).view(torch.uint8).view(h, p)
@@ -414,6 +414,7 @@ __all__ = [
     "SCALE_FORMATS",
     "SCALE_LAYOUTS",
     "align",
+    "amax_and_bad",
     "ceil_div",
     "check_eps",
     "dequant_grouped_transposed",

@@ -197,3 +197,72 @@ def test_grouped_scales_become_each_groups_atoms_in_turn():
     flat = pack_ue8m0(sa.reshape(g * rows, -1))  # the contiguous layout's [ΣM, ⌈KB/4⌉]
     sfa_flat, _ = mx.mx_grouped_scale_operands(flat, pack(sb_rows), k)
     assert torch.equal(sfa_flat, mx.to_blocked(mx.expand_scales(mx.float_to_ue8m0(sa.reshape(g * rows, -1)), 128)))
+
+
+def test_e2m1_rounds_to_nearest_with_ties_to_even_and_saturates():
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    assert mx.e2m1_to_float(mx.float_to_e2m1(ties)).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+    assert mx.e2m1_to_float(mx.float_to_e2m1(-ties)).tolist() == [0.0, -1.0, -1.0, -2.0, -2.0, -4.0, -4.0]
+    assert mx.float_to_e2m1(torch.tensor([7.0, -1e30, -0.0, -0.1])).tolist() == [7, 15, 0, 0]
+    g = torch.Generator().manual_seed(21)
+    y = (torch.rand(20000, generator=g) - 0.5) * 16
+    values = torch.tensor(mx.E2M1_VALUES)
+    magnitude = y.abs().clamp(max=6.0)
+    nearest = values[(magnitude[:, None] - values[None, :]).abs().argmin(dim=1)]
+    not_tie = ~torch.isin(magnitude, torch.tensor([mid for mid, _ in mx.E2M1_MIDPOINTS]))
+    got = mx.e2m1_to_float(mx.float_to_e2m1(y))
+    assert torch.equal(got.abs()[not_tie], nearest[not_tie]) and bool((got * y >= 0).all())
+
+
+def test_fp4_quantize_scales_by_powers_of_two_and_round_trips_within_half_a_step():
+    m, k, group = 6, 200, 32  # a partial last group of 8 elements
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 3, m)[:, None]
+    packed, words = mx.quant_fp4_ref(x, group)
+    assert packed.shape == (m, k // 2) and packed.dtype == torch.uint8 and words.dtype == torch.int32
+    s = mx.ue8m0_to_float(words.view(torch.uint8).reshape(m, -1)[:, :7])
+    assert torch.equal(mx.float_to_ue8m0(s), words.view(torch.uint8).reshape(m, -1)[:, :7])  # powers of two
+    xg = torch.zeros(m, 7 * group)
+    xg[:, :k] = x
+    amax = xg.view(m, 7, group).abs().amax(-1)
+    assert bool((amax / s <= 6.0).all()) and bool((amax / s > 3.0).all())  # the smallest power of two that fits
+    back = mx.dequant_fp4(packed, words, group)
+    # E2M1's largest step is 2 (4 to 6): no element moves by more than one step's half, scaled.
+    assert bool(((back - x).abs() <= s.repeat_interleave(group, dim=1)[:, :k]).all())
+    exact = mx.e2m1_to_float(torch.randint(0, 16, (m, k), generator=g, dtype=torch.int32).to(torch.uint8)) * 8.0
+    exact[:, ::group] = 48.0  # every group's amax 6 x 8
+    packed, words = mx.quant_fp4_ref(exact, group, scale_layout="mn-major-tma-aligned")
+    assert torch.equal(mx.dequant_fp4(packed, words, group), exact)
+
+
+def test_fp4_quantize_poisons_a_group_holding_nan_or_inf_and_checks_its_arguments():
+    x = torch.ones(2, 96)
+    x[1, 40] = float("nan")
+    x[0, 95] = float("inf")
+    packed, words = mx.quant_fp4_ref(x)
+    scale_bytes = words.view(torch.uint8).reshape(2, -1)[:, :3]
+    assert scale_bytes.tolist() == [[127 - 2, 127 - 2, 0xFF], [127 - 2, 0xFF, 127 - 2]]  # 1/6 rounds up to 2^-2
+    back = mx.dequant_fp4(packed, words)
+    nan = torch.isnan(back)
+    assert bool(nan[0, 64:].all()) and bool(nan[1, 32:64].all()) and int(nan.sum()) == 64
+    for bad, match in ((torch.ones(2, 7), "even"), (torch.ones(2, 2, 2), "2-D")):
+        with pytest.raises(ValueError, match=match):
+            mx.quant_fp4_ref(bad)
+    with pytest.raises(ValueError, match="group"):
+        mx.quant_fp4_ref(torch.ones(2, 8), group=3)
+
+
+def test_fp4_weights_from_the_quantizer_feed_the_fp8_fp4_operands():
+    """What `quant_fp4_ref` writes for a weight (1x32 UE8M0 scales per row, DeepGEMM's SM100
+    layout) is what `fp8_gemm_nt` takes for an FP4 B: through the blocked operands, the float64
+    product equals the product of the dequantised inputs."""
+    m, n, k = 4, 136, 256
+    g = torch.Generator().manual_seed(23)
+    a = (torch.randn(m, k, generator=g) * 3).to(torch.float8_e4m3fn)
+    sa = 2.0 ** torch.randint(-4, 4, (m, k // 128), generator=g).float()
+    packed, sfb = mx.quant_fp4_ref(torch.randn(n, k, generator=g), 32, scale_layout="mn-major-tma-aligned")
+    sfa_blocked, sfb_blocked = mx.mx_scale_operands(pack_ue8m0(sa), sfb, m, n, k, sfb_per_row=True, sfb_granularity=32)
+    d = mx.mx_gemm_ref(a, mx.from_blocked(sfa_blocked, m, k // 32), mx.e2m1_to_float(mx.unpack_e2m1(packed)),
+                       mx.from_blocked(sfb_blocked, n, k // 32))
+    want = (a.double() * sa.double().repeat_interleave(128, dim=1)) @ mx.dequant_fp4(packed, sfb).double().T
+    assert torch.equal(d, want)
