@@ -256,7 +256,8 @@ def _run_masked(a, b, masked_m, expected_m: int, out, kernel: str) -> Launched |
     device = device_ordinal(a)
     rows = max(1, min(int(expected_m), max_m))
     with torch.cuda.device(device):
-        # Each group pads its rows to the tile height: the heuristic sees G groups of `rows`.
+        # Each group pads its rows to the tile height: the heuristic sees G groups of about `rows`
+        # rows, at most max_m.
         loaded = kernel_for(OP_MASKED, rows * g, n, k, device, kernel, rows_per_group=rows, layout="nt",
                             max_rows_per_group=max_m)
         names = sorted(s.name for s in loaded.manifest.operands)

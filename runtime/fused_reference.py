@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .errors import InputError
-from .quant_reference import DEFAULT_EPS, per_token_quant_fp8_ref, unpack_ue8m0
+from .quant_reference import DEFAULT_EPS, ceil_div, per_token_quant_fp8_ref, unpack_ue8m0
 
 SWIGLU_BLOCK = 128
 SCALE_BLOCK = 128
@@ -89,7 +89,7 @@ def _quantize_rows(act: torch.Tensor, eps: float, use_ue8m0: bool) -> tuple[torc
     if not use_ue8m0:
         return per_token_quant_fp8_ref(act, eps=eps)
     q, packed = per_token_quant_fp8_ref(act, eps=eps, scale_format="ue8m0")
-    return q, unpack_ue8m0(packed, -(-act.shape[-1] // SCALE_BLOCK))
+    return q, unpack_ue8m0(packed, ceil_div(act.shape[-1], SCALE_BLOCK))
 
 
 # The elementwise activations of the bias-and-activation epilogue, by name.

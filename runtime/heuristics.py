@@ -336,11 +336,14 @@ def score(
     split count."""
     if rows_per_group and not splits_k(manifest):
         groups = ceil_div(max(int(m), 1), rows_per_group)
-        most = max_rows_per_group or max(round(f * rows_per_group) for f in MASKED_ROWS_SPREAD)
-        spread = [max(1, min(most, round(f * rows_per_group))) for f in MASKED_ROWS_SPREAD]
-        at = [_score(manifest, groups * rows, n, k, num_sms, model, rows, 1) for rows in spread]
-        expected = _score(manifest, groups * rows_per_group, n, k, num_sms, model, rows_per_group, 1)
-        return dataclasses.replace(expected, estimated_us=sum(s.estimated_us for s in at) / len(at))
+        spread = [round(f * rows_per_group) for f in MASKED_ROWS_SPREAD]
+        if max_rows_per_group:
+            spread = [max(1, min(max_rows_per_group, rows)) for rows in spread]
+        # Each row count scored once (a cut spread repeats the largest).
+        at = {rows: _score(manifest, groups * rows, n, k, num_sms, model, rows, 1)
+              for rows in {*spread, rows_per_group}}
+        mean = sum(at[rows].estimated_us for rows in spread) / len(spread)
+        return dataclasses.replace(at[rows_per_group], estimated_us=mean)
     if not splits_k(manifest):
         return _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
     scored = [_score(manifest, m, n, k, num_sms, model, rows_per_group, s) for s in _split_candidates(k)]

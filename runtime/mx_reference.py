@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .params import ceil_div
-from .quant_reference import DEFAULT_EPS, NAN_BITS, amax_and_bad, check_eps, pack_ue8m0, round_up_pow2, unpack_ue8m0
+from .quant_reference import DEFAULT_EPS, amax_and_bad, check_eps, group_scales, pack_ue8m0, unpack_ue8m0
 
 # Elements per MX scale along K.
 MX_VEC = 32
@@ -120,8 +120,8 @@ def quant_fp4_ref(
     FP4 weights (``group`` 32) or activations the block-scaled sm_100a kernels take.
 
     Per group: ``amax`` over its real elements (a partial last group counts its missing elements
-    as zeros); ``s = 2^ceil(log2(max(amax, eps) / 6))`` (`quant_reference.round_up_pow2` of the
-    IEEE quotient, so every scaled element has magnitude at most 6); each element's code is
+    as zeros); ``s = 2^ceil(log2(max(amax, eps) / 6))`` (`quant_reference.group_scales` with UE8M0
+    rounding, so every scaled element has magnitude at most 6); each element's code is
     `float_to_e2m1` of ``x · (1 / s)`` (fp32, round to nearest). A group holding NaN or ±Inf has
     the NaN scale (UE8M0 byte 0xFF) and codes 7 (6.0): its dequantised values are NaN.
 
@@ -144,10 +144,7 @@ def quant_fp4_ref(
     xf[:, :k] = x.float()
     xg = xf.view(m, g, group)
     amax, bad = amax_and_bad(xg)
-    eps32 = torch.tensor(eps, dtype=torch.float32, device=x.device)
-    # A tensor divisor: torch on CUDA turns division by a Python scalar into a multiplication.
-    s = round_up_pow2(torch.maximum(amax, eps32) / torch.full_like(amax, E2M1_MAX))
-    s = torch.where(bad, torch.tensor(NAN_BITS, dtype=torch.int32, device=x.device).view(torch.float32), s)
+    s = group_scales(amax, bad, eps, True, E2M1_MAX)
     inv = torch.ones_like(s) / s
     codes = float_to_e2m1(xg * inv.unsqueeze(-1))
     codes = torch.where(bad.unsqueeze(-1), torch.full_like(codes, E2M1_MAX_CODE), codes)

@@ -102,13 +102,14 @@ def round_up_pow2(s: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x007FFFFF) & 0x7F800000).view(torch.float32)
 
 
-def group_scales(amax: torch.Tensor, bad: torch.Tensor, eps: float, ue8m0: bool) -> torch.Tensor:
-    """Scales of groups with fp32 ``amax`` (ignored where ``bad``): max(amax, eps)/448, pow2 if ue8m0, NaN if bad."""
+def group_scales(amax: torch.Tensor, bad: torch.Tensor, eps: float, ue8m0: bool, largest: float = E4M3_MAX) -> torch.Tensor:
+    """Scales of groups with fp32 ``amax`` (ignored where ``bad``): max(amax, eps) / ``largest`` (the
+    output type's largest value: e4m3's 448 unless given), pow2 if ue8m0, NaN if bad."""
     eps32 = torch.tensor(eps, dtype=torch.float32, device=amax.device)
     amax = torch.where(bad, torch.zeros_like(amax), amax)
     # A tensor divisor: torch on CUDA turns division by a Python scalar into a multiplication by
     # its reciprocal, which is not the IEEE quotient the kernels compute.
-    s = torch.maximum(amax, eps32) / torch.full_like(amax, E4M3_MAX)
+    s = torch.maximum(amax, eps32) / torch.full_like(amax, largest)
     if ue8m0:
         s = round_up_pow2(s)
     nan = torch.tensor(NAN_BITS, dtype=torch.int32, device=amax.device).view(torch.float32)
