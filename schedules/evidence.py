@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .spec import Arch, Epilogue, Layout, Op, OutputScale, Schedule
+from .spec import Activation, Arch, Epilogue, Layout, Op, OutputScale, Schedule
 
 RAN = "ran on H200"
 RAN_ON_H100 = "ran on H100"
@@ -26,8 +26,13 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     """The sm_90a kernels built on 2026-12-05 that have run on an H100 (the GPU tier and
     compute-sanitizer, NOTES N87, N88) but not on an H200: the SwiGLU kernels with UE8M0-rounded
     output scales, the FP8 GEMM's residual, the BF16 GEMM's adding kernels in the widths and its
-    split K over MN-major operands, and the masked FP8 GEMM's 128x192 tiles."""
+    split K over MN-major operands, and the masked FP8 GEMM's 128x192 tiles; and every kernel
+    whose epilogue computes SiLU, rebuilt on 2026-12-05 with the straight-line division
+    (`cutegen.templates.fp32_silu`; the SwiGLU kernels, 64-row SwiGLU tiles among them, and the
+    bias/activation kernels ending `_silu`: NOTES N89)."""
     if s.d_scale == OutputScale.UE8M0:
+        return True
+    if s.activation in (Activation.SWIGLU, Activation.SILU):
         return True
     if s.op == Op.M_GROUPED_FP8_GEMM_NT_MASKED and s.tile_n == 192:
         return True

@@ -18,6 +18,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from cutegen.schedules.spec import Activation
+from cutegen.templates.fp32_silu import silu_in_place
 
 SQRT_HALF = 0.7071067811865476
 
@@ -37,11 +38,11 @@ class HopperBiasActivationEpilogue:
             if cutlass.const_expr(self.schedule.adds_bias):
                 col = cutlass.min(col0 + tCcC[i][1], mBias.shape[0] - 1)
                 x = x + Float32(mBias[col])
-            if cutlass.const_expr(self.schedule.activation == Activation.SILU):
-                x = x / (Float32(1.0) + cute.math.exp(-x))
             if cutlass.const_expr(self.schedule.activation == Activation.GELU):
                 x = Float32(0.5) * x * (Float32(1.0) + cute.math.erf(x * Float32(SQRT_HALF)))
             promoted[i] = x
+        if cutlass.const_expr(self.schedule.activation == Activation.SILU):
+            silu_in_place(promoted, 0, cute.size(promoted))
 
 
 class Fp8GemmNtBiasEntry:

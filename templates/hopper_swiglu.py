@@ -7,8 +7,9 @@ Numerics (the executable specification is `cutegen.runtime.fused_reference`): fo
 and activation column j of a tile, with g and u its gate and up sums (fp32, promoted exactly as
 the plain GEMM promotes them):
 
-* ``a = g / (1 + exp(-g)) · u`` in fp32 (``exp`` the accurate single-precision exponential,
-  ``div.rn.f32``), as ``torch.nn.functional.silu(g) * u`` computes it on the GPU;
+* ``a = g / (1 + exp(-g)) · u`` in fp32 (``exp`` the accurate single-precision exponential, the
+  IEEE division: `cutegen.templates.fp32_silu`), as ``torch.nn.functional.silu(g) * u`` computes
+  it on the GPU;
 * the 128 activations of the row are one group of the per-token quantizer
   (`cutegen.templates.hopper_quant`): the amax on the bit patterns, ``s = max(amax, eps) / 448``
   (rounded up to a power of two for `OutputScale.UE8M0`), ``q = cvt.rn.satfinite.e4m3(a · (1 / s))``;
@@ -23,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from cutegen.schedules.spec import OutputScale
+from cutegen.templates.fp32_silu import silu_in_place
 from cutegen.templates.hopper_quant import E4M3_NAN_WORD, INF_BITS, _abs_bits_max, _scale_from_amax
 
 # A row's 128 activations lie with the four threads of a WGMMA accumulator quad (lanes 4k..4k+3):
@@ -45,10 +47,10 @@ class HopperSwiGLUEpilogue:
         half = cute.size(promoted) // 2
         # Gate in column wave 0, up in wave 1, one row wave: element i + half is element i's up.
         assert cute.size(promoted, mode=[2]) == 2 and cute.size(promoted, mode=[1]) == 1
+        silu_in_place(promoted, 0, half)
         act = cute.make_rmem_tensor(half, Float32)
         for i in cutlass.range_constexpr(half):
-            g = promoted[i]
-            act[i] = g / (Float32(1.0) + cute.math.exp(-g)) * promoted[i + half]
+            act[i] = promoted[i] * promoted[i + half]
         # Per row slot: the amax over this thread's values, then over its quad.
         amax = [Int32(0)] * ROW_SLOTS
         for i in cutlass.range_constexpr(half):

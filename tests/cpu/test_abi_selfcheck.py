@@ -57,6 +57,7 @@ SCHEDULES = (
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x2_mca_s4_wg2_r40x232_epitma_rn_g1_swiglu",
+    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_e4m3_f32_sff32_64x256x128_c1x1_mc0_s5_wg1_r40x232_epitma_rn_g1_swiglu",
     # A bias per column (a plain [N] tensor after D) and an activation, FP8 and BF16; an
     # activation alone takes the plain GEMM's arguments.
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s5_wg2_r40x232_epitma_rm_g8_bias_gelu",

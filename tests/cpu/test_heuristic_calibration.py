@@ -263,6 +263,33 @@ def test_masked_choice_pads_each_group_to_the_tile():
     assert tile_m(32, 20, 4096, 7168) > 64  # stacked rows: the case rows_per_group exists for
 
 
+SWIGLU_MASKED_KERNELS = [
+    f"cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_e4m3_f32_sff32_{tile}_r40x232_epitma_rn_g1_swiglu"
+    for tile in ("128x256x128_c1x1_mc0_s4_wg2", "128x256x128_c1x2_mca_s4_wg2", "64x256x128_c1x1_mc0_s5_wg1")
+]
+
+
+def test_masked_choice_sums_tiles_over_groups_of_spread_sizes():
+    """Groups drawn 0.7-1.3x the expected rows are some smaller and some larger than expected: at
+    8 groups of ~128 rows (max_m 256), Qwen3-235B's up-projection (N 3072, K 4096) fills two
+    waves of 128x256 SwiGLU tiles and two waves of 64x256 ones, which ran 1.26-1.34x faster on an
+    H100 (two sweeps, 2026-12-05); DeepSeek-V3's (N 4096, K 7168) needs a third wave of 64-row
+    tiles and keeps 128 rows. The draws are evenly spread and cut to max_m."""
+    candidates = [manifest_from_name(n) for n in SWIGLU_MASKED_KERNELS]
+
+    def tile_m(groups: int, rows: int, n: int, k: int) -> int:
+        chosen = heuristics.choose("m_grouped_fp8_gemm_nt_masked", candidates, groups * rows, n, k, H200_SMS,
+                                   tuning={}, rows_per_group=rows, max_rows_per_group=256)
+        return chosen.grid.tile_m
+
+    assert tile_m(8, 128, 3072, 4096) == 64
+    assert tile_m(8, 128, 4096, 7168) == 128
+    assert tile_m(32, 16, 4096, 7168) == 64
+    draws = heuristics.masked_draws(8, 128, 150)
+    assert len(draws) == heuristics.MASKED_DRAWS and all(len(d) == 8 and max(d) <= 150 for d in draws)
+    assert min(min(d) for d in draws) == round(128 * 0.7 + 128 * 0.6 * 0.5 / 8 / heuristics.MASKED_DRAWS)
+
+
 def test_whole_tile_twins_rank_by_k():
     """A 256-row kernel that stages its whole output tile (epilogue tma_store_per_warpgroup, or
     tma_store_whole_tile) ranks before its ring twin where K has at most `whole_tile_max_k_blocks`

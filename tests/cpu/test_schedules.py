@@ -885,8 +885,9 @@ def test_static_stage_rounds_where_they_were_measured_faster():
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 128),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 128, 160),
         ("k_grouped_fp8_gemm_nt_contiguous", "sm_90a", 256, 128),
-        # The SwiGLU tiles (the contiguous one's is the plain 128x256's).
+        # The SwiGLU tiles (the contiguous one's is the plain 128x256's), and their 64-row twins.
         ("fp8_gemm_nt", "sm_90a", 128, 256), ("m_grouped_fp8_gemm_nt_masked", "sm_90a", 128, 256),
+        ("fp8_gemm_nt", "sm_90a", 64, 256), ("m_grouped_fp8_gemm_nt_masked", "sm_90a", 64, 256),
     }
     assert rounds == expected
 
@@ -897,18 +898,22 @@ def test_256_wide_block_scaled_tiles_run_in_column_waves():
     two epilogue sub-tiles so that four operand stages fit; the contiguous catalogue has one, in a
     2x1 cluster. Row-wave (256-row) tiles, narrower tiles, weight gradients (per-row SFB),
     unscaled tiles and sm_100a keep one column wave, and a weight-gradient 128x256 tile is still
-    refused for its registers. The SwiGLU tiles (gate wave, up wave) are all 128x256."""
+    refused for its registers. The SwiGLU tiles (gate wave, up wave) are 128x256, and 64x256 (one
+    math warpgroup) for the dense and masked ops."""
     from cutegen.schedules.spec import COLUMN_WAVE_EPILOGUE_STAGES, SM90_SMEM_OPT_IN_BYTES
 
     wide = [s for s in default_schedules(arch="sm_90a") if s.column_waves > 1]
     assert {(s.entry, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n) for s in wide} == {
         ("m_grouped_fp8_gemm_nt_contiguous", 128, 256, 2, 1),
     } | {
-        (f"{op}_swiglu_quant{rounding}", 128, 256, *cluster)
-        for op, clusters in (("fp8_gemm_nt", ((1, 1), (2, 1))), ("m_grouped_fp8_gemm_nt_contiguous", ((1, 1), (2, 1))),
-                             ("m_grouped_fp8_gemm_nt_masked", ((1, 1), (1, 2))))
+        (f"{op}_swiglu_quant{rounding}", tile_m, 256, *cluster)
+        for op, clusters, tile_ms in (("fp8_gemm_nt", ((1, 1), (2, 1)), (128, 64)),
+                                      ("m_grouped_fp8_gemm_nt_contiguous", ((1, 1), (2, 1)), (128,)),
+                                      ("m_grouped_fp8_gemm_nt_masked", ((1, 1), (1, 2)), (128, 64)))
         for cluster in clusters
+        for tile_m in tile_ms
         for rounding in ("", "_ue8m0")
+        if (tile_m, cluster) != (64, (1, 2))  # spills
     }
     (s,) = [w for w in wide if not w.fused_epilogue]
     assert s.column_waves == 2 and s.waves == 1 and s.all_waves == 2
