@@ -26,16 +26,12 @@ multicast:
   where K has at most `CostModel.whole_tile_max_k_blocks` blocks, else
   `CostModel.whole_tile_long_k_factor`, so they rank before their ring twins at short K only.
 * Masked M-grouped kernels (``rows_per_group``: the expected rows of a group; each group pads
-  its rows to the tile height): the rows a group really holds are only known on the GPU, drawn
-  around the expected count (0.7-1.3x in DeepGEMM's tests and engines' decode batches). Scored at
-  the expected rows alone, a tile that fills exactly one wave there wins and then runs a second,
-  nearly empty wave whenever groups are larger, so the estimate is the mean over `MASKED_DRAWS`
-  sets of per-group rows spread evenly over `MASKED_ROWS_RANGE` times the expected rows, each
-  cut to the most a group holds (``max_rows_per_group``, the layout's max_m): a tile's count is
-  the sum over the groups, as on the GPU, where some groups are smaller and some larger. (Scoring
-  every group at one common size from 1.0 to 1.3x, as before, counted a 64-row SwiGLU tile's
-  third row tile in every group: 1.27-1.34x slower choices at 8 groups of ~128 rows, N 3072,
-  K 4096; the two agree within 1% over DeepGEMM's six masked problems, 8 draws each.)
+  its rows to the tile height): the rows a group really holds are only known on the GPU and
+  spread around the expected count. Scored at the expected rows alone, a tile that fills
+  exactly one wave there wins and then runs a second, nearly empty wave whenever the groups are
+  a little larger, so the estimate is the mean over `MASKED_ROWS_SPREAD` times the expected
+  rows, each cut to the most a group holds (``max_rows_per_group``, the layout's max_m; groups
+  that cannot grow are scored at the expected rows). Smaller groups only shorten the tiles.
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``; for kernels that
@@ -85,11 +81,9 @@ TUNING_ENV = "CUTEGEN_TUNING"
 TUNING_FILE = "tuning.json"
 DEFAULT_NUM_SMS = 132
 TIE_TOLERANCE = 0.005
-# Real rows per masked group as multiples of the expected rows (DeepGEMM's tests and engines'
-# decode batches draw 0.7-1.3x), and how many evenly spread sets of group sizes are scored (at
-# one group, 4 or 16 sets rank 256x128 over 128x192, measured 1.05x slower there; 8 do not).
-MASKED_ROWS_RANGE = (0.7, 1.3)
-MASKED_DRAWS = 8
+# Real rows per masked group as multiples of the expected rows, from the expected count up to the
+# most DeepGEMM's tests and engines' decode batches draw (0.7-1.3x).
+MASKED_ROWS_SPREAD = (1.0, 1.1, 1.2, 1.3)
 # Split counts the model considers for split-K kernels, and the fewest K blocks a split keeps.
 MAX_K_SPLITS = 16
 MIN_SPLIT_BLOCKS = 2
@@ -337,16 +331,19 @@ def score(
     """Score one candidate for the problem (M, N, K); see the module docstring. With
     ``rows_per_group`` (masked grouped GEMMs), M is ceil(M / rows_per_group) groups of about
     that many rows (at most ``max_rows_per_group``), whose tiles do not span groups: each group
-    pads its rows to the tile height; the estimate is the mean over `masked_draws` and the
+    pads its rows to the tile height; the estimate is the mean over `MASKED_ROWS_SPREAD` and the
     other fields are those at the expected rows. A split-K kernel's score is that of its best
     split count."""
     if rows_per_group and not splits_k(manifest):
         groups = ceil_div(max(int(m), 1), rows_per_group)
-        draws = masked_draws(groups, rows_per_group, max_rows_per_group)
-        mean = sum(_score(manifest, sum(rows), n, k, num_sms, model, rows_per_group, 1, rows).estimated_us
-                   for rows in draws) / len(draws)
-        at_expected = _score(manifest, groups * rows_per_group, n, k, num_sms, model, rows_per_group, 1)
-        return dataclasses.replace(at_expected, estimated_us=mean)
+        spread = [round(f * rows_per_group) for f in MASKED_ROWS_SPREAD]
+        if max_rows_per_group:
+            spread = [max(1, min(max_rows_per_group, rows)) for rows in spread]
+        # Each row count scored once (a cut spread repeats the largest).
+        at = {rows: _score(manifest, groups * rows, n, k, num_sms, model, rows, 1)
+              for rows in {*spread, rows_per_group}}
+        mean = sum(at[rows].estimated_us for rows in spread) / len(spread)
+        return dataclasses.replace(at[rows_per_group], estimated_us=mean)
     if not splits_k(manifest):
         return _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
     scored = [_score(manifest, m, n, k, num_sms, model, rows_per_group, s) for s in _split_candidates(k)]
@@ -361,18 +358,6 @@ def split_k_count(
     return score(manifest, m, n, k, num_sms, model).k_splits
 
 
-def masked_draws(groups: int, expected: int, max_rows: int | None) -> list[tuple[int, ...]]:
-    """`MASKED_DRAWS` sets of per-group row counts spread evenly over `MASKED_ROWS_RANGE` times
-    the expected rows (each set offset by a fraction of one group's step), each cut to max_rows."""
-    low, high = MASKED_ROWS_RANGE
-    cap = max_rows or None
-    draws = []
-    for j in range(MASKED_DRAWS):
-        rows = (round(expected * (low + (high - low) * (i + (j + 0.5) / MASKED_DRAWS) / groups)) for i in range(groups))
-        draws.append(tuple(min(cap, r) if cap else r for r in rows))
-    return draws
-
-
 def _score(
     manifest: KernelManifest,
     m: int,
@@ -382,16 +367,13 @@ def _score(
     model: CostModel,
     rows_per_group: int | None,
     k_splits: int,
-    group_rows: tuple[int, ...] | None = None,
 ) -> Score:
     rule = manifest.grid
     tm, tn, cm, cn = rule.tile_m, rule.tile_n, rule.cluster_m, rule.cluster_n
     cluster_size = max(1, cm * cn)
     m, n, k = max(int(m), 1), max(int(n), 1), max(int(k), 1)
     tiles_m, tiles_n = ceil_div(m, tm), ceil_div(n, tn)
-    if group_rows is not None:
-        tiles_m = max(1, sum(ceil_div(rows, tm) for rows in group_rows))
-    elif rows_per_group:
+    if rows_per_group:
         tiles_m = ceil_div(m, rows_per_group) * ceil_div(rows_per_group, tm)
     tiles = tiles_m * tiles_n
     cluster_tiles = ceil_div(tiles_m, cm) * ceil_div(tiles_n, cn)
@@ -674,14 +656,12 @@ def format_table(scores: Iterable[Score]) -> str:
 __all__ = [
     "CostModel",
     "DEFAULT_MODEL",
-    "MASKED_DRAWS",
-    "MASKED_ROWS_RANGE",
+    "MASKED_ROWS_SPREAD",
     "Score",
     "choose",
     "explain",
     "format_table",
     "load_tuning_table",
-    "masked_draws",
     "normalize_splits",
     "parse_tuned",
     "score",

@@ -109,7 +109,7 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         else:
             # Row-major and packed; the kernel derives its strides from N and K.
             args.append(Arg("sfb", scale, (*b_grouped, "NB", kc), len(b_grouped) + 1, 4, pointer=True))
-    if s.stores_from_registers:
+    if s.stages_quantized_rows:
         # The activation's columns (I = N/2: gate and up pair up) quantized per token and 1x128
         # block: D e4m3 row-major, its scales [M, IB] MN-major and TMA-aligned like SFA (what
         # the down-projection takes as its A); eps as the per-token quantizer takes it.
@@ -137,7 +137,7 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         ]
     if op.splits_last_wave:
         args.append(Arg("tail_split", "i32"))
-    if s.stores_from_registers:
+    if s.stages_quantized_rows:
         args.append(Arg("eps", "f32"))
     return args
 

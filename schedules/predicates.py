@@ -302,7 +302,7 @@ def dtypes_for_op(s: Schedule) -> str | None:
     want = OP_DTYPES.get(s.op)
     if want is None:
         return None
-    if s.stores_from_registers:
+    if s.stages_quantized_rows:
         # Compared as if the sum were written: the output type is the activation's rule.
         plain = {w for w in (want if isinstance(want, frozenset) else {want})}
         s = dataclasses.replace(s, c_dtype=next(iter(plain))[2])
@@ -841,10 +841,10 @@ def fused_epilogue_stores(s: Schedule) -> str | None:
     if not s.fused_epilogue:
         return None
     if s.layout == Layout.NT and not s.epilogue.splits_k and (
-        s.epilogue == Epilogue.TMA_STORE or not s.stores_from_registers
+        s.epilogue == Epilogue.TMA_STORE or not s.stages_quantized_rows
     ):
         return None
-    what = "tma_store" if s.stores_from_registers else "an epilogue that does not split K"
+    what = "tma_store" if s.stages_quantized_rows else "an epilogue that does not split K"
     return (f"epilogue={s.epilogue.value}, layout={s.layout.value}: bias={s.bias.value}, "
             f"activation={s.activation.value} take {what} and layout=nt")
 

@@ -410,6 +410,10 @@ TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 # SwiGLU epilogues: gate and up rows of the weights interleave in blocks of this many, one
 # per-token quantization group of activation columns per 2·SWIGLU_BLOCK-wide tile.
 SWIGLU_BLOCK = 128
+# Padding after each staged row of quantized activations: a warp's quads write 8 rows at once,
+# which a 16-byte pad per 128-byte row spreads over distinct banks (16-byte aligned for the
+# bulk copies).
+QUANTIZED_ROW_PAD_BYTES = 16
 # A TMA tensor copy's shared-memory destination must be 128-byte aligned, so each stage of a
 # TMA-staged scale vector starts on a 128-byte boundary.
 TMA_SMEM_ALIGN_BYTES = 128
@@ -585,8 +589,10 @@ class Schedule:
 
     @property
     def epilogue_bytes(self) -> int:
-        if self.op.is_quantize or self.stores_from_registers:  # stores go straight from registers to global memory
+        if self.op.is_quantize:  # the quantizers store straight from registers to global memory
             return 0
+        if self.stages_quantized_rows:
+            return self.tile_m * self.quantized_row_bytes
         em, en = self.epi_tile
         return self.epilogue_stages * em * en * self.c_dtype.bytes
 
@@ -768,16 +774,23 @@ class Schedule:
         return self.bias != Bias.NONE
 
     @property
-    def stores_from_registers(self) -> bool:
-        """The epilogue writes D (and its scales) from registers, not through shared memory and
-        the TMA: the activation that pairs gate and up columns, quantized."""
+    def stages_quantized_rows(self) -> bool:
+        """The epilogue of the activation that pairs gate and up columns: quantized in registers,
+        its e4m3 rows staged in shared memory (`quantized_row_bytes` apart) and each copied to D
+        by one bulk copy, its scales stored from registers (not the stmatrix + TMA-store path)."""
         return self.activation.pairs_columns
+
+    @property
+    def quantized_row_bytes(self) -> int:
+        """Shared-memory bytes from one staged row of quantized activations to the next: the
+        tile's tile_n / 2 outputs and `QUANTIZED_ROW_PAD_BYTES`."""
+        return self.tile_n // 2 * self.c_dtype.bytes + QUANTIZED_ROW_PAD_BYTES
 
     @property
     def transforms_sum(self) -> bool:
         """The plain epilogue stores the tile's sum after a bias and an elementwise activation
         have been applied to it in registers."""
-        return self.fused_epilogue and not self.stores_from_registers
+        return self.fused_epilogue and not self.stages_quantized_rows
 
     @property
     def entry(self) -> str:

@@ -335,7 +335,7 @@ class HopperGemmKernel(
         its role: the TMA producer warp (`_producer_role`) or a math warpgroup (`_math_role`).
         The parameters are what `_launch` passes, in its order; the roles read them as `GemmArgs`."""
         mD = mC_mn
-        if cutlass.const_expr(self.schedule.stores_from_registers):
+        if cutlass.const_expr(self.schedule.stages_quantized_rows):
             # The roles walk the GEMM's tiles; the activation epilogue writes mD.
             mC_mn = self._tile_space(mD)
         args = GemmArgs(
@@ -536,8 +536,8 @@ class HopperGemmKernel(
     ):
         """Walk the tiles; per tile: the main loop (WGMMA, with promotion where block-scaled), the
         grouped layouts' padding rows, split K's fix-up, then the epilogue: a fused bias and
-        activation applied to the sum in registers before the plain stores, or SwiGLU's stores
-        from registers."""
+        activation applied to the sum in registers before the plain stores, or SwiGLU's quantized
+        rows staged in shared memory and bulk-copied to D."""
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
@@ -545,7 +545,7 @@ class HopperGemmKernel(
             pipeline.PipelineUserType.Consumer, self.schedule.stages
         )
         num_k_blocks = cute.size(fragments.tCrA, mode=[2])
-        fused = self.schedule.stores_from_registers
+        fused = self.schedule.stages_quantized_rows
         epi = None if fused else self._epilogue_partitions(tiled_mma, fragments.promoted, sC, tidx)
         sync = self._epilogue_sync(warp_group_idx)
 
@@ -600,7 +600,8 @@ class HopperGemmKernel(
                 self._bias_and_activation(fragments.promoted, fragments.tCcC, args.bias, tile_n)
             if cutlass.const_expr(fused):
                 self._store_swiglu_tile(
-                    fragments.promoted, fragments.tCcC, mD, args.d_sf, tile_m, tile_n, group, write_tile, args.eps
+                    fragments.promoted, fragments.tCcC, mD, args.d_sf, sC, sync.epilogue_barrier, tidx,
+                    tile_m, tile_n, group, write_tile, args.eps,
                 )
             else:
                 self._store_tile(args, epi, sync, sC, gC_tile, tiles_done, write_tile, warp_idx)
@@ -608,6 +609,8 @@ class HopperGemmKernel(
             t = self._next_unit(t, tile_k_tiles, walk.tile_stride, walk.tail)
 
         sync.store_pipeline.producer_tail()
+        if cutlass.const_expr(fused):
+            self._quantized_rows_copied(tidx)
 
     @cute.jit
     def _tile_mainloop(
@@ -832,7 +835,7 @@ class HopperGemmTemplate(GemmContract):
 
     def __init__(self, schedule: Schedule):
         super().__init__(schedule)
-        if schedule.stores_from_registers:
+        if schedule.stages_quantized_rows:
             self.kernel = SWIGLU_QUANT_KERNELS[schedule.op](schedule)
         elif schedule.adds_bias:
             self.kernel = (HopperFp8GemmBiasKernel if schedule.block_scaled else HopperBf16GemmBiasKernel)(schedule)

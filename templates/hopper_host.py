@@ -55,6 +55,13 @@ class HopperHost:
         b_staged = cute.tile_to_shape(
             b_atom, (tn, tk, self.schedule.stages), order=(1, 0, 2) if layout.b_mn_major else (0, 1, 2)
         )
+        if self.schedule.stages_quantized_rows:
+            # One buffer of the tile's quantized rows, row-major with padded rows (no swizzle).
+            row = self.schedule.quantized_row_bytes // self.c_dtype.width * 8
+            rows = cute.make_composed_layout(
+                cute.make_swizzle(0, 4, 3), 0, cute.make_layout((tm, row), stride=(row, 1))
+            )
+            return a_staged, a_tail_staged, b_staged, rows
         em, en = self.schedule.epi_tile
         c_atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.c_dtype, en),
@@ -131,8 +138,8 @@ class HopperHost:
             else:
                 params.append({"name": "sfb", "kind": "pointer", "operand": "sfb"})
         contract = {arg.name: arg for arg in op_contract(s)}
-        if s.stores_from_registers:
-            # The activation's stores go from registers: D as a plain tensor.
+        if s.stages_quantized_rows:
+            # The activation's rows go to D by bulk copies: D as a plain tensor.
             params.append(plain_binding(contract["d"]))
         else:
             params += [
@@ -165,7 +172,7 @@ class HopperHost:
         if self.a_tail_slices:
             # A again, in A_TAIL_SLICE_ROWS-row boxes: the tile that holds row M - 1.
             params.append({"name": "tma_a_tail", **tma("a", s.a_dtype, A_TAIL_SLICE_ROWS, tk)})
-        if s.stores_from_registers:
+        if s.stages_quantized_rows:
             params += [plain_binding(contract["d_sf"]), plain_binding(contract["eps"])]
         if s.adds_bias:
             params.append(plain_binding(contract["bias"]))
@@ -217,8 +224,8 @@ class HopperHost:
             else cpasync.CopyBulkTensorTileS2GOp()
         )
         tma_atom_c = None
-        tma_tensor_c = c  # the activation epilogue's D: a plain tensor, stored from registers
-        if cutlass.const_expr(not self.schedule.stores_from_registers):
+        tma_tensor_c = c  # the activation epilogue's D: a plain tensor, written by bulk copies per row
+        if cutlass.const_expr(not self.schedule.stages_quantized_rows):
             tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
                 store_op,
                 c,
@@ -245,8 +252,7 @@ class HopperHost:
             sfb_arg = None
         sfb_elems = sfb_stride * self.schedule.stages if self.schedule.op.scales_b_per_row else 1
 
-        # The activation epilogue stores from registers: no sub-tile buffers.
-        epi_elems = 1 if self.schedule.stores_from_registers else cute.cosize(epi_staged)
+        epi_elems = cute.cosize(epi_staged)
 
         @cute.struct
         class SharedStorage:

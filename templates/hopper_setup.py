@@ -34,7 +34,7 @@ class HopperSetup:
         """Warp 0: bring every TMA descriptor the kernel uses into the descriptor cache."""
         cpasync.prefetch_descriptor(args.tma_atom_a)
         cpasync.prefetch_descriptor(args.tma_atom_b)
-        if cutlass.const_expr(not self.schedule.stores_from_registers):
+        if cutlass.const_expr(not self.schedule.stages_quantized_rows):
             cpasync.prefetch_descriptor(args.tma_atom_c)
         if cutlass.const_expr(self.a_tail_slices > 0):
             cpasync.prefetch_descriptor(args.tma_atom_a_tail)

@@ -1,5 +1,7 @@
-"""The Hopper GEMM's SwiGLU epilogue stage: SiLU(gate) · up from the tile's fp32 sum, quantized per token
-and 1x128 block to e4m3 with fp32 scales, stored from registers; and the entry points of its three ops.
+"""The Hopper GEMM's SwiGLU epilogue stage (SiLU(gate) · up quantized per token to e4m3, its rows bulk-copied to D) and the entry points of its three ops.
+
+The tile's fp32 sums become SiLU(gate) · up, quantized per token and 1x128 block with fp32
+scales; the e4m3 rows are staged in shared memory and each copied to D by one bulk copy.
 
 Importing this module imports the CuTe DSL; only the generator does that.
 
@@ -21,9 +23,11 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
-from cutegen.schedules.spec import OutputScale
+from cutegen.schedules.spec import THREADS_PER_WARPGROUP, OutputScale
 from cutegen.templates.fp32_silu import silu_in_place
 from cutegen.templates.hopper_quant import E4M3_NAN_WORD, INF_BITS, _abs_bits_max, _scale_from_amax
 
@@ -35,15 +39,33 @@ QUAD_SHUFFLES = (1, 2)
 ROW_SLOTS = 2
 
 
+@dsl_user_op
+def _bulk_copy_to_global(dst: Int64, src: Int32, size: int, *, loc=None, ip=None) -> None:
+    """`size` bytes from shared memory at `src` to global memory at `dst` (both 16-byte aligned),
+    asynchronously, in this thread's current bulk group."""
+    llvm.inline_asm(
+        None,
+        [Int64(dst).ir_value(loc=loc, ip=ip), Int32(src).ir_value(loc=loc, ip=ip)],
+        f"cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], {size};",
+        "l,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+    )
+
+
 class HopperSwiGLUEpilogue:
     """The epilogue stage of the math role for `Activation.SWIGLU`: the tile's two column waves hold
     gate (wave 0) and up (wave 1) of the same 128 activation columns."""
 
     @cute.jit
-    def _store_swiglu_tile(self, promoted, tCcC, mD, mDSF, tile_m, tile_n, group, write_tile, eps):
-        """SiLU(gate) · up of this thread's rows, quantized per row and stored with its scale (one
-        per row and tile: the quad's first lane writes it). Rows past D's and tiles past its
-        columns are not written; `write_tile` 0 writes nothing."""
+    def _store_swiglu_tile(
+        self, promoted, tCcC, mD, mDSF, sRows, barrier, tidx, tile_m, tile_n, group, write_tile, eps,
+    ):
+        """SiLU(gate) · up of this thread's rows, quantized per row: the e4m3 values staged in
+        `sRows` (one row of the tile each), then each row copied to D by one bulk copy from one
+        math thread, and the scales stored from registers (one per row and tile: the quad's
+        first lane writes it). Rows past D's and tiles past its columns are not written;
+        `write_tile` 0 writes nothing (the barriers still run)."""
         half = cute.size(promoted) // 2
         # Gate in column wave 0, up in wave 1, one row wave: element i + half is element i's up.
         assert cute.size(promoted, mode=[2]) == 2 and cute.size(promoted, mode=[1]) == 1
@@ -60,7 +82,8 @@ class HopperSwiGLUEpilogue:
             for offset in QUAD_SHUFFLES:
                 amax[slot] = cutlass.max(amax[slot], cute.arch.shuffle_sync_bfly(amax[slot], offset=offset))
         rows = mD.shape[0]
-        row0 = tile_m * self.tile_shape_mnk[0]
+        tile_rows = self.tile_shape_mnk[0]
+        row0 = tile_m * tile_rows
         col0 = tile_n * (self.tile_shape_mnk[1] // 2)
         # A cluster's tile past N (I is whole tiles: all of a tile's columns or none) writes nothing.
         write_tile = write_tile * (col0 < mD.shape[1])
@@ -70,6 +93,12 @@ class HopperSwiGLUEpilogue:
             d_tile = mD[(None, None, group)]
             sf_tile = mDSF[(None, None, group)]
         lane = cute.arch.lane_idx()
+        # The math thread that copies row `copier` of the tile.
+        copier = tidx - THREADS_PER_WARPGROUP
+        # The previous tile's copies have read the staged rows before they are written again.
+        if copier < tile_rows:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        barrier.arrive_and_wait()
         for slot in cutlass.range_constexpr(ROW_SLOTS):
             s = _scale_from_amax(amax[slot], eps, self.schedule.d_scale == OutputScale.UE8M0)
             inv = Float32(1.0) / s
@@ -83,13 +112,26 @@ class HopperSwiGLUEpilogue:
                 pair.store((values.load() * inv).to(cutlass.Float8E4M3FN))
                 if amax[slot] >= INF_BITS:
                     cute.recast_tensor(pair, cutlass.Int16)[0] = cutlass.Int16(E4M3_NAN_WORD & 0xFFFF)
-                row = row0 + tCcC[i][0]
-                col = col0 + tCcC[i][1]
-                if (write_tile != 0) & (row < rows):
-                    cute.autovec_copy(pair, cute.local_tile(d_tile, (1, 2), (row, col // 2))[0, None])
+                cute.autovec_copy(pair, cute.local_tile(sRows, (1, 2), (tCcC[i][0], tCcC[i][1] // 2))[0, None])
             row = row0 + tCcC[2 * slot][0]
             if (write_tile != 0) & (row < rows) & (lane % 4 == 0):
                 sf_tile[row, tile_n] = s
+        # The staged rows visible to the bulk copies (the async proxy), then one copy per row.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        barrier.arrive_and_wait()
+        row = row0 + copier
+        if (copier < tile_rows) & (write_tile != 0) & (row < rows):
+            row_bytes = self.tile_shape_mnk[1] // 2
+            dst = cute.local_tile(d_tile, (1, row_bytes), (row, tile_n)).iterator.toint()
+            src = cute.local_tile(sRows, (1, row_bytes), (copier, 0)).iterator.toint()
+            _bulk_copy_to_global(dst, src, row_bytes)
+            cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def _quantized_rows_copied(self, tidx):
+        """The last tile's row copies have read shared memory (before the CTA exits)."""
+        if tidx - THREADS_PER_WARPGROUP < self.tile_shape_mnk[0]:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 class Fp8GemmNtSwiGLUQuantEntry:

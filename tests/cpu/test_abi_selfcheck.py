@@ -128,7 +128,7 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     b_dtype = schedule.b_dtype.value
     grouped = schedule.op.is_m_grouped
     masked = schedule.op.is_masked
-    fused = schedule.stores_from_registers
+    fused = schedule.stages_quantized_rows
     if fused:  # gate and up columns pair up: N = 2I with I a multiple of 128
         n = 256 * max(1, n // 256)
     # FP4 rows: strides of whole 32 bytes (64 elements), as its TMA type needs.

@@ -36,7 +36,7 @@ N, KB = 2 * I, K // 128
 
 
 def swiglu_schedules():
-    return [s for s in default_schedules() if s.stores_from_registers]
+    return [s for s in default_schedules() if s.stages_quantized_rows]
 
 
 # ---- schedules -------------------------------------------------------------------------------
@@ -59,6 +59,19 @@ def test_default_swiglu_schedules_cover_the_three_layouts_and_name_their_entry()
         # The activation changes the entry, never a plain kernel's name or entry.
         plain = dataclasses.replace(s, activation=Activation.NONE, c_dtype=DType.BF16, d_scale=OutputScale.F32)
         assert plain.entry == s.op.value and not procedural_name(plain).endswith("_swiglu")
+
+
+def test_swiglu_rows_are_staged_for_one_bulk_copy_each():
+    """The quantized tile is staged in shared memory, one padded row per row of the tile, each
+    row's start 16-byte aligned as a bulk copy's source must be; the bytes count in the schedule's
+    shared memory, within the opt-in limit."""
+    from cutegen.schedules.spec import QUANTIZED_ROW_PAD_BYTES, SM90_SMEM_OPT_IN_BYTES
+
+    for s in swiglu_schedules():
+        assert s.quantized_row_bytes == s.tile_n // 2 + QUANTIZED_ROW_PAD_BYTES
+        assert s.quantized_row_bytes % 16 == 0 and (s.tile_n // 2) % 16 == 0
+        assert s.epilogue_bytes == s.tile_m * s.quantized_row_bytes
+        assert s.smem_bytes <= SM90_SMEM_OPT_IN_BYTES and not violations(s)
 
 
 def test_names_with_a_layout_and_an_activation_parse_in_order_only():

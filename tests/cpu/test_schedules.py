@@ -294,7 +294,7 @@ CRAFTED.update({
 
 # A default SwiGLU + FP8 quantize schedule (dense, one CTA a cluster): the activation rules' base.
 SWIGLU_BASE = next(
-    s for s in default_schedules(arch="sm_90a") if s.stores_from_registers and s.op == Op.FP8_GEMM_NT and s.cluster_m == 1
+    s for s in default_schedules(arch="sm_90a") if s.stages_quantized_rows and s.op == Op.FP8_GEMM_NT and s.cluster_m == 1
 )
 
 
