@@ -743,7 +743,7 @@ def _conditions_text(name: str) -> str:
 def _method(
     sections: list[Section], bw: float, bw_source: str, s: Settings, has_deepgemm: bool, timer: str = "event",
     fresh_allocations: bool = False, deepgemm_in_run: str | None = None, conditions: str = "cutegen",
-    quantize: bool = True,
+    quantize: bool = True, host_only: bool = False,
 ) -> list[str]:
     """The report's Method section; `timer` is the results' (runs before there was a choice used events),
     `fresh_allocations` whether each GEMM shape's operands were fresh allocations (runs since 2026-12-01),
@@ -755,7 +755,7 @@ def _method(
         if timer == "kernel"
         else "CUDA events around each call (`--timer event`: they also count the GPU's launch of the call, ~2-3 µs)"
     )
-    if not sections and not quantize:  # host cost only: its section states its own method
+    if host_only:  # host cost only: its section states its own method
         return ["## Method", "", "The host-cost section below states how its calls were timed; every row, "
                 "cutegen's and the anchors', ran in the same process and was timed the same way.", ""]
     lines = [
@@ -769,7 +769,7 @@ def _method(
            if fresh_allocations else ""),
         "",
     ]
-    if not sections:  # quantize or host only: each section states its own measure
+    if not sections:  # no GEMM op's section: each of the others states its own measure
         return lines + [
             "- Quantize rows: GB/s = bytes read + written over the time per call, beside a device-to-device "
             "copy of the same bytes timed in the same run."
@@ -966,7 +966,7 @@ def render(
     lines += _method(
         sections, bw, bw_source, settings, has_deepgemm, str(env.get("timer") or "event"),
         bool(env.get("fresh_allocations")), env.get("deepgemm_in_run"), str(env.get("conditions") or "cutegen"),
-        quantize="quantize" in results,
+        quantize="quantize" in results, host_only=not sections and set(results) & set(KNOWN_KEYS) <= {"environment", "host"},
     )
     lines += body + roof_lines + tail
     return "\n".join(lines) + "\n", plan

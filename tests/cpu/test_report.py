@@ -520,6 +520,13 @@ def test_report_method_names_the_timer():
         assert f"Times are {cond.description} (`cutegen bench --conditions {name}`" in method
     unknown = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, conditions="later"))
     assert "conditions named 'later'" in unknown
+    # Host cost alone: its section states its own method; anything else beside no GEMM op's
+    # section (the fused benchmark alone) is timed as the method says.
+    host = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel", quantize=False,
+                                     host_only=True))
+    assert "host-cost section below states how" in host and "CUPTI" not in host
+    fused = "\n".join(report._method([], 4000.0, "measured", report.Settings(), False, "kernel", quantize=False))
+    assert "host-cost" not in fused and "CUPTI" in fused
 
 
 def test_bench_writes_the_report_after_the_run(monkeypatch, tmp_path, capsys):
