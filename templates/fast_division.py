@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 ABS_MASK = 0x7FFFFFFF
-# |x| in [2^-40, 2^64] (or zero) and a divisor d in [1, 2^64]: the quotient is at least 2^-104 and
-# the remainder's FMA exact, far inside the range where `div.rn.f32`'s own check (FCHK) lets
-# this sequence through.
+# |x| in [2^-40, 2^64] (or zero) and a divisor d in [1, 2^64]: no step under- or overflows (the
+# quotient is at least 2^-104), so the remainder's FMA is exact and the correction rounds to the
+# IEEE quotient; tests/gpu/test_fast_division.py checks the bits against `div.rn.f32` there.
 LOWEST_DIVIDEND_BITS = (127 - 40) << 23
 HIGHEST_DIVIDEND_BITS = (127 + 64) << 23
 LOWEST_DIVISOR = 1.0
