@@ -56,12 +56,12 @@ def _fast_division_exact(x: Float32, d: Float32) -> cutlass.Boolean:
 
 
 @cute.jit
-def silu_in_place(frag: cute.Tensor, first: cutlass.Constexpr[int], count: cutlass.Constexpr[int]):
-    """frag[i] <- frag[i] / (1 + exp(-frag[i])) for i in [first, first + count), bit for bit the
-    IEEE expression: per chunk of 32 elements (few enough to keep the math warps' registers), the
-    common ones as one straight-line pass, then the rare ones the fast sequence cannot take."""
-    for chunk in cutlass.range_constexpr(first, first + count, CHUNK):
-        size = min(CHUNK, first + count - chunk)
+def silu_in_place(frag: cute.Tensor, count: cutlass.Constexpr[int]):
+    """frag[i] <- frag[i] / (1 + exp(-frag[i])) for i < count, bit for bit the IEEE expression: per
+    chunk of 32 elements (few enough to keep the math warps' registers), the common ones as one
+    straight-line pass, then the rare ones the fast sequence cannot take."""
+    for chunk in cutlass.range_constexpr(0, count, CHUNK):
+        size = min(CHUNK, count - chunk)
         slow = Int32(0)
         for k in cutlass.range_constexpr(size):
             x = frag[chunk + k]

@@ -42,7 +42,7 @@ class HopperBiasActivationEpilogue:
                 x = Float32(0.5) * x * (Float32(1.0) + cute.math.erf(x * Float32(SQRT_HALF)))
             promoted[i] = x
         if cutlass.const_expr(self.schedule.activation == Activation.SILU):
-            silu_in_place(promoted, 0, cute.size(promoted))
+            silu_in_place(promoted, cute.size(promoted))
 
 
 class Fp8GemmNtBiasEntry:

@@ -57,7 +57,7 @@ class HopperHost:
         )
         if self.schedule.stages_quantized_rows:
             # One buffer of the tile's quantized rows, row-major with padded rows (no swizzle).
-            row = self.schedule.quantized_row_bytes // self.c_dtype.width * 8
+            row = self.schedule.quantized_row_bytes * 8 // self.c_dtype.width  # in elements
             rows = cute.make_composed_layout(
                 cute.make_swizzle(0, 4, 3), 0, cute.make_layout((tm, row), stride=(row, 1))
             )

@@ -69,7 +69,7 @@ class HopperSwiGLUEpilogue:
         half = cute.size(promoted) // 2
         # Gate in column wave 0, up in wave 1, one row wave: element i + half is element i's up.
         assert cute.size(promoted, mode=[2]) == 2 and cute.size(promoted, mode=[1]) == 1
-        silu_in_place(promoted, 0, half)
+        silu_in_place(promoted, half)  # the gate wave
         act = cute.make_rmem_tensor(half, Float32)
         for i in cutlass.range_constexpr(half):
             act[i] = promoted[i] * promoted[i + half]
@@ -96,8 +96,7 @@ class HopperSwiGLUEpilogue:
         # The math thread that copies row `copier` of the tile.
         copier = tidx - THREADS_PER_WARPGROUP
         # The previous tile's copies have read the staged rows before they are written again.
-        if copier < tile_rows:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        self._quantized_rows_copied(tidx)
         barrier.arrive_and_wait()
         for slot in cutlass.range_constexpr(ROW_SLOTS):
             s = _scale_from_amax(amax[slot], eps, self.schedule.d_scale == OutputScale.UE8M0)
@@ -129,7 +128,8 @@ class HopperSwiGLUEpilogue:
 
     @cute.jit
     def _quantized_rows_copied(self, tidx):
-        """The last tile's row copies have read shared memory (before the CTA exits)."""
+        """This thread's row copies so far have read shared memory (before the rows are written
+        again, and before the CTA exits)."""
         if tidx - THREADS_PER_WARPGROUP < self.tile_shape_mnk[0]:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
