@@ -216,8 +216,8 @@ def m_grouped_bf16_gemm_nt_contiguous(
     """Grouped BF16 GEMM over contiguous expert segments; see the module docstring."""
     check_kernel_name(OP_CONTIGUOUS, kernel)
     if out is None:
-        return CONTIGUOUS(a, b, m_indices, bool(zero_padding), kernel or "")
-    CONTIGUOUS_OUT(a, b, m_indices, out, bool(zero_padding), kernel or "")
+        return CONTIGUOUS.call(a, b, m_indices, bool(zero_padding), kernel or "")
+    CONTIGUOUS_OUT.call(a, b, m_indices, out, bool(zero_padding), kernel or "")
     return out
 
 
@@ -328,8 +328,8 @@ def m_grouped_bf16_gemm_nt_masked(
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     if out is None:
-        return MASKED(a, b, masked_m, expected_m, kernel or "")
-    MASKED_OUT(a, b, masked_m, expected_m, out, kernel or "")
+        return MASKED.call(a, b, masked_m, expected_m, kernel or "")
+    MASKED_OUT.call(a, b, masked_m, expected_m, out, kernel or "")
     return out
 
 
@@ -428,7 +428,7 @@ def k_grouped_bf16_gemm_tn_contiguous(
     check_kernel_name(OP_K_GROUPED, kernel)
     if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
         raise _fail_k("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
-    K_GROUPED(a, b, d, group_sizes, c, expected_k or 0, kernel or "")
+    K_GROUPED.call(a, b, d, group_sizes, c, expected_k or 0, kernel or "")
     return d
 
 

@@ -237,8 +237,8 @@ def bf16_gemm_nt(
         raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
     if c is None:
         if out is None:
-            return BF16_GEMM_NT(a, b, kernel or "", k_splits or 0)
-        BF16_GEMM_NT_OUT(a, b, out, kernel or "", k_splits or 0)
+            return BF16_GEMM_NT.call(a, b, kernel or "", k_splits or 0)
+        BF16_GEMM_NT_OUT.call(a, b, out, kernel or "", k_splits or 0)
         return out
     if k_splits is not None and k_splits > 1:
         raise _fail("k_splits", f"is {k_splits}, but D = C + A·Bᵀ (c given) is computed by kernels that do not split K")
@@ -252,7 +252,7 @@ def bf16_gemm_nt(
         check_meta(a, b, out, c)
         check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"c": c})
         out.copy_(c)
-    BF16_GEMM_NT_ACCUMULATE(a, b, out, kernel or "")
+    BF16_GEMM_NT_ACCUMULATE.call(a, b, out, kernel or "")
     return out
 
 

@@ -193,12 +193,12 @@ def fp8_gemm_nt_epilogue(
     m, n, _ = _fp8_meta(a, sfa, b, sfb, bias, activation, out)
     if c is not None:
         d = _residual_out(OP_FP8, a, c, out, activation, m, n)
-        FP8(a, sfa, b, sfb, bias if bias is not None else _zero_bias(a, n), activation, d, True, kernel or "")
+        FP8.call(a, sfa, b, sfb, bias if bias is not None else _zero_bias(a, n), activation, d, True, kernel or "")
         return d
     if bias is None and activation == "none":
         return fp8_ops.fp8_gemm_nt(a, sfa, b, sfb, out, kernel=kernel)
     d = out if out is not None else new_bf16_out(a, m, n)
-    FP8(a, sfa, b, sfb, bias, activation, d, False, kernel or "")
+    FP8.call(a, sfa, b, sfb, bias, activation, d, False, kernel or "")
     return d
 
 
@@ -234,7 +234,7 @@ def bf16_gemm_nt_epilogue(
         d = out if out is not None else new_bf16_out(a, m, n)
     else:
         d = _residual_out(OP_BF16, a, c, out, activation, m, n)
-    BF16(a, b, bias, activation, d, c is not None, kernel or "")
+    BF16.call(a, b, bias, activation, d, c is not None, kernel or "")
     return d
 
 

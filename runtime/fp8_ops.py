@@ -363,8 +363,8 @@ def fp8_gemm_nt(
     if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
         raise _fail("k_splits", f"must be a positive int or None, got {k_splits!r}")
     if out is None:
-        return FP8_GEMM_NT(a, sfa, b, sfb, kernel or "", k_splits or 0)
-    FP8_GEMM_NT_OUT(a, sfa, b, sfb, out, kernel or "", k_splits or 0)
+        return FP8_GEMM_NT.call(a, sfa, b, sfb, kernel or "", k_splits or 0)
+    FP8_GEMM_NT_OUT.call(a, sfa, b, sfb, out, kernel or "", k_splits or 0)
     return out
 
 
@@ -506,7 +506,7 @@ def fp8_wgrad_gemm_nt(
     TMA reduce-add, so D must not alias A, B or the scales.
     """
     check_kernel_name(OP_FP8_WGRAD, kernel)
-    FP8_WGRAD_GEMM_NT(a, sfa, b, sfb, d, c, kernel or "")
+    FP8_WGRAD_GEMM_NT.call(a, sfa, b, sfb, d, c, kernel or "")
     return d
 
 

@@ -168,7 +168,7 @@ def fp8_gemm_nt_swiglu_quant(
     use_ue8m0 = _flag(OP_DENSE, use_ue8m0)
     m, _, _, inter = _dense_meta(a, sfa, b, sfb, out, out_sf, eps)
     q, sf = _outputs(a, (m,), inter, out, out_sf)
-    DENSE(a, sfa, b, sfb, q, sf, float(eps), use_ue8m0, kernel or "")
+    DENSE.call(a, sfa, b, sfb, q, sf, float(eps), use_ue8m0, kernel or "")
     return q, sf
 
 
@@ -213,7 +213,7 @@ def m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
     use_ue8m0 = _flag(OP_CONTIGUOUS, use_ue8m0)
     m, _, _, inter = _contiguous_meta(a, sfa, b, sfb, m_indices, out, out_sf, eps)
     q, sf = _outputs(a, (m,), inter, out, out_sf)
-    CONTIGUOUS(a, sfa, b, sfb, m_indices, q, sf, bool(zero_padding), float(eps), use_ue8m0, kernel or "")
+    CONTIGUOUS.call(a, sfa, b, sfb, m_indices, q, sf, bool(zero_padding), float(eps), use_ue8m0, kernel or "")
     return q, sf
 
 
@@ -261,7 +261,7 @@ def m_grouped_fp8_gemm_nt_masked_swiglu_quant(
         raise _fail(OP_MASKED, "expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     g, max_m, _, _, inter = _masked_meta(a, sfa, b, sfb, masked_m, out, out_sf, eps)
     q, sf = _outputs(a, (g, max_m), inter, out, out_sf)
-    MASKED(a, sfa, b, sfb, masked_m, expected_m, q, sf, float(eps), use_ue8m0, kernel or "")
+    MASKED.call(a, sfa, b, sfb, masked_m, expected_m, q, sf, float(eps), use_ue8m0, kernel or "")
     return q, sf
 
 

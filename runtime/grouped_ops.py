@@ -301,8 +301,8 @@ def m_grouped_fp8_gemm_nt_contiguous(
     """Grouped FP8 GEMM over contiguous expert segments; see the module docstring."""
     check_kernel_name(OP, kernel)
     if out is None:
-        return CONTIGUOUS(a, sfa, b, sfb, m_indices, bool(zero_padding), kernel or "")
-    CONTIGUOUS_OUT(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
+        return CONTIGUOUS.call(a, sfa, b, sfb, m_indices, bool(zero_padding), kernel or "")
+    CONTIGUOUS_OUT.call(a, sfa, b, sfb, m_indices, out, bool(zero_padding), kernel or "")
     return out
 
 
@@ -452,8 +452,8 @@ def m_grouped_fp8_gemm_nt_masked(
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
     if out is None:
-        return MASKED(a, sfa, b, sfb, masked_m, expected_m, kernel or "")
-    MASKED_OUT(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
+        return MASKED.call(a, sfa, b, sfb, masked_m, expected_m, kernel or "")
+    MASKED_OUT.call(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
     return out
 
 

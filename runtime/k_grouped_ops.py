@@ -221,7 +221,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     check_kernel_name(OP, kernel)
     if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
         raise _fail("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
-    K_GROUPED(a, sfa, b, sfb, d, group_sizes, c, expected_k or 0, kernel or "")
+    K_GROUPED.call(a, sfa, b, sfb, d, group_sizes, c, expected_k or 0, kernel or "")
     return d
 
 

@@ -390,8 +390,8 @@ def per_token_quant_fp8(
     if not isinstance(x, torch.Tensor):
         raise _fail(OP_PER_TOKEN, "x", f"must be a torch.Tensor, got {type(x).__name__}")
     if out is None and out_scales is None:
-        return PER_TOKEN(x, group, scale_format, scale_layout, eps, kernel or "")
-    PER_TOKEN_OUT(x, out, out_scales, group, scale_format, scale_layout, eps, kernel or "")
+        return PER_TOKEN.call(x, group, scale_format, scale_layout, eps, kernel or "")
+    PER_TOKEN_OUT.call(x, out, out_scales, group, scale_format, scale_layout, eps, kernel or "")
     return out, out_scales
 
 
@@ -489,8 +489,8 @@ def per_block_quant_fp8(
     if not isinstance(w, torch.Tensor):
         raise _fail(OP_PER_BLOCK, "w", f"must be a torch.Tensor, got {type(w).__name__}")
     if out is None and out_scales is None:
-        return PER_BLOCK(w, eps, kernel or "")
-    PER_BLOCK_OUT(w, out, out_scales, eps, kernel or "")
+        return PER_BLOCK.call(w, eps, kernel or "")
+    PER_BLOCK_OUT.call(w, out, out_scales, eps, kernel or "")
     return out, out_scales
 
 
@@ -646,12 +646,12 @@ def grouped_transposed_quant_fp8(
     if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 0):
         raise _fail(op, "num_blocks", f"must be a non-negative int (an upper bound on sum ceil(m_g/128)), got {num_blocks!r}")
     if out is None and out_scales is None:
-        return GROUPED(x, group_sizes, eps, -1 if num_blocks is None else num_blocks, kernel or "")
+        return GROUPED.call(x, group_sizes, eps, -1 if num_blocks is None else num_blocks, kernel or "")
     if out_scales is None or not isinstance(out_scales, torch.Tensor):
         raise _fail(op, "out_scales", "must be a torch.Tensor given together with 'out'")
     if num_blocks is not None and num_blocks != out_scales.shape[0]:
         raise _fail(op, "num_blocks", f"must equal out_scales.shape[0] = {out_scales.shape[0]}, got {num_blocks}")
-    GROUPED_OUT(x, group_sizes, out, out_scales, eps, kernel or "")
+    GROUPED_OUT.call(x, group_sizes, out, out_scales, eps, kernel or "")
     return out, out_scales
 
 

@@ -49,10 +49,13 @@ def plain_eager(args: tuple) -> bool:
     return True
 
 
-def _eager_test(schema: str, impl: Callable[..., Any]) -> Callable[..., bool]:
-    """`plain_eager` written out for one op's arguments, from its schema: only its tensor
-    parameters tested, by name, without a loop (0.3 µs less per call). A parameter or a tensor
-    subclass among them falls back to `plain_eager`; ops with a tensor list keep it altogether."""
+def _written_out(schema: str, impl: Callable[..., Any], overload: Callable[..., Any]) -> tuple[Callable[..., bool], Callable[..., Any]]:
+    """``(eager, call)`` for one op, written out from its schema: ``eager(*args)`` is `plain_eager`
+    with only the op's tensor parameters tested, by name, without a loop; ``call(*args)`` runs
+    ``impl`` where ``eager`` holds and ``overload`` (the dispatcher) otherwise, in one frame
+    (together about 0.7 µs less per call than `plain_eager` and a method). A parameter or a
+    tensor subclass among the arguments falls back to `plain_eager`; ops with a tensor list
+    keep it altogether."""
     arguments = torch._C.parse_schema(f"{LIBRARY_NAME}::op{schema}").arguments
     defaults = [p.default for p in inspect.signature(impl).parameters.values()]
     names = [f"x{i}" for i in range(len(arguments))]
@@ -63,7 +66,13 @@ def _eager_test(schema: str, impl: Callable[..., Any]) -> Callable[..., bool]:
         if optional:
             kind = kind.getElementType()
         if isinstance(kind, torch._C.ListType) and isinstance(kind.getElementType(), torch._C.TensorType):
-            return lambda *args: plain_eager(args)
+            def eager(*args: Any) -> bool:
+                return plain_eager(args)
+
+            def call(*args: Any) -> Any:
+                return impl(*args) if plain_eager(args) else overload(*args)
+
+            return eager, call
         if not isinstance(kind, torch._C.TensorType):
             continue  # the dispatcher takes no tensor here, and the implementation's checks refuse one
         plain.append(f"({name} is None or type({name}) is _Tensor)" if optional else f"type({name}) is _Tensor")
@@ -73,21 +82,36 @@ def _eager_test(schema: str, impl: Callable[..., Any]) -> Callable[..., bool]:
         name if default is inspect.Parameter.empty else f"{name}=_default_{i}"
         for i, (name, default) in enumerate(zip(names, defaults))
     )
-    # A factory, so that the op's defaults are closure cells: torch.compile traces this function
-    # and resolves the globals it reads in this module, which holds only the shared helpers.
+    args = ", ".join(names)
+    modes = "_is_compiling() or _dispatch_modes() or _functorch_active()"
+    plain_test = " and ".join(plain) or "True"
+    grad_test = f"_grad_enabled() and ({' or '.join(grads) or 'False'})"
+    # A factory, so that the op's own objects are closure cells: torch.compile traces `call`, and
+    # resolves the globals it reads in this module, which holds only the shared helpers.
+    defaults_params = ", ".join(f"_default_{i}" for i in range(len(defaults)))
     source = (
-        f"def written_out({', '.join(f'_default_{i}' for i in range(len(defaults)))}):\n"
+        f"def written_out(impl, overload, {defaults_params}):\n"
         f"    def eager({params}):\n"
-        "        if _is_compiling() or _dispatch_modes() or _functorch_active():\n"
+        f"        if {modes}:\n"
         "            return False\n"
-        f"        if {' and '.join(plain) or 'True'}:\n"
-        f"            return not (_grad_enabled() and ({' or '.join(grads) or 'False'}))\n"
-        f"        return plain_eager(({', '.join(names)},))\n"
-        "    return eager\n"
+        f"        if {plain_test}:\n"
+        f"            return not ({grad_test})\n"
+        f"        return plain_eager(({args},))\n"
+        f"    def call({params}):\n"
+        f"        if {modes}:\n"
+        f"            return overload({args})\n"
+        f"        if {plain_test}:\n"
+        f"            if {grad_test}:\n"
+        f"                return overload({args})\n"
+        f"            return impl({args})\n"
+        f"        if plain_eager(({args},)):\n"
+        f"            return impl({args})\n"
+        f"        return overload({args})\n"
+        "    return eager, call\n"
     )
     namespace = dict(globals())
     exec(source, namespace)  # noqa: S102 - built from the schema's argument count and kinds only
-    return namespace["written_out"](*defaults)
+    return namespace["written_out"](impl, overload, *defaults)
 
 
 def _parameters(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
@@ -113,12 +137,11 @@ class TorchOp:
         self.impl = impl
         self.fake = fake
         self.overload = getattr(getattr(torch.ops, LIBRARY_NAME), name).default
-        self.eager = _eager_test(self.schema, impl)
+        # call(*args): the implementation in plain eager mode (`eager`), else the dispatcher.
+        self.eager, self.call = _written_out(self.schema, impl, self.overload)
 
     def __call__(self, *args: Any) -> Any:
-        if self.eager(*args):
-            return self.impl(*args)
-        return self.overload(*args)
+        return self.call(*args)
 
     def __repr__(self) -> str:
         return f"TorchOp({LIBRARY_NAME}::{self.name})"

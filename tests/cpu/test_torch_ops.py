@@ -102,6 +102,35 @@ def test_each_op_s_written_out_eager_test_agrees_with_plain_eager():
         assert not OPTIONAL.eager(x) and not FILL.eager(x, x)
 
 
+def test_each_op_s_call_gives_the_implementation_s_result_and_goes_through_the_dispatcher_under_a_mode():
+    """`TorchOp.call` (what the ops' entry points call) returns what the implementation returns for
+    plain tensors, parameters and tensor subclasses, with grad on and off; under a dispatch mode
+    (where the written-out eager test fails) the call goes through the dispatcher, which the mode
+    sees."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.arange(3.0)
+    for t in (x, torch.nn.Parameter(x.clone()), x.as_subclass(_Subclass)):
+        for grad_mode in (True, False):
+            with torch.set_grad_enabled(grad_mode):
+                assert torch.equal(SCALED.call(t, 3.0).detach().as_subclass(torch.Tensor), x * 3)
+                seen.clear()
+                with Record():
+                    assert not SCALED.eager(t, 3.0)
+                    assert torch.equal(SCALED.call(t, 3.0).detach().as_subclass(torch.Tensor), x * 3)
+                assert any("test_only_scaled" in f for f in seen), (t, grad_mode)
+    out = torch.zeros(3)
+    FILL.call(x, out, 4)
+    assert torch.equal(out, torch.full((3,), 4.0)) and OPTIONAL.call(x) is None
+
+
 def test_torch_compile_traces_each_op_to_its_own_overload():
     """torch.compile traces a `TorchOp` call (the dispatcher's path while compiling) through its
     written-out eager test: each op's objects stay its own, never globals of a module that lacks
