@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from . import fp8_ops
+from . import fp8_ops, heuristics, split_k, stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
@@ -356,7 +356,7 @@ def _check_masked(a, sfa, b, sfb, masked_m, out) -> tuple[int, int, int, int]:
     return g, max_m, n, k
 
 
-def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> Any:
+def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str, k_splits: int) -> Any:
     """Launch; returns what `_masked_calls` remembers of it, None when nothing was launched."""
     g, max_m, k = a.shape
     n = b.shape[1]
@@ -381,18 +381,27 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> 
             _mx_operands(operands, sfa, b, sfb, k)
             launch(loaded, operands, stream=stream)
             return None
-        prepared = launch(loaded, operands, stream=stream)
-    return Launched(loaded, prepared, _MASKED_OPERANDS)
+        workspace, extents = None, None
+        if heuristics.splits_k(loaded.manifest):  # the last wave split: the split-K workspace
+            workspace, extents = split_k.launch_arguments(
+                loaded, a.device, stream, rows * g, n, k, k_splits, rows_per_group=rows, max_rows_per_group=max_m
+            )
+            operands.update(workspace)
+        elif k_splits > 1:
+            raise _fail_masked("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K")
+        prepared = launch(loaded, operands, extents=extents, stream=stream)
+    return Launched(loaded, prepared, _MASKED_OPERANDS, fixed=workspace)
 
 
-_masked_calls = CallCache(OP_MASKED)
+# Calls of last-wave split kernels are remembered with their stream's split-K workspace.
+_masked_calls = CallCache(OP_MASKED, stream_scratch.capturing)
 _MASKED_OPERANDS = ("a", "sfa", "b", "sfb", "d", "masked_m")
 
 
-def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> torch.Tensor:
+def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str, k_splits: int) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
     tensors = (a, sfa, b, sfb, masked_m) if out is None else (a, sfa, b, sfb, masked_m, out)
-    key = _masked_calls.key(tensors, expected_m, kernel)
+    key = _masked_calls.key(tensors, expected_m, kernel, k_splits)
     call = _masked_calls.get(key)
     if call is not None:
         d = out if out is not None else new_bf16_group_out(a, a.shape[0], a.shape[1], b.shape[1])
@@ -401,34 +410,34 @@ def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str) -> torc
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
     if out is None:
         d = new_bf16_group_out(a, g, max_m, n)
-        _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel))
+        _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel, k_splits))
         return d
     check_disjoint(OP_MASKED, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m})
-    ran = _run_masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel)
+    ran = _run_masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel, k_splits)
     _masked_calls.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, sfa, b, sfb, out, masked_m))
     return out
 
 
 def _masked_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-    kernel_name: str = "",
+    kernel_name: str = "", k_splits: int = 0,
 ) -> torch.Tensor:
-    return _masked(a, sfa, b, sfb, masked_m, expected_m, None, kernel_name)
+    return _masked(a, sfa, b, sfb, masked_m, expected_m, None, kernel_name, k_splits)
 
 
-def _masked_fake(a, sfa, b, sfb, masked_m, expected_m: int, kernel_name: str = ""):
+def _masked_fake(a, sfa, b, sfb, masked_m, expected_m: int, kernel_name: str = "", k_splits: int = 0):
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, None)
     return new_bf16_group_out(a, g, max_m, n)
 
 
 def _masked_out_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-    out: torch.Tensor, kernel_name: str = "",
+    out: torch.Tensor, kernel_name: str = "", k_splits: int = 0,
 ) -> None:
-    _masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel_name)
+    _masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel_name, k_splits)
 
 
-def _masked_out_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel_name: str = "") -> None:
+def _masked_out_fake(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel_name: str = "", k_splits: int = 0) -> None:
     _check_masked(a, sfa, b, sfb, masked_m, out)
 
 
@@ -446,14 +455,22 @@ def m_grouped_fp8_gemm_nt_masked(
     out: torch.Tensor | None = None,
     *,
     kernel: str | None = None,
+    k_splits: int | None = None,
 ) -> torch.Tensor:
-    """Grouped FP8 GEMM over [G, max_m, K] with per-group row counts on the GPU; see the module docstring."""
+    """Grouped FP8 GEMM over [G, max_m, K] with per-group row counts on the GPU; see the module docstring.
+
+    ``kernel`` forces a catalogue kernel by name. ``k_splits`` is the most ways a kernel that
+    splits its last wave (epilogue ``split_k_last_wave_tma_store``) splits each of that wave's
+    tiles along K (by default the heuristic's count); any other kernel takes only 1.
+    """
     check_kernel_name(OP_MASKED, kernel)
     if isinstance(expected_m, bool) or not isinstance(expected_m, int):
         raise _fail_masked("expected_m", f"must be an int (a hint for the kernel choice), got {type(expected_m).__name__}")
+    if k_splits is not None and (isinstance(k_splits, bool) or not isinstance(k_splits, int) or k_splits < 1):
+        raise _fail_masked("k_splits", f"must be a positive int or None, got {k_splits!r}")
     if out is None:
-        return MASKED.call(a, sfa, b, sfb, masked_m, expected_m, kernel or "")
-    MASKED_OUT.call(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "")
+        return MASKED.call(a, sfa, b, sfb, masked_m, expected_m, kernel or "", k_splits or 0)
+    MASKED_OUT.call(a, sfa, b, sfb, masked_m, expected_m, out, kernel or "", k_splits or 0)
     return out
 
 

@@ -44,6 +44,10 @@ multicast:
   traffic; the best S is the kernel's score (`Score.k_splits`) and what the runtime launches with
   (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
   it whatever the count), so the same tile without split K always ranks first.
+* Last-wave split-K kernels (epilogue ``split_k_last_wave_tma_store``) split only the r cluster
+  tiles of a partial last wave, each into S = min(split count, clusters // r) units: the whole
+  waves at the tile's time, then one unit of K/S plus the fix-up of S partial tiles
+  (`_last_wave_score`); with no idle clusters to fill they score as the plain tile.
 
 Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
 cluster, then to the name, so the choice is total and stable. Where memory or latency bounds the
@@ -166,6 +170,12 @@ class CostModel:
     # at 7 splits 7.8 -> 6.6 µs), values down to 1 µs rank the re-measured kernels
     # (tests/data/2026-12-02-h200-fp8-kernel-timings.json) worse, not better: 3 µs stays.
     split_fixup_s: float = 3e-6
+    # A last-wave split (`_last_wave_score`) pays beyond `split_fixup_s` what its units' short
+    # main loops cost on top of their share of K (each fills the pipeline for a few K blocks).
+    # Fitted on DeepGEMM's masked problems (an H100, 8 ragged draws each, NOTES N90): the split
+    # kernels ran 4-7% slower than their unsplit twins at K 2048 (16 blocks) where the model
+    # without it saw a 1-2% gain, and 5-12% faster at K 7168, as it saw.
+    last_wave_split_s: float = 3.5e-6
     # Seconds every tile of the contiguous M-grouped op costs beyond its main loop, in each
     # wave: the tile's group is read from L1 (prefetched a tile before) and its rows' m_indices
     # while the main loop runs, but the padding-row selects and the store remain, and the term
@@ -225,6 +235,8 @@ class Score:
     compute_bound: bool = True
     # One wave whose time is the chain of K-block latencies (neither compute nor memory).
     latency_bound: bool = False
+    # Launched with the split-K workspace (per-stream scratch): among ties, the twin without wins.
+    uses_workspace: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -304,6 +316,12 @@ def splits_k(manifest: KernelManifest) -> bool:
     return manifest.fact("splits_k")
 
 
+def splits_k_last_wave(manifest: KernelManifest) -> bool:
+    """A split-K kernel that splits only the tiles of its last, partial wave (epilogue
+    ``split_k_last_wave_tma_store``), each into min(split count, idle clusters) units."""
+    return manifest.fact("splits_k_last_wave")
+
+
 def normalize_splits(k: int, k_splits: int) -> int:
     """The split count a launch uses for ``k_splits`` requested: splits of ⌈KB/k_splits⌉ blocks
     (KB = ⌈K/128⌉), as many as it takes to cover KB, so that no split is empty."""
@@ -334,28 +352,64 @@ def score(
     pads its rows to the tile height; the estimate is the mean over `MASKED_ROWS_SPREAD` and the
     other fields are those at the expected rows. A split-K kernel's score is that of its best
     split count."""
-    if rows_per_group and not splits_k(manifest):
-        groups = ceil_div(max(int(m), 1), rows_per_group)
-        spread = [round(f * rows_per_group) for f in MASKED_ROWS_SPREAD]
+
+    def at(rows: int | None, k_splits: int) -> Score:
+        m_rows = ceil_div(max(int(m), 1), rows_per_group) * rows if rows_per_group else m
+        if splits_k(manifest) and splits_k_last_wave(manifest):
+            return _last_wave_score(manifest, m_rows, n, k, num_sms, model, k_splits, rows)
+        return _score(manifest, m_rows, n, k, num_sms, model, rows, k_splits)
+
+    def spread(k_splits: int) -> Score:
+        if not rows_per_group:
+            return at(None, k_splits)
+        rows_drawn = [round(f * rows_per_group) for f in MASKED_ROWS_SPREAD]
         if max_rows_per_group:
-            spread = [max(1, min(max_rows_per_group, rows)) for rows in spread]
+            rows_drawn = [max(1, min(max_rows_per_group, rows)) for rows in rows_drawn]
         # Each row count scored once (a cut spread repeats the largest).
-        at = {rows: _score(manifest, groups * rows, n, k, num_sms, model, rows, 1)
-              for rows in {*spread, rows_per_group}}
-        mean = sum(at[rows].estimated_us for rows in spread) / len(spread)
-        return dataclasses.replace(at[rows_per_group], estimated_us=mean)
-    if not splits_k(manifest):
-        return _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
-    scored = [_score(manifest, m, n, k, num_sms, model, rows_per_group, s) for s in _split_candidates(k)]
-    return min(scored, key=lambda s: (s.estimated_us, s.k_splits))
+        scored = {rows: at(rows, k_splits) for rows in {*rows_drawn, rows_per_group}}
+        mean = sum(scored[rows].estimated_us for rows in rows_drawn) / len(rows_drawn)
+        # The count launched is the candidate's: whether a last wave splits is the GPU's to see.
+        return dataclasses.replace(scored[rows_per_group], estimated_us=mean, k_splits=k_splits)
+
+    counts = _split_candidates(k) if splits_k(manifest) else [1]
+    return min((spread(s) for s in counts), key=lambda s: (s.estimated_us, s.k_splits))
+
+
+def _last_wave_score(
+    manifest: KernelManifest, m: int, n: int, k: int, num_sms: int, model: CostModel, k_splits: int,
+    rows_per_group: int | None = None,
+) -> Score:
+    """A last-wave split-K kernel launched with ``k_splits``: the whole waves at the tile's time,
+    then, when the last wave's r cluster tiles leave clusters idle, one unit of K / S with
+    S = min(k_splits, clusters // r) (the kernel's rule, `_last_wave_plan`) and the fix-up of S
+    partial tiles."""
+    whole = _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
+    rule = manifest.grid
+    cluster_size = max(1, rule.cluster_m * rule.cluster_n)
+    clusters = max(1, num_sms // cluster_size)
+    last = whole.cluster_tiles % clusters
+    splits = min(k_splits, clusters // last) if last else 1
+    if splits <= 1:  # no idle clusters to fill: the plain tile, launched unsplit
+        return dataclasses.replace(whole, k_splits=1)
+    per_tile = whole.estimated_us / whole.waves
+    k_blocks = max(1, ceil_div(k, SCALE_BLOCK))
+    unit = per_tile * ceil_div(k_blocks, splits) / k_blocks
+    fixup = (
+        model.split_fixup_s + model.last_wave_split_s + splits * rule.tile_m * rule.tile_n * 4 / model.sm_bandwidth_cap
+    ) * 1e6
+    return dataclasses.replace(
+        whole, k_splits=k_splits, estimated_us=(whole.waves - 1) * per_tile + unit + fixup,
+        wave_efficiency=whole.tiles / ((whole.waves - 1 + 1 / splits) * clusters * cluster_size),
+    )
 
 
 def split_k_count(
     manifest: KernelManifest, m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS,
-    model: CostModel = DEFAULT_MODEL,
+    model: CostModel = DEFAULT_MODEL, rows_per_group: int | None = None, max_rows_per_group: int | None = None,
 ) -> int:
-    """The split count the runtime launches a split-K kernel with for (M, N, K): the model's best."""
-    return score(manifest, m, n, k, num_sms, model).k_splits
+    """The split count the runtime launches a split-K kernel with for (M, N, K) (masked groups:
+    see `score`): the model's best."""
+    return score(manifest, m, n, k, num_sms, model, rows_per_group, max_rows_per_group).k_splits
 
 
 def _score(
@@ -424,7 +478,7 @@ def _score(
     if splits_tail(manifest) and tail_split_pays(cluster_tiles % clusters_per_wave, clusters_per_wave, k):
         wave_time = cluster_tiles / clusters_per_wave
     estimated = wave_time * (max(compute, memory, latency) + tile_overhead)
-    if splits_k(manifest):
+    if splits_k(manifest) and not splits_k_last_wave(manifest):
         # Every work unit writes its partial tile and counts itself, and the last of a tile reads
         # the other S - 1 alone, at one SM's rate. Each wave of units pays that.
         partial_bytes = k_splits * tm * tn * 4
@@ -449,6 +503,7 @@ def _score(
         multicasts_larger_box=compute_bound and larger_box,
         compute_bound=compute_bound,
         latency_bound=latency_bound,
+        uses_workspace=splits_k(manifest),
     )
 
 
@@ -478,6 +533,7 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             0 if s.shares_larger_operand else 1,
             0 if s.multicasts_larger_box else 1,
             s.cluster_m * s.cluster_n,
+            s.uses_workspace,
             s.name,
         )
 
@@ -668,6 +724,7 @@ __all__ = [
     "shape_key",
     "split_k_count",
     "splits_k",
+    "splits_k_last_wave",
     "tuned_split_count",
     "tuning_path",
 ]

@@ -12,8 +12,12 @@ replayed at the same time on different streams.
 
 Sizes, over the cluster-padded tile grid (a cluster's CTAs past M or N take part too):
 ``TILES = align(⌈M/tile_m⌉, cluster_m) · align(⌈N/tile_n⌉, cluster_n)`` counters and
-``PARTIALS = TILES · K_SPLITS · tile_m · tile_n`` floats. Integrators launching the cubins
-themselves allocate these (counters zeroed once) and pass ``K_SPLITS`` with them.
+``PARTIALS = TILES · K_SPLITS · tile_m · tile_n`` floats. A kernel that splits the last wave only
+(epilogue ``split_k_last_wave_tma_store``) needs one counter and one partial tile per CTA of its
+grid: ``TILES >= clusters · cluster size`` and ``PARTIALS >= TILES · tile_m · tile_n`` (the
+runtime sizes them for the most clusters the device holds). Integrators
+launching the cubins themselves allocate these (counters zeroed once) and pass ``K_SPLITS`` with
+them (the manifest's requirements state the sizes).
 """
 
 from __future__ import annotations
@@ -42,12 +46,21 @@ _LAUNCH_CACHE_SIZE = 1024
 WORKSPACE_OPERANDS = ("split_counters", "split_partials")
 
 
-def workspace_extents(manifest: KernelManifest, m: int, n: int, k_splits: int) -> tuple[int, int]:
-    """(TILES, PARTIALS) a launch of ``manifest`` on an M x N output with ``k_splits`` needs."""
+def workspace_extents(
+    manifest: KernelManifest, m: int, n: int, k_splits: int, max_active_clusters: int
+) -> tuple[int, int]:
+    """(TILES, PARTIALS) a launch of ``manifest`` on an M x N output with ``k_splits`` needs, on
+    a device (and SM budget) holding ``max_active_clusters`` of its clusters at once."""
     rule = manifest.grid
+    cluster_size = rule.cluster_m * rule.cluster_n
     tiles_m = ceil_div(ceil_div(int(m), rule.tile_m), rule.cluster_m) * rule.cluster_m
     tiles_n = ceil_div(ceil_div(int(n), rule.tile_n), rule.cluster_n) * rule.cluster_n
     tiles = tiles_m * tiles_n
+    if heuristics.splits_k_last_wave(manifest):
+        # The split units fill at most one wave: one counter and one partial tile per CTA of the
+        # largest grid (a masked launch's tile count is only known on the GPU).
+        ctas = max(1, max_active_clusters) * cluster_size
+        return ctas, ctas * rule.tile_m * rule.tile_n
     return tiles, tiles * int(k_splits) * rule.tile_m * rule.tile_n
 
 
@@ -67,14 +80,17 @@ def workspace(device: torch.device, stream: int, tiles: int, partials: int) -> t
 
 
 def launch_arguments(
-    loaded: Any, device: torch.device, stream: int, m: int, n: int, k: int, k_splits: int = 0
+    loaded: Any, device: torch.device, stream: int, m: int, n: int, k: int, k_splits: int = 0,
+    rows_per_group: int | None = None, max_rows_per_group: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """The workspace operands and the ``K_SPLITS`` extent of one launch of the split-K kernel
     ``loaded``: ``k_splits`` (< 1: the tuning table's count for this kernel and shape, else the
-    heuristic's for this GPU), normalised so that no split is empty."""
+    heuristic's for this GPU, for masked groups of about ``rows_per_group`` rows, at most
+    ``max_rows_per_group``, where given), normalised so that no split is empty."""
     # A launch being captured gets a workspace of its own, so it neither reads nor fills the cache.
     capturing = stream_scratch.capturing()
-    key = (loaded.name, str(device), int(stream), int(m), int(n), int(k), int(k_splits), sm_budget.budget())
+    key = (loaded.name, str(device), int(stream), int(m), int(n), int(k), int(k_splits), rows_per_group,
+           max_rows_per_group, sm_budget.budget())
     cached = None if capturing else _launches.get(key)
     if cached is not None:
         return cached
@@ -83,10 +99,12 @@ def launch_arguments(
         requested = heuristics.tuned_split_count(
             loaded.manifest.op, loaded.name, m, n, k, catalogue().build_dir
         ) or heuristics.split_k_count(
-            loaded.manifest, m, n, k, sm_budget.usable_sms(loaded.device.sm_count)
+            loaded.manifest, m, n, k, sm_budget.usable_sms(loaded.device.sm_count),
+            rows_per_group=rows_per_group, max_rows_per_group=max_rows_per_group,
         )
     splits = heuristics.normalize_splits(k, requested)
-    tiles, partials = workspace_extents(loaded.manifest, m, n, splits)
+    clusters = sm_budget.usable_clusters(loaded.max_active_clusters(), loaded.cluster_size)
+    tiles, partials = workspace_extents(loaded.manifest, m, n, splits, clusters)
     counters, partial_buffer = workspace(device, stream, tiles, partials)
     result = (
         dict(zip(WORKSPACE_OPERANDS, (counters[:tiles], partial_buffer[:partials]))),

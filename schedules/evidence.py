@@ -29,8 +29,11 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     split K over MN-major operands, and the masked FP8 GEMM's 128x192 tiles; and every kernel
     whose epilogue computes SiLU, rebuilt on 2026-12-05 with the straight-line division
     (`cutegen.templates.fp32_silu`; the SwiGLU kernels, 64-row SwiGLU tiles among them, and the
-    bias/activation kernels ending `_silu`: NOTES N89)."""
+    bias/activation kernels ending `_silu`: NOTES N89); and the kernels that split their last
+    wave along K (epilogue `split_k_last_wave_tma_store`: BF16 dense, FP8 masked; NOTES N90)."""
     if s.d_scale == OutputScale.UE8M0:
+        return True
+    if s.epilogue == Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE:
         return True
     if s.activation in (Activation.SWIGLU, Activation.SILU):
         return True

@@ -107,7 +107,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
 ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
     Arch.SM90A: frozenset({
         Epilogue.TMA_STORE, Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP,
-        Epilogue.SPLIT_K_TMA_STORE, Epilogue.TMA_STORE_ADD,
+        Epilogue.SPLIT_K_TMA_STORE, Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE, Epilogue.TMA_STORE_ADD,
     }),
     Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
 }
@@ -735,17 +735,20 @@ def epilogue_supported(s: Schedule) -> str | None:
 
 
 # Ops whose kernels take the split-K epilogue: the dense GEMMs writing D (the grouped ops' tiles
-# already fill the GPU, and the weight gradients accumulate into D with a TMA reduce-add).
+# already fill the GPU, and the weight gradients accumulate into D with a TMA reduce-add); the
+# last-wave split also the masked FP8 GEMM, whose tile count is only known on the GPU.
 SPLIT_K_OPS = frozenset({Op.FP8_GEMM_NT, Op.BF16_GEMM_NT})
+LAST_WAVE_SPLIT_K_OPS = SPLIT_K_OPS | {Op.M_GROUPED_FP8_GEMM_NT_MASKED}
 
 
 @_rule()
 def split_k_only_dense(s: Schedule) -> str | None:
-    """The split-K epilogue serves the dense GEMMs that write D (`SPLIT_K_OPS`)."""
-    if not s.epilogue.splits_k or s.op in SPLIT_K_OPS:
+    """The split-K epilogue serves the dense GEMMs that write D (`SPLIT_K_OPS`); the last-wave
+    split also the masked FP8 GEMM (`LAST_WAVE_SPLIT_K_OPS`)."""
+    ops = LAST_WAVE_SPLIT_K_OPS if s.epilogue.splits_last_wave_only else SPLIT_K_OPS
+    if not s.epilogue.splits_k or s.op in ops:
         return None
-    ops = ", ".join(sorted(op.value for op in SPLIT_K_OPS))
-    return f"epilogue={s.epilogue.value}: only ops {ops} split K, not {s.op.value}"
+    return f"epilogue={s.epilogue.value}: only ops {', '.join(sorted(op.value for op in ops))} split K, not {s.op.value}"
 
 
 # Ops whose Hopper kernels apply each activation in their epilogue (`Activation`): SwiGLU in the

@@ -205,24 +205,38 @@ class Epilogue(str, enum.Enum):
     a launch argument); each CTA writes its fp32 partial sum to a global workspace and the last one
     to finish a tile adds the others' and stores the tile with TMA. Small-M problems whose few
     tiles cannot occupy every SM use it.
+
+    ``split_k_last_wave_tma_store``: split K as ``split_k_tma_store`` (the same workspace and
+    launch arguments), but only for the tiles of the last, partial wave: the whole waves' tiles
+    are computed whole and stored directly, and the remaining tiles' K blocks are split over the
+    clusters that would otherwise idle (at most ``K_SPLITS`` ways, as many as the idle clusters
+    allow), so the last wave costs about 1/splits of a tile instead of a whole one. With fewer
+    tiles than clusters every tile is in the last wave.
     """
 
     TMA_STORE = "tma_store"
     TMA_STORE_WHOLE_TILE = "tma_store_whole_tile"
     TMA_STORE_PER_WARPGROUP = "tma_store_per_warpgroup"
     SPLIT_K_TMA_STORE = "split_k_tma_store"
+    SPLIT_K_LAST_WAVE_TMA_STORE = "split_k_last_wave_tma_store"
     TMA_STORE_ADD = "tma_store_add"
 
     @property
     def tag(self) -> str:
         return {
             "tma_store": "epitma", "tma_store_whole_tile": "epitmaw", "tma_store_per_warpgroup": "epiwg",
-            "split_k_tma_store": "episk", "tma_store_add": "epiadd",
+            "split_k_tma_store": "episk", "split_k_last_wave_tma_store": "episkw", "tma_store_add": "epiadd",
         }[self.value]
 
     @property
     def splits_k(self) -> bool:
-        return self == Epilogue.SPLIT_K_TMA_STORE
+        """Tiles' K blocks split over CTAs through the split-K workspace (every tile, or the last
+        wave's only)."""
+        return self in (Epilogue.SPLIT_K_TMA_STORE, Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE)
+
+    @property
+    def splits_last_wave_only(self) -> bool:
+        return self == Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE
 
     @property
     def per_warpgroup(self) -> bool:
@@ -852,6 +866,11 @@ class Schedule:
         return self.epilogue.splits_k
 
     @property
+    def splits_k_last_wave(self) -> bool:
+        """Split K for the last partial wave's tiles only (`Epilogue.splits_last_wave_only`)."""
+        return self.epilogue.splits_last_wave_only
+
+    @property
     def splits_tail(self) -> bool:
         """The last partial wave's K blocks shared among all clusters (`Op.splits_last_wave`)."""
         return self.op.splits_last_wave
@@ -936,6 +955,7 @@ FACTS = (
     "epilogue_whole_tile",
     "epilogue_stages_whole_tile",
     "splits_k",
+    "splits_k_last_wave",
     "splits_tail",
     "mma_applies_scales",
     "smem_bytes",

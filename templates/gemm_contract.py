@@ -221,14 +221,22 @@ class GemmContract:
             if not self.schedule.op.scales_b_per_row:
                 out.append(requirement("NB", "==", f"ceil_div(N, {SCALE_BLOCK})"))
         if self.schedule.splits_k:
-            # cutegen.runtime.split_k.workspace_extents
-            tiles = (
-                f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * {s.cluster_m} * "
-                f"ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n}) * {s.cluster_n}"
-            )
+            # cutegen.runtime.split_k.workspace_extents: a counter per CTA tile of the
+            # cluster-padded grid and K_SPLITS partial tiles each; with the last wave split
+            # only, its split units fill at most one wave: a counter and a partial tile per CTA
+            # of the launch.
+            if self.schedule.splits_k_last_wave:
+                tiles = f"{self.grid_rule()['blocks'][2]} * {s.cluster_m * s.cluster_n}"
+                slots = tiles
+            else:
+                tiles = (
+                    f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * {s.cluster_m} * "
+                    f"ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n}) * {s.cluster_n}"
+                )
+                slots = f"{tiles} * K_SPLITS"
             out += [
                 requirement("TILES", ">=", tiles),
-                requirement("PARTIALS", ">=", f"{tiles} * K_SPLITS * {s.tile_m * s.tile_n}"),
+                requirement("PARTIALS", ">=", f"{slots} * {s.tile_m * s.tile_n}"),
             ]
         return out
 
@@ -239,8 +247,10 @@ class GemmContract:
             f"ceil_div(ceil_div(M, {s.tile_m}), {s.cluster_m}) * ceil_div(ceil_div(N, {s.tile_n}), {s.cluster_n})"
         )
         if self.schedule.splits_k:
-            # K_SPLITS work units per cluster tile.
+            # K_SPLITS work units per cluster tile (of every group counted full, masked).
             units = f"{cluster_tiles} * K_SPLITS"
+            if self.schedule.op.is_masked:
+                units = f"G * {units}"
         elif s.op.splits_last_wave:
             # With TAIL_SPLIT = 1, every cluster the GPU holds (fewer tiles than clusters: the
             # idle ones take shares of the tiles' K blocks), else one per cluster tile.

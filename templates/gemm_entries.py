@@ -169,3 +169,29 @@ class MGroupedMaskedEntry:
         stream: cuda.CUstream,
     ):
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m)
+
+
+class MGroupedMaskedSplitKEntry:
+    """`m_grouped_fp8_gemm_nt_masked` with the last wave's tiles split along K over the idle
+    clusters (at most `k_splits` ways), their fp32 partial sums reduced through `split_partials`
+    and `split_counters` as `Fp8GemmNtSplitKEntry` describes."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Tensor,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        masked_m: cute.Pointer,
+        split_counters: cute.Pointer,
+        split_partials: cute.Pointer,
+        k_splits: cutlass.Int32,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(
+            a, b, d, sfa, sfb, max_active_clusters, stream, masked_m=masked_m,
+            split_counters=split_counters, split_partials=split_partials, k_splits=k_splits,
+        )

@@ -35,6 +35,7 @@ from cutegen.templates.gemm_entries import (
     Fp8GemmNtSplitKEntry,
     MGroupedContiguousEntry,
     MGroupedMaskedEntry,
+    MGroupedMaskedSplitKEntry,
 )
 from cutegen.templates.hopper_contiguous import ContiguousFamily
 from cutegen.templates.hopper_bias_activation import (
@@ -237,7 +238,8 @@ class HopperGemmKernel(
 
     @cute.jit
     def _locate_tile(
-        self, t, ct_m, ct_n, mMasked, max_m, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None
+        self, t, ct_m, ct_n, mMasked, max_m, mSizes, k_tile_cnt, cluster_coord_mnk, k_splits=None, tail=None,
+        last_wave=None,
     ):
         """Work unit t → (group, this CTA's tile m, tile n, the unit's first K block in the
         scales, its K block count); both roles walk the same sequence.
@@ -249,12 +251,16 @@ class HopperGemmKernel(
         runtime passes a count that leaves no split empty). With
         a tail split, `tail` is `_tail_plan`'s: t below its first tail tile is a whole tile; from
         there on t - tail_start is a position in the tail's K blocks (tile after tile), and the
-        piece runs to the end of that tile or of this cluster's share, whichever comes first."""
+        piece runs to the end of that tile or of this cluster's share, whichever comes first. With
+        split K for the last wave only, `last_wave` is `_last_wave_plan`'s."""
         cm, cn = self.cluster_shape_mn
         group = cutlass.Int32(0)
         first_block = cutlass.Int32(0)
         k_blocks = k_tile_cnt
-        if cutlass.const_expr(self.schedule.op.is_masked):
+        if cutlass.const_expr(self.schedule.op.is_masked and self.schedule.splits_k_last_wave):
+            tile_t, first_block, k_blocks = self._last_wave_blocks(t, last_wave, k_tile_cnt)
+            group, ctm, ctn = self._masked_locate(tile_t, mMasked, max_m, ct_n)
+        elif cutlass.const_expr(self.schedule.op.is_masked):
             group, ctm, ctn = self._masked_locate(t, mMasked, max_m, ct_n)
         elif cutlass.const_expr(self.schedule.op.is_k_grouped):
             if cutlass.const_expr(self._k_tiles_per_block() == 1):
@@ -265,6 +271,9 @@ class HopperGemmKernel(
                 )
                 k_blocks = k_blocks * self._k_tiles_per_block()
             ctm, ctn = self._cluster_tile_coord(local, ct_m, ct_n)
+        elif cutlass.const_expr(self.schedule.splits_k_last_wave):
+            tile_t, first_block, k_blocks = self._last_wave_blocks(t, last_wave, k_tile_cnt)
+            ctm, ctn = self._cluster_tile_coord(tile_t, ct_m, ct_n)
         elif cutlass.const_expr(self.schedule.splits_k):
             tile_t = t // k_splits
             if cutlass.const_expr(self._k_tiles_per_block() == 1):
@@ -400,7 +409,7 @@ class HopperGemmKernel(
         """`_locate_tile` for unit t of `walk`: (group, tile m, tile n, first K block, K blocks)."""
         return self._locate_tile(
             t, walk.ct_m, walk.ct_n, metadata.mMasked, args.mA_mk.shape[0], metadata.mSizes, walk.k_tile_cnt,
-            walk.cluster_coord_mnk, args.k_splits, walk.tail,
+            walk.cluster_coord_mnk, args.k_splits, walk.tail, walk.last_wave,
         )
 
 
@@ -589,7 +598,19 @@ class HopperGemmKernel(
                 if args.zero_padding != 0:
                     self._zero_padding_rows(fragments.promoted, row_groups)
                 write_tile = cutlass.Int32(1) if (group >= 0) | (args.zero_padding != 0) else cutlass.Int32(0)
-            if cutlass.const_expr(self.schedule.splits_k):
+            if cutlass.const_expr(self.schedule.splits_k_last_wave):
+                # Split units only, each split tile's CTAs in their own counters and slots.
+                _, index, split, split_unit = self._last_wave_unit(t, walk.last_wave)
+                if split_unit:
+                    cm, cn = self.cluster_shape_mn
+                    write_tile = self._split_k_fixup(
+                        fragments.promoted, split,
+                        index * (cm * cn) + walk.cluster_coord_mnk[0] * cn + walk.cluster_coord_mnk[1],
+                        walk.last_wave[1], args.split_counters_ptr, args.split_partials_ptr,
+                        cute.recast_ptr(storage.sSFB.data_ptr(), dtype=cutlass.Int32),
+                        sync.epilogue_barrier, tidx - THREADS_PER_WARPGROUP,
+                    )
+            elif cutlass.const_expr(self.schedule.splits_k):
                 write_tile = self._split_k_fixup(
                     fragments.promoted, t % args.k_splits, tile_m * (walk.ct_n * self.cluster_shape_mn[1]) + tile_n,
                     args.k_splits, args.split_counters_ptr, args.split_partials_ptr,
@@ -723,6 +744,10 @@ class HopperMGroupedBf16GemmKernel(HopperGemmKernel):
         self._launch(a, b, d, None, None, max_active_clusters, stream, m_indices, zero_padding)
 
 
+class HopperMaskedSplitKFp8GemmKernel(MGroupedMaskedSplitKEntry, HopperGemmKernel):
+    """`m_grouped_fp8_gemm_nt_masked` on sm_90a with the last wave's tiles split along K."""
+
+
 class HopperMaskedBf16GemmKernel(HopperGemmKernel):
     """`m_grouped_bf16_gemm_nt_masked`: for every group g and row r < masked_m[g],
     D[g, r] = A[g, r] · B[g]ᵀ."""
@@ -844,6 +869,8 @@ class HopperGemmTemplate(GemmContract):
             self.kernel = k_grouped(schedule)
         elif schedule.op.scales_b_per_row:
             self.kernel = HopperFp8WgradKernel(schedule)
+        elif schedule.op.is_masked and schedule.splits_k:
+            self.kernel = HopperMaskedSplitKFp8GemmKernel(schedule)
         elif schedule.op.is_masked:
             masked = HopperMaskedFp8GemmKernel if schedule.block_scaled else HopperMaskedBf16GemmKernel
             self.kernel = masked(schedule)

@@ -162,7 +162,9 @@ class HopperProducer:
                     tma_bar_ptr=barrier, mcast_mask=loads.own_mask,
                 )
         if cutlass.const_expr(self.schedule.block_scaled):
-            if cutlass.const_expr(self.schedule.op.is_masked):
+            if cutlass.const_expr(self.schedule.op.is_masked and self.schedule.splits_k_last_wave):
+                sfa_src = loads.tSFAgSFA[(None, loads.tile_m, loads.first_block + state.count, loads.group)]
+            elif cutlass.const_expr(self.schedule.op.is_masked):
                 sfa_src = loads.tSFAgSFA[(None, loads.tile_m, state.count, loads.group)]
             else:
                 sfa_src = loads.tSFAgSFA[(None, loads.tile_m, loads.first_block + state.count)]

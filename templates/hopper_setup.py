@@ -241,7 +241,8 @@ class HopperSetup:
     def _tile_walk(self, args: "GemmArgs", gA_mk, gC_mn, metadata: "GroupMetadata", cluster_coord_mnk) -> "TileWalk":
         """The persistent walk both roles take: how many work units there are (cluster tiles;
         masked: those of each group's rows; k-grouped: over the groups; split K: tiles times
-        splits; tail split: `_tail_plan`'s cursor bound), this cluster's first and the stride."""
+        splits, or for the last wave only `_last_wave_plan`'s count; tail split: `_tail_plan`'s
+        cursor bound), this cluster's first and the stride."""
         cm, cn = self.cluster_shape_mn
         k_tile_cnt = cute.size(gA_mk, mode=[3])
         tiles_m = cute.size(gC_mn, mode=[2])
@@ -257,15 +258,21 @@ class HopperSetup:
         if cutlass.const_expr(self.schedule.op.is_k_grouped):
             s_blocks = k_tile_cnt if cutlass.const_expr(self._k_tiles_per_block() == 1) else k_tile_cnt // self._k_tiles_per_block()
             num_cluster_tiles = self._k_grouped_total(metadata.mSizes, num_cluster_tiles, s_blocks)
-        if cutlass.const_expr(self.schedule.splits_k):
+        if cutlass.const_expr(self.schedule.splits_k and not self.schedule.splits_k_last_wave):
             # Work units: (cluster tile, split), the splits of a tile adjacent.
             num_cluster_tiles = num_cluster_tiles * args.k_splits
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
+        last_wave = None
+        if cutlass.const_expr(self.schedule.splits_k_last_wave):
+            # Work units: the whole waves' tiles, then (last-wave tile, split) pairs.
+            last_wave, num_cluster_tiles = self._last_wave_plan(num_cluster_tiles, tile_stride, args.k_splits)
         tail = None
         if cutlass.const_expr(self.schedule.splits_tail):
             tail, num_cluster_tiles = self._tail_plan(
                 num_cluster_tiles, tile_stride, first_tile, k_tile_cnt, args.tail_split
             )
             first_tile = self._first_unit(first_tile, tail)
-        return TileWalk(first_tile, tile_stride, num_cluster_tiles, ct_m, ct_n, k_tile_cnt, cluster_coord_mnk, tail)
+        return TileWalk(
+            first_tile, tile_stride, num_cluster_tiles, ct_m, ct_n, k_tile_cnt, cluster_coord_mnk, tail, last_wave
+        )

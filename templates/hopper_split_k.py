@@ -49,6 +49,46 @@ class SplitKFamily:
         return (tail_start, share_start, share_end), tail_start + share_end
 
     @cute.jit
+    def _last_wave_plan(self, cluster_tiles, clusters, k_splits):
+        """Split K for the last wave only (`Epilogue.splits_last_wave_only`): the tiles of the
+        whole waves (a multiple of `clusters`) stay whole; each of the r remaining tiles is split
+        into S = min(k_splits, clusters // r) units, so that r · S units fill at most one wave
+        (S = 1: no split). Cluster c then takes units c, c + clusters, …: its whole tiles, then at
+        most one split unit. Returns ((whole tiles, S), work units)."""
+        last = cluster_tiles % clusters
+        splits = cutlass.min(k_splits, clusters // cutlass.max(last, 1))
+        splits = cutlass.max(splits, 1) if last > 0 else cutlass.Int32(1)
+        whole = cluster_tiles - last if splits > 1 else cluster_tiles
+        return (whole, splits), whole + (cluster_tiles - whole) * splits
+
+    @cute.jit
+    def _last_wave_unit(self, t, last_wave):
+        """Unit t of `_last_wave_plan`'s walk → (cluster tile, its index among the split tiles
+        (0 for a whole one), split, whether it is split)."""
+        whole, splits = last_wave
+        split_unit = t >= whole
+        position = cutlass.max(t - whole, 0)
+        index = position // splits
+        tile_t = whole + index if split_unit else t
+        return tile_t, index, position - index * splits, split_unit
+
+    @cute.jit
+    def _last_wave_blocks(self, t, last_wave, k_tile_cnt):
+        """Unit t of `_last_wave_plan`'s walk → (cluster tile, first K tile, K tiles): a whole
+        tile's every K tile, a split unit's balanced share of the tile's whole 128-wide K blocks
+        (in K tiles; S <= the runtime's normalised count leaves no share empty)."""
+        tile_t, _, split, split_unit = self._last_wave_unit(t, last_wave)
+        first_block = cutlass.Int32(0)
+        k_blocks = k_tile_cnt
+        if split_unit:
+            splits = last_wave[1]
+            per_block = self._k_tiles_per_block()
+            blocks = (k_tile_cnt + per_block - 1) // per_block
+            first_block = split * blocks // splits * per_block
+            k_blocks = cutlass.min((split + 1) * blocks // splits * per_block, k_tile_cnt) - first_block
+        return tile_t, first_block, k_blocks
+
+    @cute.jit
     def _first_unit(self, cluster, tail):
         """The cursor of `cluster`'s first work unit (`_tail_plan`): its first whole tile, or its
         share of the tail when it has none."""

@@ -119,3 +119,4 @@ class TileWalk(NamedTuple):
     k_tile_cnt: Any
     cluster_coord_mnk: Any
     tail: Any  # `_tail_plan`'s, with a tail split
+    last_wave: Any = None  # `_last_wave_plan`'s, with split K for the last wave only

@@ -34,6 +34,8 @@ SCHEDULES = (
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x32x128_c1x2_mca_s14_wg1_r40x232_episk_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
+    # The masked layout with its last wave split along K (the split-K workspace after masked_m).
+    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_episkw_rn_g1",
     "cutegen_sm90a_fp8wgrad_e4m3_e4m3_f32_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_kgfp8wgrad_e4m3_e4m3_f32_f32_sff32_128x128x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgbf16gemmc_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
@@ -258,7 +260,8 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             ]
             extents = {"M": m, "N": n, "KT": kt, "KB": kb, "G": GROUPS, "W": 32 * 132}
         if schedule.epilogue.splits_k:  # per-tile counters, fp32 partial tiles, the split count
-            tiles, partials = 64, 64 * K_SPLITS * schedule.tile_m * schedule.tile_n
+            # At least a counter per CTA of any grid here (the last-wave kernels' requirement).
+            tiles, partials = 264, 264 * K_SPLITS * schedule.tile_m * schedule.tile_n
             operands["split_counters"] = OperandInfo(0x7F8000000000, (tiles,), (1,), "i32")
             operands["split_partials"] = OperandInfo(0x7F9000000000, (partials,), (1,), "f32")
             args += [

@@ -89,6 +89,12 @@ EXPECTED_DEFAULT_NAMES = sorted(
         for cluster in ("c1x1_mc0", "c1x2_mca")
         for d in ("bf16", "f32")
     ]
+    # Split K for the last, partial wave only, bf16 D, 128-row tiles 128 to 256 wide.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg2_r40x232_episkw_rm_g8"
+        for tile, stages in (("128x128x64", 6), ("128x192x64", 4), ("128x256x64", 4))
+        for cluster in ("c1x1_mc0", "c1x2_mca")
+    ]
 )
 
 BASE = Schedule(
@@ -146,7 +152,7 @@ def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
     bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
-    assert len(bf16) == 125 and sum(not s.fused_epilogue for s in bf16) == 114
+    assert len(bf16) == 131 and sum(not s.fused_epilogue for s in bf16) == 120
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -161,7 +167,7 @@ def test_default_files_and_filters():
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
         "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu", "hopper_bf16_gemm_bias_residual",
-        "hopper_bf16_gemm_mn_major_split_k",
+        "hopper_bf16_gemm_mn_major_split_k", "hopper_bf16_gemm_split_k_last_wave",
     }
 
 

@@ -46,10 +46,46 @@ def test_workspace_extents_cover_the_cluster_padded_grid():
 
     m = split_k_manifest_from_name(SPLIT)
     # 64x64 tiles in 1x2 clusters: N = 576 has 9 tile columns, padded to 10.
-    tiles, partials = split_k.workspace_extents(m, 64, 576, 7)
+    tiles, partials = split_k.workspace_extents(m, 64, 576, 7, 66)
     assert tiles == 1 * 10 and partials == tiles * 7 * 64 * 64
-    tiles, _ = split_k.workspace_extents(m, 65, 577, 2)
+    tiles, _ = split_k.workspace_extents(m, 65, 577, 2, 66)
     assert tiles == 2 * 10
+
+
+LAST_WAVE = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c1x2_mca_s4_wg2_r40x232_episkw_rm_g8"
+LAST_WAVE_PLAIN = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x256x64_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8"
+
+
+def test_last_wave_split_names_rule_and_workspace():
+    from cutegen.runtime import split_k
+
+    s = parse_name(LAST_WAVE)
+    assert s.epilogue == Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE and procedural_name(s) == LAST_WAVE
+    assert s.splits_k and s.splits_k_last_wave and violations(s) == []
+    assert not parse_name(SPLIT).splits_k_last_wave
+    last_wave = dataclasses.replace(parse_name(SPLIT), epilogue=Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE)
+    masked = dataclasses.replace(last_wave, op=Op.M_GROUPED_FP8_GEMM_NT_MASKED, raster=parse_name(SPLIT).raster)
+    assert "split_k_only_dense" not in {v.name for v in violations(masked)}
+    contiguous = dataclasses.replace(last_wave, op=Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS)
+    assert "split_k_only_dense" in {v.name for v in violations(contiguous)}
+    # One counter and one partial tile per CTA of the largest launch: 66 clusters of 2.
+    m = split_k_manifest_from_name(LAST_WAVE)
+    for shape in ((333, 12288, 16), (100, 512, 3)):
+        tiles, partials = split_k.workspace_extents(m, *shape, 66)
+        assert tiles == 66 * 2 and partials == tiles * 128 * 256
+
+
+def test_heuristic_splits_the_last_wave_where_clusters_idle():
+    split, plain = split_k_manifest_from_name(LAST_WAVE), manifest_from_name(LAST_WAVE_PLAIN)
+    # 333 x 12288: 3 x 24 cluster tiles on 66 clusters, a last wave of 6 that leaves 60 idle.
+    tail = heuristics.score(split, 333, 12288, 5120, H200_SMS)
+    whole = heuristics.score(plain, 333, 12288, 5120, H200_SMS)
+    assert tail.k_splits > 1 and tail.estimated_us < 0.7 * whole.estimated_us
+    # 4096 x 8192: 32 x 16 = 512 cluster tiles, a last wave of 50 of 66: nothing to split, and
+    # the score is the plain tile's.
+    full = heuristics.score(split, 4096, 8192, 4096, H200_SMS)
+    unsplit = heuristics.score(split_k_manifest_from_name(LAST_WAVE.replace("episkw", "epitma")), 4096, 8192, 4096, H200_SMS)
+    assert full.estimated_us == pytest.approx(unsplit.estimated_us)
 
 
 def test_heuristic_splits_small_m_and_not_large_m():

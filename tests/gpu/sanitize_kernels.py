@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from cutegen.runtime import (
-    bf16_grouped_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, ops, quant_ops,
+    bf16_grouped_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, ops, quant_ops, sm_budget,
 )
 
 
@@ -60,6 +60,13 @@ def run_bf16(name: str) -> None:
         out = torch.empty(m, 456, device="cuda", dtype=torch.float32 if schedule["c_dtype"] == "f32" else torch.bfloat16)
         c = torch.randn_like(out) if schedule["epilogue"] == "tma_store_add" else None
         ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name, k_splits=3 if "_episk_" in name else None)
+        if "_episkw_" in name:
+            # Ten SMs: whole waves, then a last wave of a tile or two split three ways.
+            sm_budget.set_num_sms(10)
+            try:
+                ops.bf16_gemm_nt(a, b, out=out, kernel=name, k_splits=3)
+            finally:
+                sm_budget.set_num_sms(None)
 
 
 def run_fp8(name: str) -> None:
@@ -141,6 +148,13 @@ def _masked_problems(n: int):
 def run_masked(name: str) -> None:
     for operands in _masked_problems(456):
         grouped_ops.m_grouped_fp8_gemm_nt_masked(*operands, 96, kernel=name)
+        if "_episkw_" in name:
+            # Six SMs: whole waves, then a last wave of a few tiles split along K.
+            sm_budget.set_num_sms(6)
+            try:
+                grouped_ops.m_grouped_fp8_gemm_nt_masked(*operands, 96, kernel=name)
+            finally:
+                sm_budget.set_num_sms(None)
 
 
 # The SwiGLU kernels' N = 2I: three 256-wide tiles, so a 1x2 cluster's fourth tile lies past N.

@@ -278,3 +278,57 @@ def test_masked_every_kernel_runs(ops, masked, k):
             if rows:
                 ref = a[gi, :rows].float() @ b[gi].float().T
                 assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"{name}: group {gi}"
+
+
+def test_masked_last_wave_split_kernels(ops, masked):
+    """The masked kernels that split the last wave along K: under SM budgets that leave a last
+    wave of a few tiles (or every tile in it), with ragged and empty groups, each result within
+    calc_diff 1e-3 of fp32, a second launch bit-identical, replayed in a CUDA graph with new counts
+    (its own workspace), and the split counters zero afterwards; a kernel that does not split
+    refuses a split count."""
+    from cutegen.runtime import sm_budget, split_k
+    from cutegen.runtime.errors import InputError
+
+    names = [x for x in ops.runnable_kernels(MASKED_OP) if "_episkw_" in x]
+    if not names:
+        pytest.skip("no last-wave split masked kernel runs on this GPU")
+    groups, max_m, n, k = 3, 640, 768, 2944  # 23 K blocks: uneven shares
+    a, b, qa, sfa, qb, sb = make_masked(groups, max_m, n, k, seed=31)
+    counts = [601, 0, 130]
+    masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    try:
+        for budget in (None, 6, 10, 26):
+            sm_budget.set_num_sms(budget)
+            for name in names:
+                for splits in (None, 2, 5, 16):
+                    label = f"{name} SMs={budget} k_splits={splits}: "
+                    out = torch.full((groups, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                    masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 256, out=out, kernel=name, k_splits=splits)
+                    check_masked(out, a, b, counts, label)
+                    again = torch.full_like(out, float("nan"))
+                    masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 256, out=again, kernel=name, k_splits=splits)
+                    assert torch.equal(out.nan_to_num(7.0), again.nan_to_num(7.0)), f"{label}two launches differ"
+        sm_budget.set_num_sms(10)
+        out = torch.full((groups, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 256, out=out, kernel=names[0], k_splits=4)
+        for replay_counts in ([640, 77, 0], [0, 0, 1], [300, 300, 300]):
+            masked_m.copy_(torch.tensor(replay_counts, dtype=torch.int32))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            for gi, rows in enumerate(replay_counts):
+                if rows:
+                    ref = a[gi, :rows].float() @ b[gi].float().T
+                    assert calc_diff(out[gi, :rows].float(), ref) < 1e-3, f"replayed {replay_counts}: group {gi}"
+    finally:
+        sm_budget.set_num_sms(None)
+    torch.cuda.synchronize()
+    for counters, _ in split_k._workspaces.values():
+        assert int(counters.abs().sum()) == 0, "split-K counters not reset to zero"
+    plain = next(x for x in ops.runnable_kernels(MASKED_OP) if "_episkw_" not in x)
+    with pytest.raises(InputError, match="'k_splits'.*does not split K"):
+        masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 256, kernel=plain, k_splits=2)
+    with pytest.raises(InputError, match="'k_splits'.*positive int"):
+        masked.m_grouped_fp8_gemm_nt_masked(qa, sfa, qb, sb, masked_m, 256, kernel=names[0], k_splits=0)
