@@ -47,7 +47,9 @@ multicast:
 * Last-wave split-K kernels (epilogue ``split_k_last_wave_tma_store``) split only the r cluster
   tiles of a partial last wave, each into S = min(split count, clusters // r) units: the whole
   waves at the tile's time, then one unit of K/S plus the fix-up of S partial tiles
-  (`_last_wave_score`); with no idle clusters to fill they score as the plain tile.
+  (`_last_wave_score`). A dense problem takes one only where it splits a last wave after one to
+  `LAST_WAVE_MAX_WAVES` - 1 whole waves; the masked layout's, whose tile count is the GPU's,
+  score as the plain tile at the row counts of the spread where nothing splits.
 
 Ties (within 0.5%) go to the larger tile, then to more useful multicast, then to the smaller
 cluster, then to the name, so the choice is total and stable. Where memory or latency bounds the
@@ -73,6 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -96,6 +99,12 @@ MIN_SPLIT_BLOCKS = 2
 # nothing of the generator; tests/cpu/test_heuristic_calibration.py checks that they agree).
 TAIL_SPLIT_MAX_FILL = (4, 5)
 TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
+# Dense problems a last-wave split-K kernel is a candidate for: at most this many waves, the last
+# one split. Beside the heuristic's choice without them on the BF16 bench's shapes (an H100, NOTES
+# N90), they gained 1.02x at 333x12288x5120 (three waves), lost 0.67x at 8192x5120x25600 (twenty:
+# a 128x128 tile scored as if its split paid) and 0.89x at 512x2112x7168 (every tile split, the
+# split-K kernels' case).
+LAST_WAVE_MAX_WAVES = 4
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
 # The contiguous layout's GEMMs (a schedule's op, whatever epilogue its entry fuses): each tile
 # reads its rows' groups (`CostModel.grouped_tile_overhead_s`).
@@ -353,10 +362,15 @@ def score(
     other fields are those at the expected rows. A split-K kernel's score is that of its best
     split count."""
 
+    last_wave = splits_k(manifest) and splits_k_last_wave(manifest)
+    unsplit: dict[int | None, Score] = {}  # a last-wave kernel's whole-tile score, per row count
+
     def at(rows: int | None, k_splits: int) -> Score:
         m_rows = ceil_div(max(int(m), 1), rows_per_group) * rows if rows_per_group else m
-        if splits_k(manifest) and splits_k_last_wave(manifest):
-            return _last_wave_score(manifest, m_rows, n, k, num_sms, model, k_splits, rows)
+        if last_wave:
+            if rows not in unsplit:
+                unsplit[rows] = _score(manifest, m_rows, n, k, num_sms, model, rows, 1)
+            return _last_wave_score(manifest, unsplit[rows], k, num_sms, model, k_splits, must_split=not rows_per_group)
         return _score(manifest, m_rows, n, k, num_sms, model, rows, k_splits)
 
     def spread(k_splits: int) -> Score:
@@ -376,21 +390,27 @@ def score(
 
 
 def _last_wave_score(
-    manifest: KernelManifest, m: int, n: int, k: int, num_sms: int, model: CostModel, k_splits: int,
-    rows_per_group: int | None = None,
+    manifest: KernelManifest, whole: Score, k: int, num_sms: int, model: CostModel, k_splits: int,
+    must_split: bool,
 ) -> Score:
-    """A last-wave split-K kernel launched with ``k_splits``: the whole waves at the tile's time,
-    then, when the last wave's r cluster tiles leave clusters idle, one unit of K / S with
-    S = min(k_splits, clusters // r) (the kernel's rule, `_last_wave_plan`) and the fix-up of S
-    partial tiles."""
-    whole = _score(manifest, m, n, k, num_sms, model, rows_per_group, 1)
+    """A last-wave split-K kernel launched with ``k_splits``, from its score as whole tiles
+    (``whole``): the whole waves at the tile's time, then, when the last wave's r cluster tiles
+    leave clusters idle, one unit of K / S with S = min(k_splits, clusters // r) (the kernel's
+    rule, `_last_wave_plan`), the fix-up of S partial tiles and `CostModel.last_wave_split_s`.
+    With ``must_split`` (a dense problem, whose tile count is known here) the kernel is a
+    candidate only where that rule splits a last wave after at least one and at most
+    `LAST_WAVE_MAX_WAVES` - 1 whole waves: elsewhere the split-K kernels (every tile split) or the
+    plain ones serve, and the model is not trusted to rank the kernel as a plain tile."""
     rule = manifest.grid
     cluster_size = max(1, rule.cluster_m * rule.cluster_n)
     clusters = max(1, num_sms // cluster_size)
     last = whole.cluster_tiles % clusters
     splits = min(k_splits, clusters // last) if last else 1
-    if splits <= 1:  # no idle clusters to fill: the plain tile, launched unsplit
-        return dataclasses.replace(whole, k_splits=1)
+    if splits <= 1 or not 2 <= whole.waves <= LAST_WAVE_MAX_WAVES:
+        if must_split:
+            return dataclasses.replace(whole, k_splits=1, estimated_us=math.inf)
+        if splits <= 1:  # no idle clusters to fill: the plain tile, launched unsplit
+            return dataclasses.replace(whole, k_splits=1)
     per_tile = whole.estimated_us / whole.waves
     k_blocks = max(1, ceil_div(k, SCALE_BLOCK))
     unit = per_tile * ceil_div(k_blocks, splits) / k_blocks

@@ -81,11 +81,17 @@ def test_heuristic_splits_the_last_wave_where_clusters_idle():
     tail = heuristics.score(split, 333, 12288, 5120, H200_SMS)
     whole = heuristics.score(plain, 333, 12288, 5120, H200_SMS)
     assert tail.k_splits > 1 and tail.estimated_us < 0.7 * whole.estimated_us
-    # 4096 x 8192: 32 x 16 = 512 cluster tiles, a last wave of 50 of 66: nothing to split, and
-    # the score is the plain tile's.
-    full = heuristics.score(split, 4096, 8192, 4096, H200_SMS)
-    unsplit = heuristics.score(split_k_manifest_from_name(LAST_WAVE.replace("episkw", "epitma")), 4096, 8192, 4096, H200_SMS)
-    assert full.estimated_us == pytest.approx(unsplit.estimated_us)
+    # A dense problem takes the kernel only where it splits a last wave after one to
+    # LAST_WAVE_MAX_WAVES - 1 whole ones: not at 4096 x 8192 (512 cluster tiles, eight waves), nor
+    # where every tile is in the one wave (the split-K kernels' case), nor where the last wave
+    # leaves too few clusters idle to split into (256 x 45056: 176 cluster tiles, a last of 44).
+    for shape in ((4096, 8192, 4096), (128, 4096, 7168), (256, 4096 * 11, 4096)):
+        assert heuristics.score(split, *shape, H200_SMS).estimated_us == float("inf"), shape
+    # Masked groups, whose tile count only the GPU knows: the mean over the spread of the row
+    # counts, each unsplit where its last wave would not split (here the expected rows fill
+    # exactly the tiles of whole waves), launched with the candidate's split count.
+    masked = heuristics.score(split, 8 * 512, 4096, 7168, H200_SMS, rows_per_group=512, max_rows_per_group=4096)
+    assert masked.estimated_us < float("inf") and masked.k_splits > 1
 
 
 def test_heuristic_splits_small_m_and_not_large_m():
