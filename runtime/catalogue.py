@@ -161,6 +161,7 @@ class KernelCatalogue:
         self._manifests: dict[str, KernelManifest] = {}
         self._loaded: dict[tuple[str, int], "LoadedKernel"] = {}
         self._lock = threading.RLock()
+        self._root: Path | None = None  # build_dir resolved, once (`_inside`)
 
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
@@ -215,7 +216,9 @@ class KernelCatalogue:
         """``relative`` resolved in the build folder; ArtifactError when it is absolute or leads out
         of it (a catalogue or manifest is data, never a reason to read elsewhere)."""
         path = Path(relative)
-        root = self.build_dir.resolve()
+        if self._root is None:
+            self._root = self.build_dir.resolve()
+        root = self._root
         resolved = (root / path).resolve()
         if path.is_absolute() or (resolved != root and root not in resolved.parents):
             raise ArtifactError(
