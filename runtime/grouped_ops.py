@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from . import fp8_ops, heuristics, split_k, stream_scratch
+from . import fp8_ops, split_k, stream_scratch
 from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
@@ -381,14 +381,11 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str, k_s
             _mx_operands(operands, sfa, b, sfb, k)
             launch(loaded, operands, stream=stream)
             return None
-        workspace, extents = None, None
-        if heuristics.splits_k(loaded.manifest):  # the last wave split: the split-K workspace
-            workspace, extents = split_k.launch_arguments(
-                loaded, a.device, stream, rows * g, n, k, k_splits, rows_per_group=rows, max_rows_per_group=max_m
-            )
-            operands.update(workspace)
-        elif k_splits > 1:
-            raise _fail_masked("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K")
+        # A kernel that splits its last wave takes the split-K workspace.
+        workspace, extents = split_k.bind(
+            loaded, operands, a.device, stream, rows * g, n, k, k_splits, _fail_masked, rows_per_group=rows,
+            max_rows_per_group=max_m,
+        )
         prepared = launch(loaded, operands, extents=extents, stream=stream)
     return Launched(loaded, prepared, _MASKED_OPERANDS, fixed=workspace)
 

@@ -406,11 +406,10 @@ def _last_wave_score(
     clusters = max(1, num_sms // cluster_size)
     last = whole.cluster_tiles % clusters
     splits = min(k_splits, clusters // last) if last else 1
-    if splits <= 1 or not 2 <= whole.waves <= LAST_WAVE_MAX_WAVES:
-        if must_split:
-            return dataclasses.replace(whole, k_splits=1, estimated_us=math.inf)
-        if splits <= 1:  # no idle clusters to fill: the plain tile, launched unsplit
-            return dataclasses.replace(whole, k_splits=1)
+    if must_split and not (splits > 1 and 2 <= whole.waves <= LAST_WAVE_MAX_WAVES):
+        return dataclasses.replace(whole, k_splits=1, estimated_us=math.inf)
+    if splits <= 1:  # no idle clusters to fill: the plain tile, launched unsplit
+        return dataclasses.replace(whole, k_splits=1)
     per_tile = whole.estimated_us / whole.waves
     k_blocks = max(1, ceil_div(k, SCALE_BLOCK))
     unit = per_tile * ceil_div(k_blocks, splits) / k_blocks

@@ -52,15 +52,14 @@ def workspace_extents(
     """(TILES, PARTIALS) a launch of ``manifest`` on an M x N output with ``k_splits`` needs, on
     a device (and SM budget) holding ``max_active_clusters`` of its clusters at once."""
     rule = manifest.grid
-    cluster_size = rule.cluster_m * rule.cluster_n
-    tiles_m = ceil_div(ceil_div(int(m), rule.tile_m), rule.cluster_m) * rule.cluster_m
-    tiles_n = ceil_div(ceil_div(int(n), rule.tile_n), rule.cluster_n) * rule.cluster_n
-    tiles = tiles_m * tiles_n
     if heuristics.splits_k_last_wave(manifest):
         # The split units fill at most one wave: one counter and one partial tile per CTA of the
         # largest grid (a masked launch's tile count is only known on the GPU).
-        ctas = max(1, max_active_clusters) * cluster_size
+        ctas = max(1, max_active_clusters) * rule.cluster_m * rule.cluster_n
         return ctas, ctas * rule.tile_m * rule.tile_n
+    tiles_m = ceil_div(ceil_div(int(m), rule.tile_m), rule.cluster_m) * rule.cluster_m
+    tiles_n = ceil_div(ceil_div(int(n), rule.tile_n), rule.cluster_n) * rule.cluster_n
+    tiles = tiles_m * tiles_n
     return tiles, tiles * int(k_splits) * rule.tile_m * rule.tile_n
 
 
@@ -120,13 +119,13 @@ def launch_arguments(
 
 def bind(
     loaded: Any, operands: dict[str, Any], device: torch.device, stream: int, m: int, n: int, k: int, k_splits: int,
-    fail: Any,
+    fail: Any, rows_per_group: int | None = None, max_rows_per_group: int | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, int] | None]:
     """A GEMM launch's split-K part: for a split-K kernel, its workspace added to ``operands`` and
-    returned with the ``K_SPLITS`` extent (`launch_arguments`); for another, (None, None), and a
-    requested ``k_splits`` > 1 refused through ``fail(arg, what)`` (the op's `InputError`). A
-    kernel whose manifest declares other operands than ``operands`` (and the workspace, when it
-    splits K) is a `KernelLoadError`."""
+    returned with the ``K_SPLITS`` extent (`launch_arguments`, masked groups as it says); for
+    another, (None, None), and a requested ``k_splits`` > 1 refused through ``fail(arg, what)``
+    (the op's `InputError`). A kernel whose manifest declares other operands than ``operands``
+    (and the workspace, when it splits K) is a `KernelLoadError`."""
     split = heuristics.splits_k(loaded.manifest)
     declared = sorted(spec.name for spec in loaded.manifest.operands)
     if declared != sorted([*operands, *(WORKSPACE_OPERANDS if split else ())]):
@@ -136,9 +135,12 @@ def bind(
         )
     if not split:
         if k_splits > 1:
-            raise fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is not split_k_tma_store)")
+            raise fail("k_splits", f"is {k_splits}, but kernel {loaded.name} does not split K (its epilogue is "
+                                   "neither split_k_tma_store nor split_k_last_wave_tma_store)")
         return None, None
-    workspace_operands, extents = launch_arguments(loaded, device, stream, m, n, k, k_splits)
+    workspace_operands, extents = launch_arguments(
+        loaded, device, stream, m, n, k, k_splits, rows_per_group=rows_per_group, max_rows_per_group=max_rows_per_group
+    )
     operands.update(workspace_operands)
     return workspace_operands, extents
 
