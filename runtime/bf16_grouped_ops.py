@@ -58,7 +58,7 @@ from .checks import check_aligned, check_disjoint, check_extents, check_kernel_n
 from .errors import InputError, KernelLoadError
 from .grouped_ops import M_ALIGNMENT
 from .k_grouped_ops import check_sizes_and_output, descriptor_workspace, workspace_words
-from .kernel_choice import kernel_for
+from .kernel_choice import kernel_for, masked_rows_per_group
 from .launch import launch
 from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_group_out, new_bf16_out
 
@@ -254,7 +254,7 @@ def _run_masked(a, b, masked_m, expected_m: int, out, kernel: str) -> Launched |
     for arg, t in (("a", a), ("b", b), ("out", out)):
         check_aligned(OP_MASKED, arg, t)
     device = device_ordinal(a)
-    rows = max(1, min(int(expected_m), max_m))
+    rows = masked_rows_per_group(expected_m, max_m)
     with torch.cuda.device(device):
         # Each group pads its rows to the tile height: the heuristic sees G groups of about `rows`
         # rows, at most max_m.

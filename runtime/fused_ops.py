@@ -34,7 +34,7 @@ from . import fp8_ops, grouped_ops
 from .checks import check_aligned, check_disjoint, check_kernel_name, check_not_overlapping_itself, checks_under
 from .errors import InputError
 from .fused_reference import SWIGLU_BLOCK, interleave_gate_up
-from .kernel_choice import kernel_for
+from .kernel_choice import kernel_for, masked_rows_per_group
 from .launch import launch
 from .quant_reference import DEFAULT_EPS, check_eps, is_mn_major_tma_aligned, mn_major_tma_aligned_empty
 from .torch_ops import TorchOp, current_stream, device_ordinal
@@ -234,7 +234,7 @@ def _masked_impl(
                    {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m})
     if g == 0 or max_m == 0:
         return
-    rows = max(1, min(int(expected_m), max_m))
+    rows = masked_rows_per_group(expected_m, max_m)
     operands = dict(zip(OPERANDS[OP_MASKED], (a, sfa, b, sfb, out, out_sf, masked_m)))
     _launch(OP_MASKED, operands, rows * g, n, k, kernel_name, {"eps": eps}, use_ue8m0, rows_per_group=rows,
             max_rows_per_group=max_m)

@@ -52,7 +52,7 @@ from .call_cache import CallCache, Launched
 from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_matrix, check_not_overlapping_itself
 from .errors import InputError, KernelLoadError
 from .heuristics import CONTIGUOUS_OP as OP
-from .kernel_choice import kernel_for, runnable_kernels
+from .kernel_choice import kernel_for, masked_rows_per_group, runnable_kernels
 from .launch import launch
 from .mx_reference import mx_grouped_scale_operands
 from .params import OperandInfo
@@ -367,7 +367,7 @@ def _run_masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str, k_s
     for arg, t in (("a", a), ("sfa", None if packed else sfa), ("b", b), ("out", out)):
         check_aligned(OP_MASKED, arg, t, fp8_ops.FP4_ALIGN_BYTES if arg == "b" and b_dtype == "e2m1" else 16)
     device = device_ordinal(a)
-    rows = max(1, min(int(expected_m), max_m))
+    rows = masked_rows_per_group(expected_m, max_m)
     with torch.cuda.device(device):
         scale = _scale_for_call(OP_MASKED, _fail_masked, packed, b_dtype, device, kernel)
         # Each group pads its rows to the tile height: the heuristic sees G groups of about `rows`

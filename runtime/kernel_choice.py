@@ -207,6 +207,12 @@ def forced_manifest(
     return manifest
 
 
+def masked_rows_per_group(expected_m: int, max_m: int) -> int:
+    """The rows per group the heuristic plans a masked call for: ``expected_m`` taken into
+    [1, max_m] (the tile count itself is the GPU's, from masked_m)."""
+    return max(1, min(int(expected_m), max_m))
+
+
 def kernel_for(
     op: str, m: int, n: int, k: int, device: int, forced: str, scale: str | None = None,
     rows_per_group: int | None = None, b_dtype: str | None = None, *,
@@ -229,6 +235,7 @@ __all__ = [
     "explain",
     "forced_manifest",
     "kernel_for",
+    "masked_rows_per_group",
     "runnable_kernels",
     "set_build_dir",
 ]
