@@ -53,7 +53,7 @@ EXPECTED_MMA: dict[tuple[str, str], str] = {
     **{
         (arch, op): ""
         for arch in ("sm_90a", "sm_100a")
-        for op in ("per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8")
+        for op in ("per_token_quant_fp8", "per_token_quant_fp4", "per_block_quant_fp8", "grouped_transposed_quant_fp8")
     },
 }
 REGISTERS_PER_SM = 65536

@@ -19,9 +19,9 @@ attribute:
   `cutegen.runtime.fused_ops`;
 * ``fp8_gemm_nt_epilogue``, ``bf16_gemm_nt_epilogue`` (the dense GEMMs with a bias and/or an
   activation fused into their epilogue), `cutegen.runtime.epilogue_ops`;
-* ``per_token_quant_fp8``, ``per_block_quant_fp8``, ``grouped_transposed_quant_fp8``
-  (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch references are in
-  `cutegen.runtime.quant_reference`);
+* ``per_token_quant_fp8``, ``per_token_quant_fp4``, ``per_block_quant_fp8``,
+  ``grouped_transposed_quant_fp8`` (torch-facing, `cutegen.runtime.quant_ops`; their pure-torch
+  references are in `cutegen.runtime.quant_reference` and, for FP4, `cutegen.runtime.mx_reference`);
 * ``set_num_sms`` (`sm_budget`): cap the SMs every persistent grid uses;
 * ``load_catalogue`` / ``KernelCatalogue`` (`catalogue`), ``LoadedKernel`` (`driver`),
   ``choose`` / ``explain`` (`heuristics`). The launcher is ``cutegen.runtime.launch.launch``
@@ -65,6 +65,7 @@ _LAZY = {
     "fp8_gemm_nt_epilogue": "epilogue_ops",
     "bf16_gemm_nt_epilogue": "epilogue_ops",
     "per_token_quant_fp8": "quant_ops",
+    "per_token_quant_fp4": "quant_ops",
     "per_block_quant_fp8": "quant_ops",
     "grouped_transposed_quant_fp8": "quant_ops",
     "to_mn_major_tma_aligned": "fp8_ops",

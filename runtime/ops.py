@@ -33,7 +33,7 @@ from .kernel_choice import (
     runnable_kernels,
     set_build_dir,
 )
-from .quant_ops import grouped_transposed_quant_fp8, per_block_quant_fp8, per_token_quant_fp8
+from .quant_ops import grouped_transposed_quant_fp8, per_block_quant_fp8, per_token_quant_fp4, per_token_quant_fp8
 
 __all__ = [
     "OP_BF16_GEMM_NT",
@@ -58,6 +58,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_masked_swiglu_quant",
     "per_block_quant_fp8",
+    "per_token_quant_fp4",
     "per_token_quant_fp8",
     "runnable_kernels",
     "set_build_dir",

@@ -1,4 +1,4 @@
-"""PyTorch entry points of the FP8 quantize kernels, registered as torch custom ops.
+"""PyTorch entry points of the FP8 and FP4 quantize kernels, registered as torch custom ops.
 
 Numerics, the NaN/Inf policy, padding and the scale layouts are those of
 `cutegen.runtime.quant_reference` (the executable specification); the kernels reproduce its bytes.
@@ -8,6 +8,12 @@ Numerics, the NaN/Inf policy, padding and the scale layouts are those of
     (``scale_format="fp32"``) or UE8M0 packed int32 [M, ceil(ceil(K/128)/4)] (``"ue8m0"``), in
     the ``k-major`` (row-major) or ``mn-major-tma-aligned`` layout (strides (1, align(M, 4)),
     what `fp8_gemm_nt` takes as SFA). K must be a multiple of 16.
+``per_token_quant_fp4(x, group=32, scale_layout="k-major", eps=1e-4, *, out=None, out_scales=None, kernel=None)``
+    x [M, K] bf16/f16/f32 -> ``(q, scales)``: q uint8 [M, K/2], FP4 E2M1 codes two per byte
+    (element 2i in the low nibble); scales UE8M0 packed int32 [M, ceil(ceil(K/32)/4)], one per
+    1x32 group, in the ``k-major`` or ``mn-major-tma-aligned`` layout (DeepGEMM's SM100 layout,
+    what `fp8_gemm_nt` takes for an FP4 B). Numerics: `cutegen.runtime.mx_reference.quant_fp4_ref`,
+    bit for bit. K must be a multiple of 32.
 ``per_block_quant_fp8(w, eps=1e-4, *, out=None, out_scales=None, kernel=None)``
     w [N, K] bf16/f16/f32 -> ``(q e4m3 [N, K], scales fp32 [ceil(N/128), ceil(K/128)])``.
     K must be a multiple of 16; N and K need not be multiples of 128.
@@ -26,7 +32,7 @@ Numerics, the NaN/Inf policy, padding and the scale layouts are those of
     (`grouped_tile_counter`), so calls on different streams may overlap.
 
 ``out`` / ``out_scales`` (optional, both or neither) receive the result in place: ``out`` e4m3
-with the output's shape, ``stride(-1) == 1`` and 16-byte aligned rows; ``out_scales`` the scale
+(FP4: uint8) with the output's shape, ``stride(-1) == 1`` and 16-byte aligned rows; ``out_scales`` the scale
 tensor of the requested layout (for ``mn-major-tma-aligned``, strides (1, align(M, 4)) over a
 buffer holding all align(M, 4) rows: the kernel writes the padding rows with 0).
 
@@ -50,11 +56,13 @@ from .checks import check_aligned, check_disjoint, check_extents, check_kernel_n
 from .errors import ArtifactError, InputError
 from .kernel_choice import candidates, catalogue, forced_manifest
 from .launch import launch
+from .mx_reference import MX_VEC
 from .params import align, ceil_div
 from .quant_reference import DEFAULT_EPS, GROUP, MAX_EPS, MIN_EPS, SCALE_FORMATS, SCALE_LAYOUTS, TMA_ALIGN_ROWS
 from .torch_ops import TorchOp, current_stream, device_ordinal
 
 OP_PER_TOKEN = "per_token_quant_fp8"
+OP_PER_TOKEN_FP4 = "per_token_quant_fp4"
 OP_PER_BLOCK = "per_block_quant_fp8"
 OP_GROUPED = "grouped_transposed_quant_fp8"
 
@@ -67,6 +75,11 @@ IN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 # K (per-token, per-block) and H (grouped) multiples: 16-byte rows of e4m3 / of the bf16 input.
 K_MULTIPLE = 16
 H_MULTIPLE = 8
+# FP4: 1x32 groups (the block-scaled MMA's scale vector), and K a multiple of 32 so that q's rows
+# of K/2 bytes stay 16-byte aligned.
+FP4_GROUP = MX_VEC
+FP4_K_MULTIPLE = 32
+FP4_OUT_DTYPES = (torch.uint8,)
 
 # The per-token tile width each scale layout prefers. A tile row writes its scales as one run:
 # K-major scales of 1024 columns (8 groups) fill a 32-byte sector, where 512 columns write half
@@ -189,12 +202,14 @@ def _check_ptr(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = PTR
     check_aligned(op, arg, t, align_bytes)
 
 
-def _check_out(op: str, out: Any, out_scales: Any, device: Any, q_shape: tuple) -> None:
+def _check_out(
+    op: str, out: Any, out_scales: Any, device: Any, q_shape: tuple, q_dtypes: tuple = (torch.float8_e4m3fn,)
+) -> None:
     if (out is None) != (out_scales is None):
         raise _fail(op, "out" if out is None else "out_scales", "must be given together with 'out_scales' / 'out'")
     if out is None:
         return
-    _check_tensor(op, "out", out, device, (torch.float8_e4m3fn,), len(q_shape))
+    _check_tensor(op, "out", out, device, q_dtypes, len(q_shape))
     if tuple(out.shape) != tuple(q_shape):
         raise _fail(op, "out", f"must have shape {list(q_shape)}, got {list(out.shape)}")
     if len(q_shape) == 2:
@@ -495,6 +510,132 @@ def per_block_quant_fp8(
 
 
 # ------------------------------------------------------------------------------------------------
+# Per-token FP4 (1x32 groups, UE8M0 scales)
+
+
+def _per_token_fp4_meta(x: Any, group: Any, scale_layout: Any, eps: Any, out: Any, out_scales: Any):
+    op = OP_PER_TOKEN_FP4
+    _check_tensor(op, "x", x, None, tuple(IN_DTYPES), 2)
+    _check_rows(op, "x", x)
+    if group != FP4_GROUP:
+        raise _fail(op, "group", f"must be {FP4_GROUP} (the kernels quantise 1x{FP4_GROUP} groups), got {group!r}")
+    if scale_layout not in SCALE_LAYOUTS:
+        raise _fail(op, "scale_layout", f"must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+    eps = _check_eps(op, eps)
+    m, k = x.shape
+    if k % FP4_K_MULTIPLE:
+        raise _fail(op, "x", f"must have K a multiple of {FP4_K_MULTIPLE} (16-byte rows of packed FP4 q), got K = {k}")
+    cols = ceil_div(ceil_div(k, FP4_GROUP), 4)
+    _check_out(op, out, out_scales, x.device, (m, k // 2), FP4_OUT_DTYPES)
+    if out_scales is not None:
+        _check_tensor(op, "out_scales", out_scales, x.device, (torch.int32,), 2)
+        if tuple(out_scales.shape) != (m, cols):
+            raise _fail(op, "out_scales", f"must have shape [{m}, {cols}], got {list(out_scales.shape)}")
+        if scale_layout == "mn-major-tma-aligned":
+            ma = align(m, TMA_ALIGN_ROWS)
+            if not ((m <= 1 or out_scales.stride(0) == 1) and (cols <= 1 or out_scales.stride(1) == ma)):
+                raise _fail(op, "out_scales", f"must have strides (1, {ma}) (mn-major-tma-aligned), got {list(out_scales.stride())}")
+    return m, k, cols, eps
+
+
+def _per_token_fp4_run(x, scale_layout, eps, q, sf, kernel) -> Launched | None:
+    """Launch; returns what `_per_token_fp4_calls` remembers of it, None if nothing ran."""
+    m, k = x.shape
+    if m == 0 or k == 0:
+        return None
+    for arg, t in (("x", x), ("out", q)):
+        _check_ptr(OP_PER_TOKEN_FP4, arg, t)
+    _check_ptr(OP_PER_TOKEN_FP4, "out_scales", sf, 4)
+    cols = sf.shape[1]
+    sf_kernel = _scale_buffer_view(OP_PER_TOKEN_FP4, sf, m, cols, scale_layout)
+    loaded, prepared = _launch(
+        OP_PER_TOKEN_FP4, IN_DTYPES[x.dtype], "ue8m0", kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps
+    )
+    return Launched(loaded, prepared, _PER_TOKEN_OPERANDS, extra=cols)
+
+
+_per_token_fp4_calls = CallCache(OP_PER_TOKEN_FP4)
+
+
+def _per_token_fp4_outputs(x, m, k, cols, scale_layout):
+    return torch.empty((m, k // 2), dtype=torch.uint8, device=x.device), _new_scales(x, m, cols, torch.int32, scale_layout)
+
+
+def _per_token_fp4_impl(
+    x: torch.Tensor, group: int = FP4_GROUP, scale_layout: str = "k-major", eps: float = DEFAULT_EPS,
+    kernel_name: str = "",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    key = _per_token_fp4_calls.key((x,), group, scale_layout, eps, kernel_name)
+    call = _per_token_fp4_calls.get(key)
+    if call is not None:
+        m, k = x.shape
+        q, sf = _per_token_fp4_outputs(x, m, k, call.extra, scale_layout)
+        if call.relaunch((x, q, sf), current_stream(x)):
+            return q, sf
+    m, k, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, None, None)
+    q, sf = _per_token_fp4_outputs(x, m, k, cols, scale_layout)
+    _per_token_fp4_calls.remember(key, _per_token_fp4_run(x, scale_layout, eps, q, sf, kernel_name))
+    return q, sf
+
+
+def _per_token_fp4_fake(x, group=FP4_GROUP, scale_layout="k-major", eps=DEFAULT_EPS, kernel_name=""):
+    m, k, cols, _ = _per_token_fp4_meta(x, group, scale_layout, eps, None, None)
+    q = x.new_empty((m, k // 2), dtype=torch.uint8)
+    if scale_layout == "mn-major-tma-aligned":
+        return q, x.new_empty_strided((m, cols), (1, align(m, TMA_ALIGN_ROWS)), dtype=torch.int32)
+    return q, x.new_empty((m, cols), dtype=torch.int32)
+
+
+def _per_token_fp4_out_impl(
+    x: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, group: int = FP4_GROUP,
+    scale_layout: str = "k-major", eps: float = DEFAULT_EPS, kernel_name: str = "",
+) -> None:
+    key = _per_token_fp4_calls.key((x, out, out_scales), group, scale_layout, eps, kernel_name)
+    call = _per_token_fp4_calls.get(key)
+    if call is not None:
+        m = x.shape[0]
+        if m % TMA_ALIGN_ROWS and scale_layout == "mn-major-tma-aligned":
+            _scale_buffer_view(OP_PER_TOKEN_FP4, out_scales, m, call.extra, scale_layout)
+        if call.relaunch((x, out, out_scales), current_stream(x)):
+            return
+    m, _, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, out, out_scales)
+    sf_kernel = _scale_buffer_view(OP_PER_TOKEN_FP4, out_scales, m, cols, scale_layout)  # padding rows included
+    check_disjoint(OP_PER_TOKEN_FP4, {"out": out, "out_scales": (out_scales, span_of(sf_kernel))}, {"x": x})
+    ran = _per_token_fp4_run(x, scale_layout, eps, out, out_scales, kernel_name)
+    _per_token_fp4_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
+
+
+def _per_token_fp4_out_fake(x, out, out_scales, group=FP4_GROUP, scale_layout="k-major", eps=DEFAULT_EPS, kernel_name="") -> None:
+    _per_token_fp4_meta(x, group, scale_layout, eps, out, out_scales)
+
+
+PER_TOKEN_FP4 = TorchOp(OP_PER_TOKEN_FP4, _per_token_fp4_impl, _per_token_fp4_fake)
+PER_TOKEN_FP4_OUT = TorchOp(
+    f"{OP_PER_TOKEN_FP4}_out", _per_token_fp4_out_impl, _per_token_fp4_out_fake, mutates=("out", "out_scales")
+)
+
+
+def per_token_quant_fp4(
+    x: torch.Tensor,
+    group: int = FP4_GROUP,
+    scale_layout: str = "k-major",
+    eps: float = DEFAULT_EPS,
+    *,
+    out: torch.Tensor | None = None,
+    out_scales: torch.Tensor | None = None,
+    kernel: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token 1x32 FP4 quantize of x [M, K]; see the module docstring."""
+    check_kernel_name(OP_PER_TOKEN_FP4, kernel)
+    if not isinstance(x, torch.Tensor):
+        raise _fail(OP_PER_TOKEN_FP4, "x", f"must be a torch.Tensor, got {type(x).__name__}")
+    if out is None and out_scales is None:
+        return PER_TOKEN_FP4.call(x, group, scale_layout, eps, kernel or "")
+    PER_TOKEN_FP4_OUT.call(x, out, out_scales, group, scale_layout, eps, kernel or "")
+    return out, out_scales
+
+
+# ------------------------------------------------------------------------------------------------
 # Grouped transposed
 
 
@@ -662,6 +803,7 @@ __all__ = [
     "grouped_tile_counter",
     "grouped_transposed_quant_fp8",
     "per_block_quant_fp8",
+    "per_token_quant_fp4",
     "per_token_quant_fp8",
     "quant_kernels",
 ]

@@ -48,8 +48,16 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     return False
 
 
-# Per architecture: kernels whose evidence is not the architecture's, and what it is instead.
-EXCEPTIONS: dict[Arch, tuple[Callable[[Schedule], bool], str]] = {Arch.SM90A: (_sm90a_ran_on_h100_only, RAN_ON_H100)}
+def _sm90a_not_run(s: Schedule) -> bool:
+    """The sm_90a kernels no GPU has run yet: the FP4 per-token quantizers (NOTES N91)."""
+    return s.op == Op.PER_TOKEN_QUANT_FP4
+
+
+# Per architecture: kernels whose evidence is not the architecture's, and what it is instead (the
+# first that applies).
+EXCEPTIONS: dict[Arch, tuple[tuple[Callable[[Schedule], bool], str], ...]] = {
+    Arch.SM90A: ((_sm90a_not_run, COMPILED_ONLY), (_sm90a_ran_on_h100_only, RAN_ON_H100)),
+}
 
 
 def arch_evidence(arch: Arch) -> str:
@@ -60,7 +68,7 @@ def arch_evidence(arch: Arch) -> str:
 def hardware_evidence(s: Schedule) -> str:
     """What has been done with this schedule's kernels: its architecture's evidence, or an
     exception's (`EXCEPTIONS`)."""
-    exception = EXCEPTIONS.get(s.arch)
-    if exception is not None and exception[0](s):
-        return exception[1]
+    for applies, evidence in EXCEPTIONS.get(s.arch, ()):
+        if applies(s):
+            return evidence
     return arch_evidence(s.arch)

@@ -17,6 +17,7 @@ import math
 from typing import Callable, Iterable
 
 from .spec import (
+    FP4_QUANT_GROUP,
     PER_TOKEN_TILE_COLS,
     PER_TOKEN_WARP_COLS,
     QUANT_GROUP,
@@ -53,13 +54,15 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Arch.SM90A}),
     # The quantize templates use no tensor-core or Hopper-only instruction: sm_100a too.
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
+    # FP4 weights are for Blackwell's block-scaled GEMMs; any GPU may quantize them.
+    Op.PER_TOKEN_QUANT_FP4: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: frozenset({Arch.SM90A}),
 }
 
 # (a_dtype, b_dtype, c_dtype, acc_dtype) each op is written for, or a set of such tuples.
-# Quantize ops: a = b = the input dtype, c = e4m3 (the output), acc = f32 (the math).
-_QUANT_IN = lambda *dts: frozenset((d, d, DType.E4M3, DType.F32) for d in dts)  # noqa: E731
+# Quantize ops: a = b = the input dtype, c = the output (e4m3, or e2m1 for FP4), acc = f32 (the math).
+_QUANT_IN = lambda *dts, out=DType.E4M3: frozenset((d, d, out, DType.F32) for d in dts)  # noqa: E731
 OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, DType, DType, DType]]] = {
     # bf16 or fp32 D (DeepGEMM's bf16_gemm_nt takes both).
     Op.BF16_GEMM_NT: frozenset({(DType.BF16, DType.BF16, DType.BF16, DType.F32),
@@ -78,6 +81,7 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: (DType.BF16, DType.BF16, DType.F32, DType.F32),
     Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
+    Op.PER_TOKEN_QUANT_FP4: _QUANT_IN(DType.BF16, DType.F16, DType.F32, out=DType.E2M1),
     Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: _QUANT_IN(DType.BF16),
 }
@@ -99,6 +103,8 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
+    # FP4 scales are UE8M0, packed four per int32 (what the block-scaled GEMMs take for an FP4 B).
+    Op.PER_TOKEN_QUANT_FP4: frozenset({ScaleFormat.UE8M0}),
     Op.PER_BLOCK_QUANT_FP8: frozenset({ScaleFormat.F32}),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: frozenset({ScaleFormat.F32}),
 }
@@ -164,13 +170,22 @@ QUANT_TILES: dict[Op, tuple[int, int]] = {
     Op.PER_BLOCK_QUANT_FP8: (128, 128),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: (128, 64),
 }
+# The quantisation group along K (tile_k), elements.
+QUANT_GROUPS: dict[Op, int] = {
+    Op.PER_TOKEN_QUANT_FP8: QUANT_GROUP,
+    Op.PER_TOKEN_QUANT_FP4: FP4_QUANT_GROUP,
+    Op.PER_BLOCK_QUANT_FP8: QUANT_GROUP,
+    Op.GROUPED_TRANSPOSED_QUANT_FP8: QUANT_GROUP,
+}
 QUANT_WARPGROUPS: dict[Op, tuple[int, ...]] = {
     Op.PER_TOKEN_QUANT_FP8: (1, 2),
+    Op.PER_TOKEN_QUANT_FP4: (1, 2),
     Op.PER_BLOCK_QUANT_FP8: (1, 2),
     Op.GROUPED_TRANSPOSED_QUANT_FP8: (2,),
 }
 QUANT_STAGES: dict[Op, tuple[int, ...]] = {
     Op.PER_TOKEN_QUANT_FP8: (1, 2, 3, 4),  # tiles each thread loads before computing the first
+    Op.PER_TOKEN_QUANT_FP4: (1, 2, 3, 4),
     Op.PER_BLOCK_QUANT_FP8: (1,),  # the whole 128x128 block is held in registers
     Op.GROUPED_TRANSPOSED_QUANT_FP8: (2,),  # double-buffered shared-memory tile
 }
@@ -950,11 +965,13 @@ def quant_unused_fields_neutral(s: Schedule) -> str | None:
 
 
 @_rule(ops=_QUANT_OPS)
-def quant_group_128(s: Schedule) -> str | None:
-    """tile_k is the quantisation group, 128 elements (1x128 per token, 128x128 per block)."""
-    if s.tile_k == QUANT_GROUP:
+def quant_group(s: Schedule) -> str | None:
+    """tile_k is the op's quantisation group (`QUANT_GROUPS`): 128 elements (1x128 per token,
+    128x128 per block), FP4 32 (1x32 per token)."""
+    group = QUANT_GROUPS[s.op]
+    if s.tile_k == group:
         return None
-    return f"tile_k={s.tile_k}: the quantisation group is {QUANT_GROUP} elements, so tile_k must be {QUANT_GROUP}"
+    return f"tile_k={s.tile_k}: the quantisation group of op {s.op.value} is {group} elements, so tile_k must be {group}"
 
 
 @_rule(ops=_QUANT_OPS)
@@ -971,7 +988,7 @@ def quant_tile(s: Schedule) -> str | None:
     """The CTA tile is one the template supports: per-block 128x128, grouped transposed 128
     tokens x 64 hidden columns, per-token 512 or 1024 columns x (warps / (tile_n / 512)) rows
     (each warp covers 512 columns of one row)."""
-    if s.op == Op.PER_TOKEN_QUANT_FP8:
+    if s.op.quantizes_per_token:
         if s.tile_n not in PER_TOKEN_TILE_COLS:
             cols = " or ".join(map(str, PER_TOKEN_TILE_COLS))
             return f"tile_n={s.tile_n}: op {s.op.value} tiles {cols} columns"

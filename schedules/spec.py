@@ -45,6 +45,7 @@ class Op(str, enum.Enum):
     M_GROUPED_BF16_GEMM_NT_MASKED = "m_grouped_bf16_gemm_nt_masked"
     K_GROUPED_BF16_GEMM_TN_CONTIGUOUS = "k_grouped_bf16_gemm_tn_contiguous"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
+    PER_TOKEN_QUANT_FP4 = "per_token_quant_fp4"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
     GROUPED_TRANSPOSED_QUANT_FP8 = "grouped_transposed_quant_fp8"
 
@@ -61,6 +62,7 @@ class Op(str, enum.Enum):
             "m_grouped_bf16_gemm_nt_masked": "mgbf16gemmm",
             "k_grouped_bf16_gemm_tn_contiguous": "kgbf16wgrad",
             "per_token_quant_fp8": "ptquant",
+            "per_token_quant_fp4": "ptquant4",
             "per_block_quant_fp8": "pbquant",
             "grouped_transposed_quant_fp8": "gtquant",
         }[self.value]
@@ -108,6 +110,12 @@ class Op(str, enum.Enum):
     def is_quantize(self) -> bool:
         """A quantize op: no MMA, no producer warpgroup; see `QUANT_*` below for its field mapping."""
         return self.value in _QUANT_OPS
+
+    @property
+    def quantizes_per_token(self) -> bool:
+        """The per-token quantizers (FP8 1x128, FP4 1x32): one template, its group and output
+        type from the schedule."""
+        return self.value in ("per_token_quant_fp8", "per_token_quant_fp4")
 
 
 class DType(str, enum.Enum):
@@ -401,10 +409,11 @@ SM100_MAX_ACCUMULATOR_STAGES = 4
 # update warps load the accumulator from tensor memory in chunks of one sub-tile's columns.
 SM100_EPILOGUE_STAGES = 2
 SM100_EPILOGUE_COLUMNS = 32
-# Quantize ops: the group (1x128 per token, 128x128 per block) and the most groups the grouped
-# transposed kernel's shared-memory prefix sums hold.
-_QUANT_OPS = frozenset({"per_token_quant_fp8", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
+# Quantize ops: the group (1x128 per token, 128x128 per block; FP4 1x32, the block-scaled MMA's
+# scale vector) and the most groups the grouped transposed kernel's shared-memory prefix sums hold.
+_QUANT_OPS = frozenset({"per_token_quant_fp8", "per_token_quant_fp4", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
 QUANT_GROUP = 128
+FP4_QUANT_GROUP = 32
 QUANT_MAX_GROUPS = 1024
 # Columns of a per-token quantize tile one warp covers (16 elements per lane, 4 groups); a tile is
 # 1 or 2 of them wide.
@@ -592,7 +601,7 @@ class Schedule:
         """The (M, N) sub-tile one epilogue step moves through shared memory with one TMA store."""
         # 32 columns per step when they divide the tile, else 16 (tiles such as 112 or 144 wide);
         # fp32 outputs always take 16, the bytes of a 32-column bf16 sub-tile.
-        en = 32 if self.tile_n % 32 == 0 and self.c_dtype.bytes <= 2 else 16
+        en = 32 if self.tile_n % 32 == 0 and self.c_dtype.bits <= 16 else 16
         if self.arch == Arch.SM100A:
             # One thread per TMEM lane: the sub-tile spans all the CTA's rows.
             return (self.tile_m, min(self.tile_n, en))
@@ -684,9 +693,9 @@ class Schedule:
             return prefix + self.stages * self.stage_bytes
         if self.op == Op.PER_BLOCK_QUANT_FP8:
             return 2 * 4 * self.threads_per_cta // 32
-        if self.op == Op.PER_TOKEN_QUANT_FP8:
+        if self.op.quantizes_per_token:
             groups_per_word = 4 if self.scale == ScaleFormat.UE8M0 else 1
-            return 2 * 4 * self.stages * self.tile_m * (self.tile_n // QUANT_GROUP // groups_per_word)
+            return 2 * 4 * self.stages * self.tile_m * (self.tile_n // self.tile_k // groups_per_word)
         return 0
 
     @property

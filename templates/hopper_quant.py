@@ -1,4 +1,5 @@
-"""Hopper (sm_90a) FP8 quantize templates: per-token 1x128, per-block 128x128, grouped transposed.
+"""Hopper (sm_90a) quantize templates: FP8 per-token 1x128, per-block 128x128 and grouped transposed;
+FP4 per-token 1x32 (the per-token template with E2M1 codes and UE8M0 scales).
 
 Importing this module imports the CuTe DSL; only the generator does that.
 
@@ -14,6 +15,10 @@ Numerics (identical in the three kernels; the executable specification is
   saturating to +-448).
 * Non-finite group: the scale is the canonical NaN (0x7FC00000; UE8M0 byte 0xFF) and every real
   element's byte is 0x7F (e4m3 NaN). Padding bytes stay 0.
+* FP4 (`per_token_quant_fp4`, the executable specification `cutegen.runtime.mx_reference.quant_fp4_ref`):
+  1x32 groups, ``s = max(amax, eps) / 6`` rounded up to a power of two (UE8M0), each element the
+  E2M1 code of ``x * (1 / s)`` (`_e2m1_code`: nearest, ties to the even code, saturating), two
+  codes per byte, element 2i in the low nibble; a non-finite group's codes are all 7.
 
 Every kernel is persistent: the grid is ``min(tiles, max_active_clusters)`` CTAs (the runtime's
 occupancy query; clusters are 1x1, so that is the number of co-resident CTAs), and CTA ``b``
@@ -26,7 +31,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Boolean, Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
@@ -38,6 +43,7 @@ from cutegen.templates.gmem_vec import VEC_BYTES, vec16_at
 from cutegen.schedules.spec import (
     PER_TOKEN_WARP_COLS,
     QUANT_GROUP,
+    DType,
     QUANT_MAX_GROUPS,
     THREADS_PER_WARPGROUP,
     ScaleFormat,
@@ -45,6 +51,12 @@ from cutegen.schedules.spec import (
 )
 
 E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+# |y| of an FP4 E2M1 code's rounding boundaries, each with whether a value exactly on it takes the
+# lower (even) code: 0 | 0.5 | 1 | 1.5 | 2 | 3 | 4 | 6 (`mx_reference.float_to_e2m1`).
+E2M1_MIDPOINTS = ((0.25, True), (0.75, False), (1.25, True), (1.75, False), (2.5, True), (3.5, False), (5.0, True))
+E2M1_SIGN = 8
+E2M1_NAN_CODE = 7  # a non-finite group's codes (6.0; its NaN scale makes them NaN)
 # The grouped quantizer's prefix sums of group sizes stop here: past every token count T (T · H <
 # 2³¹ with H ≥ 8 keeps T < 2²⁸) and every block count S, and a sum of two stays below 2³¹.
 PREFIX_CAP = 1 << 29
@@ -80,10 +92,13 @@ def _abs_bits_max(acc: Int32, x: Float32) -> Int32:
 
 
 @cute.jit
-def _scale_from_amax(amax_bits: Int32, eps: Float32, ue8m0: cutlass.Constexpr[bool]) -> Float32:
-    """The group's scale: max(amax, eps)/448 (rounded up to 2^k for UE8M0), NaN if non-finite."""
+def _scale_from_amax(
+    amax_bits: Int32, eps: Float32, ue8m0: cutlass.Constexpr[bool], largest: cutlass.Constexpr[float] = E4M3_MAX
+) -> Float32:
+    """The group's scale: max(amax, eps)/largest (448, FP4's 6; rounded up to 2^k for UE8M0),
+    NaN if non-finite."""
     amax = amax_bits.bitcast(Float32)
-    s = cutlass.max(amax, eps) / Float32(E4M3_MAX)
+    s = cutlass.max(amax, eps) / Float32(largest)
     if cutlass.const_expr(ue8m0):
         bits = s.bitcast(Int32)
         s = ((bits + MANT_MASK) & EXP_MASK).bitcast(Float32)
@@ -110,6 +125,33 @@ def _max_u16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
 def _quantize_vec(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor):
     """out (e4m3 rmem, same size) <- satfinite RNE e4m3 of xf * inv."""
     out.store((xf * inv).to(cutlass.Float8E4M3FN))
+
+
+@cute.jit
+def _e2m1_code(y: Float32) -> Int32:
+    """The FP4 E2M1 code of y: the nearest of ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, a tie to the even
+    code, saturating at ±6, +0 for a zero result (as ``cvt.rn.satfinite.e2m1x2.f32``, written out
+    with comparisons so that the kernel runs on GPUs without that instruction too)."""
+    a = (y.bitcast(Int32) & ABS_MASK).bitcast(Float32)
+    code = Int32(0)
+    for midpoint, lower_is_even in E2M1_MIDPOINTS:
+        if cutlass.const_expr(lower_is_even):
+            code = code + (Int32(1) if a > Float32(midpoint) else Int32(0))
+        else:
+            code = code + (Int32(1) if a >= Float32(midpoint) else Int32(0))
+    negative = (y.bitcast(Int32) < 0) & (code != 0)
+    return code | (Int32(E2M1_SIGN) if negative else Int32(0))
+
+
+@cute.jit
+def _quantize_vec_e2m1(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor, poisoned: Boolean):
+    """out (uint8 rmem, half the size) <- the E2M1 codes of xf * inv, two per byte (element 2i in
+    the low nibble); every code 7 where the group is `poisoned` (non-finite)."""
+    for i in cutlass.range_constexpr(cute.size(out)):
+        lo = _e2m1_code(xf[2 * i] * inv)
+        hi = _e2m1_code(xf[2 * i + 1] * inv)
+        byte = lo | (hi << 4)
+        out[i] = cutlass.Uint8(Int32(E2M1_NAN_CODE | (E2M1_NAN_CODE << 4)) if poisoned else byte)
 
 
 @cute.jit
@@ -192,7 +234,10 @@ def _double_buffered_step(cur, nxt, r, c, parity, step_r, step_c, cols, rows, lo
 
 
 class PerTokenQuantKernel:
-    """Per-token (1x128 along K) FP8 quantize: x [M, K] -> q [M, K] e4m3 and one scale per group.
+    """Per-token (1x128 along K) FP8 quantize: x [M, K] -> q [M, K] e4m3 and one scale per group;
+    or (c_dtype e2m1, tile_k 32) FP4: x -> q [M, K/2] bytes of E2M1 code pairs and a packed UE8M0
+    scale per 1x32 group (a warp's 512 columns are then 16 groups of 4 lanes (8 for fp32), and
+    four packed scale words; a piece's V codes are V/2 bytes, one store).
 
     Threads: ``128 * math_warpgroups`` (256), no warp specialisation: every warp does the same
     work. Each warp covers 512 columns (4 groups) of one row of the CTA tile; the tile is
@@ -249,12 +294,18 @@ class PerTokenQuantKernel:
         self.piece_cols = WARP * self.vec  # columns of one warp-wide piece: 256 or 128
         self.pieces = PER_TOKEN_WARP_COLS // self.piece_cols  # pieces per thread and tile: 2 or 4
         self.elems = self.pieces * self.vec  # 16 per thread and tile
-        self.lanes_per_group = QUANT_GROUP // self.vec  # 16 or 32
-        self.groups_per_piece = self.piece_cols // QUANT_GROUP  # 2 or 1
-        self.groups_per_warp = PER_TOKEN_WARP_COLS // QUANT_GROUP  # 4: one packed UE8M0 word
-        self.groups_per_tile = self.cols // QUANT_GROUP  # 4 or 8
-        # Scale words a tile row writes: fp32 one per group; UE8M0 one per warp (4 groups).
-        self.words_per_row = self.chunks if self.ue8m0 else self.groups_per_tile
+        # FP8 1x128 groups of e4m3, or FP4 1x32 groups of e2m1 codes (two per byte).
+        self.fp4 = s.c_dtype == DType.E2M1
+        self.group = s.tile_k
+        self.largest = E2M1_MAX if self.fp4 else E4M3_MAX
+        self.lanes_per_group = self.group // self.vec  # FP8 16 or 32; FP4 4 or 8
+        self.groups_per_piece = self.piece_cols // self.group  # FP8 2 or 1; FP4 8 or 4
+        self.groups_per_warp = PER_TOKEN_WARP_COLS // self.group  # FP8 4, FP4 16
+        self.groups_per_tile = self.cols // self.group
+        # UE8M0 words of a warp (4 groups each): FP8 one, FP4 four.
+        self.words_per_warp = self.groups_per_warp // 4
+        # Scale words a tile row writes: fp32 one per group; UE8M0 one per 4 groups.
+        self.words_per_row = self.chunks * self.words_per_warp if self.ue8m0 else self.groups_per_tile
         # 16-bit inputs double-buffer the batch in registers (fp32 inputs, twice the registers,
         # keep one buffer).
         self.double_buffer = s.a_dtype.bytes == 2
@@ -415,41 +466,55 @@ class PerTokenQuantKernel:
             scales = []
             for h in cutlass.range_constexpr(P):
                 amax = amaxes[h]
-                sc = _scale_from_amax(amax, eps, self.ue8m0)
+                sc = _scale_from_amax(amax, eps, self.ue8m0, self.largest)
                 scales.append(sc)
                 xp = cute.local_tile(frags[u], (V,), (h,)).load().to(Float32)
-                qp = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
-                _quantize_vec(xp, Float32(1.0) / sc, qp)
-                if amax >= INF_BITS:
-                    qw = cute.recast_tensor(qp, Int32)
-                    for w in cutlass.range_constexpr(V // 4):
-                        qw[w] = Int32(E4M3_NAN_WORD)
-                col = ct * self.cols + chunk * PER_TOKEN_WARP_COLS + h * self.piece_cols + lane * V
-                if (rt < row_tiles) & (r < m_rows) & (col < k_cols):
-                    dst = cute.local_tile(mQ, (1, V), (r, col // V))
-                    cute.autovec_copy(qp, dst[0, None])
+                if cutlass.const_expr(self.fp4):
+                    # V codes in V/2 bytes, at byte col/2 of the row.
+                    qp = cute.make_rmem_tensor((V // 2,), cutlass.Uint8)
+                    _quantize_vec_e2m1(xp, Float32(1.0) / sc, qp, amax >= INF_BITS)
+                    col = ct * self.cols + chunk * PER_TOKEN_WARP_COLS + h * self.piece_cols + lane * V
+                    if (rt < row_tiles) & (r < m_rows) & (col < k_cols):
+                        dst = cute.local_tile(mQ, (1, V // 2), (r, col // V))
+                        cute.autovec_copy(qp, dst[0, None])
+                else:
+                    qp = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
+                    _quantize_vec(xp, Float32(1.0) / sc, qp)
+                    if amax >= INF_BITS:
+                        qw = cute.recast_tensor(qp, Int32)
+                        for w in cutlass.range_constexpr(V // 4):
+                            qw[w] = Int32(E4M3_NAN_WORD)
+                    col = ct * self.cols + chunk * PER_TOKEN_WARP_COLS + h * self.piece_cols + lane * V
+                    if (rt < row_tiles) & (r < m_rows) & (col < k_cols):
+                        dst = cute.local_tile(mQ, (1, V), (r, col // V))
+                        cute.autovec_copy(qp, dst[0, None])
             # The warp's scale words to shared memory first: the tile's words then leave in one
             # coalesced store per CTA (a warp alone would write scattered words).
             if cutlass.const_expr(self.ue8m0):
-                # Lane 0 gathers the warp's four group bytes (groups 4 wi .. 4 wi + 3 of the row,
-                # wi = ct * chunks + chunk) into one packed word.
-                word = Int32(0)
-                for jw in cutlass.range_constexpr(self.groups_per_warp):
-                    h = jw // self.groups_per_piece
-                    g = (ct * self.chunks + chunk) * self.groups_per_warp + jw
-                    byte = Int32(0)
-                    if (r < m_rows) & (g * QUANT_GROUP < k_cols):
-                        byte = _ue8m0_byte(scales[h])
-                    word = word | (cute.arch.shuffle_sync(byte, offset=(jw % self.groups_per_piece) * lpg) << (8 * jw))
-                if lane == 0:
-                    sS[chunk, row, u, parity] = word
+                # Lane 0 gathers each of the warp's packed words: four group bytes (groups
+                # 4 wi .. 4 wi + 3 of the row, wi = (ct * chunks + chunk) * words_per_warp + w).
+                for w in cutlass.range_constexpr(self.words_per_warp):
+                    word = Int32(0)
+                    for j in cutlass.range_constexpr(4):
+                        h = (4 * w + j) // self.groups_per_piece
+                        g = (ct * self.chunks + chunk) * self.groups_per_warp + 4 * w + j
+                        byte = Int32(0)
+                        if (r < m_rows) & (g * self.group < k_cols):
+                            byte = _ue8m0_byte(scales[h])
+                        lane_of_group = ((4 * w + j) % self.groups_per_piece) * lpg
+                        word = word | (cute.arch.shuffle_sync(byte, offset=lane_of_group) << (8 * j))
+                    if lane == 0:
+                        if cutlass.const_expr(self.words_per_warp == 1):
+                            sS[chunk, row, u, parity] = word
+                        else:
+                            sS[chunk * self.words_per_warp + w, row, u, parity] = word
             else:
                 # Group g = groups_per_tile ct + jg of piece h, jg = 4 chunk + gpp h + lane // lpg.
                 for h in cutlass.range_constexpr(P):
                     jg = chunk * self.groups_per_warp + h * self.groups_per_piece + lane // lpg
                     g = ct * self.groups_per_tile + jg
                     value = Float32(0.0)
-                    if (r < m_rows) & (g * QUANT_GROUP < k_cols):
+                    if (r < m_rows) & (g * self.group < k_cols):
                         value = scales[h]
                     if lane % lpg == 0:
                         sS[jg, row, u, parity] = value
@@ -1083,13 +1148,16 @@ class _MatrixQuantTemplate(_QuantTemplateBase):
 
     def requires(self) -> list[dict]:
         """Room in the scale matrix for every row's (or block row's) scales: the kernel writes
-        ⌈K/128⌉ (packed UE8M0: ⌈K/512⌉) columns of `scale_rows` rows."""
+        ⌈K/group⌉ (packed UE8M0: ⌈K/(4 group)⌉) columns of `scale_rows` rows; packed FP4 rows
+        are K/2 bytes."""
         sf = next(arg for arg in self.contract if arg.name == "sf")
         rows, cols = sf.shape
-        per_column = QUANT_GROUP * (4 if sf.dtype == "i32" else 1)
+        per_column = self.schedule.tile_k * (4 if sf.dtype == "i32" else 1)
+        packed = [requirement("KB", "==", "K // 2")] if self.schedule.c_dtype == DType.E2M1 else []
         return [
             requirement(rows, ">=", self.scale_rows),
             requirement(cols, ">=", f"ceil_div(K, {per_column})"),
+            *packed,
         ]
 
 

@@ -155,7 +155,7 @@ def test_manifests_carry_a_blackwell_launch(built):
     for m in cat.manifests():
         s = m.schedule
         assert m.arch == "sm_100a"
-        if m.op.endswith("_quant_fp8"):  # the quantizers: checked in test_quant_build.py
+        if "_quant_" in m.op:  # the quantizers: checked in test_quant_build.py
             continue
         assert m.block == (256, 1, 1)
         assert m.cluster == (s["cluster_m"], s["cluster_n"], 1)
@@ -351,7 +351,7 @@ def test_quantizers_for_blackwell_are_chosen_there(on_gpu):
 
     on_gpu(B200)
     for op, dtype, scale in (("per_token_quant_fp8", "bf16", "ue8m0"), ("per_token_quant_fp8", "f32", "fp32"),
-                             ("per_block_quant_fp8", "bf16", "fp32")):
+                             ("per_token_quant_fp4", "bf16", "ue8m0"), ("per_block_quant_fp8", "bf16", "fp32")):
         names = quant_ops.quant_kernels(op, dtype, scale, 0)
         assert names and all(n.startswith("cutegen_sm100a_") for n in names), (op, names)
     from cutegen.runtime.errors import ArtifactError

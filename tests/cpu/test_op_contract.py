@@ -74,6 +74,7 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "k_grouped_bf16_gemm_tn_contiguous": bf16_grouped_ops._K_GROUPED_OPERANDS,
         "grouped_transposed_quant_fp8": quant_ops._GROUPED_OPERANDS,
         "per_token_quant_fp8": quant_ops._PER_TOKEN_OPERANDS,
+        "per_token_quant_fp4": quant_ops._PER_TOKEN_OPERANDS,
         "per_block_quant_fp8": quant_ops._PER_BLOCK_OPERANDS,
         **fused_ops.OPERANDS,
         # The dense GEMMs with a fused bias and/or activation: the GEMM's operands, then the bias.

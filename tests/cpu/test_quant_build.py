@@ -1,4 +1,4 @@
-"""CPU tier: build the FP8 quantize kernels with the CuTe DSL and check what the build writes:
+"""CPU tier: build the FP8 and FP4 quantize kernels with the CuTe DSL and check what the build writes:
 manifest vs PTX, the instructions the numerics rely on, SASS without local memory, the C header,
 and the ABI self-check (the DSL host launch bytes equal the runtime's packing)."""
 
@@ -34,6 +34,7 @@ PER_TOKEN_WIDE = PER_TOKEN.replace("_8x512x128_", "_4x1024x128_")
 PER_TOKEN_STAGES = {"bf16": 1, "f16": 1, "f32": 1}
 PER_BLOCK = "cutegen_sm90a_pbquant_{dt}_e4m3_sff32_128x128x128_s1_wg2"
 GROUPED = "cutegen_sm90a_gtquant_bf16_e4m3_sff32_128x64x128_s2_wg2"
+PER_TOKEN_FP4 = "cutegen_sm90a_ptquant4_{dt}_e2m1_sfue8m0_8x512x32_s1_wg2"
 def sm100(name: str) -> str:
     """The same quantizer compiled for Blackwell (the Hopper templates, built for sm_100a)."""
     return name.replace("cutegen_sm90a_", "cutegen_sm100a_")
@@ -41,12 +42,12 @@ def sm100(name: str) -> str:
 
 # Registers the occupancy design assumes: per-token 4 CTAs of 256 threads per SM, grouped 3
 # (its .minnctapersm), per-block 2.
-MAX_REGISTERS = {"ptquant": 64, "gtquant": 85, "pbquant": 128}
-MIN_CTAS = {"ptquant": 4, "gtquant": 3, "pbquant": 2}
+MAX_REGISTERS = {"ptquant": 64, "ptquant4": 64, "gtquant": 85, "pbquant": 128}
+MIN_CTAS = {"ptquant": 4, "ptquant4": 4, "gtquant": 3, "pbquant": 2}
 
 
 def test_default_quant_schedules():
-    assert len(NAMES) == 16 + 9
+    assert len(NAMES) == 16 + 9 + 6
     for dt in ("bf16", "f16", "f32"):
         for sf in ("sff32", "sfue8m0"):
             assert PER_TOKEN.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]) in NAMES
@@ -54,6 +55,7 @@ def test_default_quant_schedules():
             assert sm100(PER_TOKEN).format(dt=dt, sf=sf, st=1) in NAMES
         assert PER_BLOCK.format(dt=dt) in NAMES
         assert sm100(PER_BLOCK).format(dt=dt) in NAMES
+        assert PER_TOKEN_FP4.format(dt=dt) in NAMES and sm100(PER_TOKEN_FP4).format(dt=dt) in NAMES
     assert GROUPED in NAMES
 
 
@@ -93,8 +95,14 @@ def test_manifest_matches_ptx_and_schedule(built, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_ptx_uses_the_specified_numerics(built, name):
     ptx = (built["out"] / name / "kernel.ptx").read_text()
-    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # RNE, saturating to +-448
-    assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx  # IEEE s = max(amax, eps)/448 and 1/s
+    if "_ptquant4_" in name:
+        # E2M1 codes by comparisons (no FP4 conversion instruction, so that any GPU runs them),
+        # packed two per byte: a lane's piece of 8 (16-bit inputs) or 4 (fp32) codes is one store.
+        assert "cvt.rn.satfinite.e4m3x2" not in ptx and "e2m1x2" not in ptx
+        assert re.search(r"st\.global[.\w]*\.(b32|u32)\b" if "_f32_" not in name else r"st\.global[.\w]*\.(b16|u16|v2\.b8)\s", ptx)
+    else:
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # RNE, saturating to +-448
+    assert "div.rn.f32" in ptx and "rcp.rn.f32" in ptx  # IEEE s = max(amax, eps)/448 (FP4: /6) and 1/s
     for approx in ("div.approx", "div.full", "rcp.approx", ".ftz"):
         assert approx not in ptx, approx
     # 128-bit loads: four 32-bit words, or (as NVVM writes some for sm_100a) two 64-bit ones.
@@ -187,6 +195,30 @@ def test_abi_per_token(case, compile_dir):
         "sf": OperandInfo(0x7F2000000000, sf_shape, sf_strides, "i32" if sf == "sfue8m0" else "f32"),
     }
     _probe(tile.format(dt=dt, sf=sf, st=PER_TOKEN_STAGES[dt]), operands, {"eps": 1e-4}, mac, compile_dir)
+
+
+FP4_CASES = [
+    # (dtype, M, K, row padding, scale layout, max active clusters, arch)
+    ("bf16", 37, 640 + 32, 16, "k-major", 500, "sm_90a"),
+    ("f32", 1, 32, 4, "mn-major", 3, "sm_90a"),
+    ("bf16", 1000, 7168, 0, "mn-major", 592, "sm_100a"),
+]
+
+
+@pytest.mark.parametrize("case", FP4_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-{c[4]}-{c[6]}")
+def test_abi_per_token_fp4(case, compile_dir):
+    dt, m, k, pad, layout, mac, arch = case
+    groups = -(-k // 32)
+    cols = -(-groups // 4)
+    ma = -(-m // 4) * 4
+    sf_shape, sf_strides = ((ma, cols), (1, ma)) if layout == "mn-major" else ((m, cols), (cols, 1))
+    operands = {
+        "x": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), dt),
+        "q": OperandInfo(0x7F1000000000, (m, k // 2), (k // 2 + 16, 1), "u8"),
+        "sf": OperandInfo(0x7F2000000000, sf_shape, sf_strides, "i32"),
+    }
+    name = PER_TOKEN_FP4.format(dt=dt)
+    _probe(name if arch == "sm_90a" else sm100(name), operands, {"eps": 1e-4}, mac, compile_dir)
 
 
 def test_abi_per_block(compile_dir):

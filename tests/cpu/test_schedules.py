@@ -157,7 +157,7 @@ def test_default_files_and_filters():
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
         Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT,
-        Op.PER_TOKEN_QUANT_FP8, Op.PER_BLOCK_QUANT_FP8,
+        Op.PER_TOKEN_QUANT_FP8, Op.PER_TOKEN_QUANT_FP4, Op.PER_BLOCK_QUANT_FP8,
     }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
     assert all(e.valid for e in entries)
@@ -290,7 +290,7 @@ CRAFTED.update({
         (qbad(cluster_m=2), "cluster_m"), (qbad(producer_regs=40), "producer_regs"),
         (qbad(b_dtype=DType.F16), "b_dtype"), (qbad(group_size=8), "group_size"),
     ],
-    "quant_group_128": [(qbad(tile_k=64), "tile_k")],
+    "quant_group": [(qbad(tile_k=64), "tile_k")],
     "quant_warpgroups": [(qbad(op=Op.GROUPED_TRANSPOSED_QUANT_FP8, tile_m=128, tile_n=64, math_warpgroups=1), "math_warpgroups")],
     "quant_tile": [(qbad(tile_m=16), "tile_m"), (qbad(tile_n=256), "tile_n"), (qbad(tile_n=1024), "tile_m"),
                    (qbad(tile_n=2048, tile_m=2), "tile_n"),

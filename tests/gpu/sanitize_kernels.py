@@ -260,6 +260,10 @@ def run_quant(name: str) -> None:
         fmt = "fp32" if schedule["scale"] == "f32" else schedule["scale"]
         for layout in ("k-major", "mn-major-tma-aligned"):
             quant_ops.per_token_quant_fp8(x, scale_format=fmt, scale_layout=layout, kernel=name)
+    elif op == "per_token_quant_fp4":
+        x = x[:, :1024 + 32]  # K: two 512-column tiles and a ragged one of a single group
+        for layout in ("k-major", "mn-major-tma-aligned"):
+            quant_ops.per_token_quant_fp4(x, scale_layout=layout, kernel=name)
     elif op == "per_block_quant_fp8":
         quant_ops.per_block_quant_fp8(x, kernel=name)
     else:
@@ -290,6 +294,7 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "m_grouped_bf16_gemm_nt_masked": run_bf16_masked,
     "k_grouped_bf16_gemm_tn_contiguous": run_bf16_k_grouped,
     "per_token_quant_fp8": run_quant,
+    "per_token_quant_fp4": run_quant,
     "per_block_quant_fp8": run_quant,
     "grouped_transposed_quant_fp8": run_quant,
 }
