@@ -107,6 +107,29 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True, every_kernel: bool
     rows: list[dict] = []
     t0 = time.perf_counter()
 
+    # ---- per-token FP4 1x32 (weights for the FP8 x FP4 GEMMs) ---------------------------------
+    from cutegen.runtime import mx_reference as mx
+
+    n, k = WEIGHT_SHAPE
+    w = _inputs(n, k, seed=4)
+    cols = ref.ceil_div(ref.ceil_div(k, 32), 4)
+    nbytes = n * k * 2 + n * k // 2 + n * cols * 4
+    case = f"w [{n}, {k}] bf16"
+    rows.append(_row("per_token_quant_fp4", case, "copy (same bytes)", _copy_us(nbytes, reps), nbytes))
+    layout = "mn-major-tma-aligned"
+    q, s = quant_ops.per_token_quant_fp4(w, scale_layout=layout)
+    us = _time(lambda: quant_ops.per_token_quant_fp4(w, scale_layout=layout, out=q, out_scales=s), reps)
+    name = quant_ops.choose_quant_kernel(quant_ops.OP_PER_TOKEN_FP4, "bf16", "ue8m0", w.device.index or 0)
+    rows.append(_row("per_token_quant_fp4", case, f"cutegen ({layout})", us, nbytes, kernel=name))
+    us, note = _try_time(lambda: mx.quant_fp4_ref(w, scale_layout=layout), max(3, reps // 4))
+    rows.append(_row("per_token_quant_fp4", case, "eager torch (reference)", us, nbytes, note))
+    compiled = torch.compile(mx.quant_fp4_ref)
+    us, note = _try_time(lambda: compiled(w, scale_layout=layout), reps)
+    rows.append(_row("per_token_quant_fp4", case, "torch.compile (reference)", us, nbytes, note))
+    _retime_copy(rows, "per_token_quant_fp4", reps)
+    del w, q, s
+    torch.cuda.empty_cache()
+
     # ---- per-token 1x128 ----------------------------------------------------------------------
     m, k = PER_TOKEN_SHAPE
     x = _inputs(m, k, seed=1)
@@ -182,29 +205,6 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True, every_kernel: bool
     us, note = _try_time(lambda: compiled(w), reps)
     rows.append(_row("per_block_quant_fp8", case, "torch.compile (reference)", us, nbytes, note))
     _retime_copy(rows, "per_block_quant_fp8", reps)
-    del w, q, s
-    torch.cuda.empty_cache()
-
-    # ---- per-token FP4 1x32 (weights for the FP8 x FP4 GEMMs) ---------------------------------
-    from cutegen.runtime import mx_reference as mx
-
-    n, k = WEIGHT_SHAPE
-    w = _inputs(n, k, seed=4)
-    cols = ref.ceil_div(ref.ceil_div(k, 32), 4)
-    nbytes = n * k * 2 + n * k // 2 + n * cols * 4
-    case = f"w [{n}, {k}] bf16"
-    rows.append(_row("per_token_quant_fp4", case, "copy (same bytes)", _copy_us(nbytes, reps), nbytes))
-    layout = "mn-major-tma-aligned"
-    q, s = quant_ops.per_token_quant_fp4(w, scale_layout=layout)
-    us = _time(lambda: quant_ops.per_token_quant_fp4(w, scale_layout=layout, out=q, out_scales=s), reps)
-    name = quant_ops.choose_quant_kernel(quant_ops.OP_PER_TOKEN_FP4, "bf16", "ue8m0", w.device.index or 0)
-    rows.append(_row("per_token_quant_fp4", case, f"cutegen ({layout})", us, nbytes, kernel=name))
-    us, note = _try_time(lambda: mx.quant_fp4_ref(w, scale_layout=layout), max(3, reps // 4))
-    rows.append(_row("per_token_quant_fp4", case, "eager torch (reference)", us, nbytes, note))
-    compiled = torch.compile(mx.quant_fp4_ref)
-    us, note = _try_time(lambda: compiled(w, scale_layout=layout), reps)
-    rows.append(_row("per_token_quant_fp4", case, "torch.compile (reference)", us, nbytes, note))
-    _retime_copy(rows, "per_token_quant_fp4", reps)
     del w, q, s
     torch.cuda.empty_cache()
 

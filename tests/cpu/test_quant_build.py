@@ -397,3 +397,13 @@ def test_quant_kernels_listed_and_chosen_on_a_hopper(built, monkeypatch):
         )
     finally:
         ops.set_build_dir(None)
+
+
+def test_fp4_code_table_is_the_reference_rounding():
+    """The kernel's E2M1 rounding boundaries, largest value and poisoned code are the reference's
+    (`mx_reference.float_to_e2m1`, `quant_fp4_ref`)."""
+    from cutegen.runtime import mx_reference as mx
+    from cutegen.templates import hopper_quant as hq
+
+    assert hq.E2M1_MIDPOINTS == mx.E2M1_MIDPOINTS
+    assert hq.E2M1_MAX == mx.E2M1_MAX and hq.E2M1_NAN_CODE == mx.E2M1_MAX_CODE
