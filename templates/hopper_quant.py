@@ -456,7 +456,7 @@ class PerTokenQuantKernel:
         lpg = self.lanes_per_group
         row, chunk, lane = spot
         m_rows = mQ.shape[0]
-        k_cols = mQ.shape[1]
+        k_cols = mQ.shape[1] * 2 if cutlass.const_expr(self.fp4) else mQ.shape[1]  # FP4: K/2 bytes a row
         s_rows = mS.shape[0]
         s_cols = mS.shape[1]
         cursors = _batch_cursors(rt, ct, self.stages, step_r, step_c, col_tiles)
