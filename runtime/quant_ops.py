@@ -254,16 +254,22 @@ def _per_token_meta(x: Any, group: Any, scale_format: Any, scale_layout: Any, ep
     g = ceil_div(k, GROUP)
     cols = g if scale_format == "fp32" else ceil_div(g, 4)
     _check_out(op, out, out_scales, x.device, (m, k))
-    if out_scales is not None:
-        want = torch.float32 if scale_format == "fp32" else torch.int32
-        _check_tensor(op, "out_scales", out_scales, x.device, (want,), 2)
-        if tuple(out_scales.shape) != (m, cols):
-            raise _fail(op, "out_scales", f"must have shape [{m}, {cols}], got {list(out_scales.shape)}")
-        if scale_layout == "mn-major-tma-aligned":
-            ma = align(m, TMA_ALIGN_ROWS)
-            if not ((m <= 1 or out_scales.stride(0) == 1) and (cols <= 1 or out_scales.stride(1) == ma)):
-                raise _fail(op, "out_scales", f"must have strides (1, {ma}) (mn-major-tma-aligned), got {list(out_scales.stride())}")
+    _check_per_token_scales(op, out_scales, x.device, m, cols, torch.float32 if scale_format == "fp32" else torch.int32,
+                            scale_layout)
     return m, k, cols, eps
+
+
+def _check_per_token_scales(op: str, out_scales: Any, device: Any, m: int, cols: int, dtype: torch.dtype, layout: str) -> None:
+    """A per-token quantizer's ``out_scales`` (when given): ``dtype`` [m, cols] in ``layout``."""
+    if out_scales is None:
+        return
+    _check_tensor(op, "out_scales", out_scales, device, (dtype,), 2)
+    if tuple(out_scales.shape) != (m, cols):
+        raise _fail(op, "out_scales", f"must have shape [{m}, {cols}], got {list(out_scales.shape)}")
+    if layout == "mn-major-tma-aligned":
+        ma = align(m, TMA_ALIGN_ROWS)
+        if not ((m <= 1 or out_scales.stride(0) == 1) and (cols <= 1 or out_scales.stride(1) == ma)):
+            raise _fail(op, "out_scales", f"must have strides (1, {ma}) (mn-major-tma-aligned), got {list(out_scales.stride())}")
 
 
 def _new_scales(x: torch.Tensor, m: int, cols: int, dtype: torch.dtype, layout: str) -> torch.Tensor:
@@ -303,20 +309,21 @@ def _launch(
 # Per-token
 
 
-def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel) -> Launched | None:
-    """Launch; returns what `_per_token_calls` remembers of it, None if nothing ran."""
+def _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel, op: str = OP_PER_TOKEN) -> Launched | None:
+    """Launch a per-token quantizer (FP8, or ``op`` FP4); returns what its `CallCache` remembers
+    of it, None if nothing ran."""
     m, k = x.shape
     if m == 0:
         return None
     if k == 0:
         return None
     for arg, t in (("x", x), ("out", q)):
-        _check_ptr(OP_PER_TOKEN, arg, t)
-    _check_ptr(OP_PER_TOKEN, "out_scales", sf, 4)
+        _check_ptr(op, arg, t)
+    _check_ptr(op, "out_scales", sf, 4)
     cols = sf.shape[1]
-    sf_kernel = _scale_buffer_view(OP_PER_TOKEN, sf, m, cols, scale_layout)
+    sf_kernel = _scale_buffer_view(op, sf, m, cols, scale_layout)
     loaded, prepared = _launch(
-        OP_PER_TOKEN, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps, scale_layout
+        op, IN_DTYPES[x.dtype], scale_format, kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps, scale_layout
     )
     # The kernel's view of the scales starts at their address: a relaunch passes them as they are.
     return Launched(loaded, prepared, _PER_TOKEN_OPERANDS, extra=cols)
@@ -527,31 +534,8 @@ def _per_token_fp4_meta(x: Any, group: Any, scale_layout: Any, eps: Any, out: An
         raise _fail(op, "x", f"must have K a multiple of {FP4_K_MULTIPLE} (16-byte rows of packed FP4 q), got K = {k}")
     cols = ceil_div(ceil_div(k, FP4_GROUP), 4)
     _check_out(op, out, out_scales, x.device, (m, k // 2), FP4_OUT_DTYPES)
-    if out_scales is not None:
-        _check_tensor(op, "out_scales", out_scales, x.device, (torch.int32,), 2)
-        if tuple(out_scales.shape) != (m, cols):
-            raise _fail(op, "out_scales", f"must have shape [{m}, {cols}], got {list(out_scales.shape)}")
-        if scale_layout == "mn-major-tma-aligned":
-            ma = align(m, TMA_ALIGN_ROWS)
-            if not ((m <= 1 or out_scales.stride(0) == 1) and (cols <= 1 or out_scales.stride(1) == ma)):
-                raise _fail(op, "out_scales", f"must have strides (1, {ma}) (mn-major-tma-aligned), got {list(out_scales.stride())}")
+    _check_per_token_scales(op, out_scales, x.device, m, cols, torch.int32, scale_layout)
     return m, k, cols, eps
-
-
-def _per_token_fp4_run(x, scale_layout, eps, q, sf, kernel) -> Launched | None:
-    """Launch; returns what `_per_token_fp4_calls` remembers of it, None if nothing ran."""
-    m, k = x.shape
-    if m == 0 or k == 0:
-        return None
-    for arg, t in (("x", x), ("out", q)):
-        _check_ptr(OP_PER_TOKEN_FP4, arg, t)
-    _check_ptr(OP_PER_TOKEN_FP4, "out_scales", sf, 4)
-    cols = sf.shape[1]
-    sf_kernel = _scale_buffer_view(OP_PER_TOKEN_FP4, sf, m, cols, scale_layout)
-    loaded, prepared = _launch(
-        OP_PER_TOKEN_FP4, IN_DTYPES[x.dtype], "ue8m0", kernel, x, {"x": x, "q": q, "sf": sf_kernel}, eps
-    )
-    return Launched(loaded, prepared, _PER_TOKEN_OPERANDS, extra=cols)
 
 
 _per_token_fp4_calls = CallCache(OP_PER_TOKEN_FP4)
@@ -574,7 +558,7 @@ def _per_token_fp4_impl(
             return q, sf
     m, k, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, None, None)
     q, sf = _per_token_fp4_outputs(x, m, k, cols, scale_layout)
-    _per_token_fp4_calls.remember(key, _per_token_fp4_run(x, scale_layout, eps, q, sf, kernel_name))
+    _per_token_fp4_calls.remember(key, _per_token_run(x, "ue8m0", scale_layout, eps, q, sf, kernel_name, OP_PER_TOKEN_FP4))
     return q, sf
 
 
@@ -601,7 +585,7 @@ def _per_token_fp4_out_impl(
     m, _, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, out, out_scales)
     sf_kernel = _scale_buffer_view(OP_PER_TOKEN_FP4, out_scales, m, cols, scale_layout)  # padding rows included
     check_disjoint(OP_PER_TOKEN_FP4, {"out": out, "out_scales": (out_scales, span_of(sf_kernel))}, {"x": x})
-    ran = _per_token_fp4_run(x, scale_layout, eps, out, out_scales, kernel_name)
+    ran = _per_token_run(x, "ue8m0", scale_layout, eps, out, out_scales, kernel_name, OP_PER_TOKEN_FP4)
     _per_token_fp4_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
 
 

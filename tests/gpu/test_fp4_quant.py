@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from cutegen.runtime import mx_reference as mx  # noqa: E402
 from cutegen.runtime import quant_reference as ref  # noqa: E402
 from cutegen.runtime.errors import InputError  # noqa: E402
+from quant_checks import assert_same_bytes, data  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -34,14 +35,6 @@ def qops(ops, device_info):
     return quant_ops
 
 
-def data(m: int, k: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
-    """Normal values times magnitudes 1e-6 .. 1e4 (per element), on the GPU."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, device="cuda", generator=g)
-    mag = torch.pow(10.0, torch.randint(-6, 5, (m, k), device="cuda", generator=g).float())
-    return (x * mag).to(dtype)
-
-
 def poisoned_outputs(m: int, k: int, layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scales in `layout`, the scales' whole buffer), every byte 0xFF."""
     q = torch.full((m, k // 2), 0xFF, dtype=torch.uint8, device="cuda")
@@ -52,17 +45,6 @@ def poisoned_outputs(m: int, k: int, layout: str) -> tuple[torch.Tensor, torch.T
         return q, buf.as_strided((m, cols), (1, ma)), buf
     buf = torch.full((m, cols), -1, dtype=torch.int32, device="cuda")
     return q, buf, buf
-
-
-def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    g = got.contiguous().view(-1).view(torch.uint8)
-    w = want.contiguous().view(-1).view(torch.uint8)
-    diff = (g != w).nonzero().reshape(-1)
-    assert diff.numel() == 0, (
-        f"{what}: {diff.numel()} bytes differ, first at byte {int(diff[0])} of the row-major "
-        f"view: got 0x{int(g[diff[0]]):02x}, want 0x{int(w[diff[0]]):02x}"
-    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

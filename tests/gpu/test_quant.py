@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from cutegen.runtime import quant_reference as ref  # noqa: E402
 from cutegen.runtime.errors import InputError  # noqa: E402
+from quant_checks import assert_same_bytes, data  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -40,14 +41,6 @@ def qops(ops, device_info):
     return quant_ops
 
 
-def data(m: int, k: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
-    """Normal values times magnitudes 1e-6 .. 1e4 (per element), on the GPU."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(m, k, device="cuda", generator=g)
-    mag = torch.pow(10.0, torch.randint(-6, 5, (m, k), device="cuda", generator=g).float())
-    return (x * mag).to(dtype)
-
-
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     """An output like `t` with every byte 0xFF (e4m3 -NaN / an fp32 NaN no quantizer writes)."""
     out = torch.empty_like(t)
@@ -66,17 +59,6 @@ def poisoned_scales(m: int, cols: int, dtype: torch.dtype, layout: str) -> tuple
         return buf.as_strided((m, cols), (1, ma)), buf
     buf = torch.full((m, cols), -1, dtype=torch.int32, device="cuda").view(dtype)
     return buf, buf
-
-
-def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    g = torch.empty(got.shape, dtype=got.dtype, device=got.device).copy_(got).view(-1).view(torch.uint8)
-    w = torch.empty(want.shape, dtype=want.dtype, device=want.device).copy_(want).view(-1).view(torch.uint8)
-    diff = (g != w).nonzero().reshape(-1)
-    assert diff.numel() == 0, (
-        f"{what}: {diff.numel()} bytes differ, first at byte {int(diff[0])} of the row-major "
-        f"view: got 0x{int(g[diff[0]]):02x}, want 0x{int(w[diff[0]]):02x}"
-    )
 
 
 # ------------------------------------------------------------------------------------------------
