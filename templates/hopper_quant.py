@@ -43,9 +43,9 @@ from cutegen.templates.gmem_vec import VEC_BYTES, vec16_at
 from cutegen.schedules.spec import (
     PER_TOKEN_WARP_COLS,
     QUANT_GROUP,
-    DType,
     QUANT_MAX_GROUPS,
     THREADS_PER_WARPGROUP,
+    DType,
     ScaleFormat,
     Schedule,
 )
