@@ -112,7 +112,7 @@ def bench_quant(reps: int = 20, compile_grouped: bool = True, every_kernel: bool
 
     n, k = WEIGHT_SHAPE
     w = _inputs(n, k, seed=4)
-    cols = ref.ceil_div(ref.ceil_div(k, 32), 4)
+    cols = ref.ceil_div(ref.ceil_div(k, quant_ops.FP4_GROUP), 4)
     nbytes = n * k * 2 + n * k // 2 + n * cols * 4
     case = f"w [{n}, {k}] bf16"
     rows.append(_row("per_token_quant_fp4", case, "copy (same bytes)", _copy_us(nbytes, reps), nbytes))

@@ -32,8 +32,8 @@ Numerics, the NaN/Inf policy, padding and the scale layouts are those of
     (`grouped_tile_counter`), so calls on different streams may overlap.
 
 ``out`` / ``out_scales`` (optional, both or neither) receive the result in place: ``out`` e4m3
-(FP4: uint8) with the output's shape, ``stride(-1) == 1`` and 16-byte aligned rows; ``out_scales`` the scale
-tensor of the requested layout (for ``mn-major-tma-aligned``, strides (1, align(M, 4)) over a
+(FP4: uint8) with the output's shape, ``stride(-1) == 1`` and 16-byte aligned rows;
+``out_scales`` the scale tensor of the requested layout (for ``mn-major-tma-aligned``, strides (1, align(M, 4)) over a
 buffer holding all align(M, 4) rows: the kernel writes the padding rows with 0).
 
 Every entry point validates its inputs and raises `InputError` naming the argument before
@@ -358,12 +358,14 @@ def _per_token_impl(
 def _per_token_fake(x, group=GROUP, scale_format="fp32", scale_layout="k-major", eps=DEFAULT_EPS, kernel_name=""):
     m, k, cols, _ = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
     q = x.new_empty((m, k), dtype=torch.float8_e4m3fn)
-    dtype = torch.float32 if scale_format == "fp32" else torch.int32
-    if scale_layout == "mn-major-tma-aligned":
-        sf = x.new_empty_strided((m, cols), (1, align(m, TMA_ALIGN_ROWS)), dtype=dtype)
-    else:
-        sf = x.new_empty((m, cols), dtype=dtype)
-    return q, sf
+    return q, _fake_scales(x, m, cols, torch.float32 if scale_format == "fp32" else torch.int32, scale_layout)
+
+
+def _fake_scales(x: torch.Tensor, m: int, cols: int, dtype: torch.dtype, layout: str) -> torch.Tensor:
+    """A per-token quantizer's scales as `_new_scales` lays them out, for fake tensors."""
+    if layout == "mn-major-tma-aligned":
+        return x.new_empty_strided((m, cols), (1, align(m, TMA_ALIGN_ROWS)), dtype=dtype)
+    return x.new_empty((m, cols), dtype=dtype)
 
 
 def _per_token_out_impl(
@@ -380,10 +382,17 @@ def _per_token_out_impl(
         if call.relaunch((x, out, out_scales), current_stream(x)):
             return
     m, _, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, out, out_scales)
-    sf_kernel = _scale_buffer_view(OP_PER_TOKEN, out_scales, m, cols, scale_layout)  # padding rows included
-    check_disjoint(OP_PER_TOKEN, {"out": out, "out_scales": (out_scales, span_of(sf_kernel))}, {"x": x})
-    ran = _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name)
-    _per_token_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
+    _per_token_out_run(OP_PER_TOKEN, _per_token_calls, key, x, out, out_scales, scale_format, scale_layout, eps, cols,
+                       kernel_name)
+
+
+def _per_token_out_run(op, calls, key, x, out, out_scales, scale_format, scale_layout, eps, cols, kernel_name) -> None:
+    """A checked in-place per-token call (FP8 or FP4) launched and remembered in ``calls``: the
+    outputs share no memory with x, the scales' padding rows included."""
+    sf_kernel = _scale_buffer_view(op, out_scales, x.shape[0], cols, scale_layout)
+    check_disjoint(op, {"out": out, "out_scales": (out_scales, span_of(sf_kernel))}, {"x": x})
+    ran = _per_token_run(x, scale_format, scale_layout, eps, out, out_scales, kernel_name, op)
+    calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
 
 
 def _per_token_out_fake(
@@ -564,10 +573,7 @@ def _per_token_fp4_impl(
 
 def _per_token_fp4_fake(x, group=FP4_GROUP, scale_layout="k-major", eps=DEFAULT_EPS, kernel_name=""):
     m, k, cols, _ = _per_token_fp4_meta(x, group, scale_layout, eps, None, None)
-    q = x.new_empty((m, k // 2), dtype=torch.uint8)
-    if scale_layout == "mn-major-tma-aligned":
-        return q, x.new_empty_strided((m, cols), (1, align(m, TMA_ALIGN_ROWS)), dtype=torch.int32)
-    return q, x.new_empty((m, cols), dtype=torch.int32)
+    return x.new_empty((m, k // 2), dtype=torch.uint8), _fake_scales(x, m, cols, torch.int32, scale_layout)
 
 
 def _per_token_fp4_out_impl(
@@ -582,11 +588,9 @@ def _per_token_fp4_out_impl(
             _scale_buffer_view(OP_PER_TOKEN_FP4, out_scales, m, call.extra, scale_layout)
         if call.relaunch((x, out, out_scales), current_stream(x)):
             return
-    m, _, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, out, out_scales)
-    sf_kernel = _scale_buffer_view(OP_PER_TOKEN_FP4, out_scales, m, cols, scale_layout)  # padding rows included
-    check_disjoint(OP_PER_TOKEN_FP4, {"out": out, "out_scales": (out_scales, span_of(sf_kernel))}, {"x": x})
-    ran = _per_token_run(x, "ue8m0", scale_layout, eps, out, out_scales, kernel_name, OP_PER_TOKEN_FP4)
-    _per_token_fp4_calls.remember(key, ran and ran._replace(outputs={"q": "out", "sf": "out_scales"}), (x, out, sf_kernel))
+    _, _, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, out, out_scales)
+    _per_token_out_run(OP_PER_TOKEN_FP4, _per_token_fp4_calls, key, x, out, out_scales, "ue8m0", scale_layout, eps, cols,
+                       kernel_name)
 
 
 def _per_token_fp4_out_fake(x, out, out_scales, group=FP4_GROUP, scale_layout="k-major", eps=DEFAULT_EPS, kernel_name="") -> None:

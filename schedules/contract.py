@@ -149,8 +149,9 @@ MANIFEST_FIRST = ("a", "b")
 
 def _quantizer_contract(s: Schedule) -> list[Arg]:
     """The quantizers: an input matrix (x per token, w per block) to q (e4m3, or FP4 codes packed
-    two per byte) and a scale matrix whose strides are run-time values; the grouped transposed one from x [T, H] and device-side group
-    sizes to q of the S 128-token blocks and scales [S, H], with a tile counter it leaves zero."""
+    two per byte) and a scale matrix whose strides are run-time values; the grouped transposed one
+    from x [T, H] and device-side group sizes to q of the S 128-token blocks and scales [S, H], with
+    a tile counter it leaves zero."""
     eps = Arg("eps", "f32")
     if s.op == Op.GROUPED_TRANSPOSED_QUANT_FP8:
         return [
@@ -166,9 +167,9 @@ def _quantizer_contract(s: Schedule) -> list[Arg]:
     scale_shape = ("SM", "SG") if per_token else ("SN", "SK")
     # UE8M0 scales: four per int32, packed along the groups of a row.
     scale = "i32" if per_token and s.scale == ScaleFormat.UE8M0 else "f32"
-    # FP4: two e2m1 codes per byte, KB = K / 2 bytes a row (element 2i in the low nibble).
-    q = Arg("q", "u8", (rows, "KB"), 1, written=True) if s.op == Op.PER_TOKEN_QUANT_FP4 else Arg(
-        "q", "e4m3", (rows, "K"), 1, written=True)
+    q = Arg("q", "e4m3", (rows, "K"), 1, written=True)
+    if s.op == Op.PER_TOKEN_QUANT_FP4:  # two e2m1 codes per byte: KB = K / 2 bytes a row
+        q = Arg("q", "u8", (rows, "KB"), 1, written=True)
     return [
         Arg(name, s.a_dtype.value, (rows, "K"), 1),
         q,

@@ -413,7 +413,7 @@ SM100_EPILOGUE_COLUMNS = 32
 # scale vector) and the most groups the grouped transposed kernel's shared-memory prefix sums hold.
 _QUANT_OPS = frozenset({"per_token_quant_fp8", "per_token_quant_fp4", "per_block_quant_fp8", "grouped_transposed_quant_fp8"})
 QUANT_GROUP = 128
-FP4_QUANT_GROUP = 32
+FP4_QUANT_GROUP = MX_SCALE_VECTOR
 QUANT_MAX_GROUPS = 1024
 # Columns of a per-token quantize tile one warp covers (16 elements per lane, 4 groups); a tile is
 # 1 or 2 of them wide.
