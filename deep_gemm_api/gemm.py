@@ -15,6 +15,7 @@ matching `cutegen.runtime` op:
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
 | the M-grouped GEMMs with packed UE8M0 scales or FP4 experts (DeepGEMM's SM100 forms) | the same ops on the block-scaled kernels (Blackwell) |
 | `k_grouped_fp8_gemm_nt_contiguous` | `k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous` |
+| `k_grouped_fp8_gemm_tn_contiguous` (DeepGEMM's SM100 form: tokens first) | `k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous` (Blackwell) |
 | `bf16_gemm_nt`, bf16 or fp32 D, D = C + A·Bᵀ with C optional | `ops.bf16_gemm_nt` |
 | `m_grouped_bf16_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`), `m_grouped_bf16_gemm_nt_masked`, `k_grouped_bf16_gemm_tn_contiguous` | `bf16_grouped_ops` (sm_90a) |
 
@@ -444,6 +445,47 @@ def k_grouped_fp8_gemm_nt_contiguous(
     )
 
 
+def k_grouped_fp8_gemm_tn_contiguous(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    ks_cpu: Sequence[int] | None,
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None = None,
+    recipe: tuple[int, int, int] = (1, 1, 128),
+    compiled_dims: str = "mn",
+    use_psum_layout: bool = False,
+) -> None:
+    """MoE weight gradient, DeepGEMM's SM100 form: D[g] (fp32 [M, N]) = C[g] + A_gᵀ @ B_g over
+    group g's k_g tokens, on Blackwell's block-scaled MMA.
+
+    ``a`` = (e4m3 [Σk, M] row-major, the groups' tokens back to back; fp32 [Σk/128, M], powers of
+    two), ``b`` likewise with N; ``ks_cpu`` the host list of k_g, each a multiple of 128;
+    ``grouped_layout`` the same sizes, int32 [G] on the GPU (what the kernel reads). Its kernels
+    are built for sm_100a only: elsewhere the call fails naming the architecture.
+    """
+    function = "k_grouped_fp8_gemm_tn_contiguous"
+    qa, sfa = operand_pair(function, "a", a)
+    qb, sfb = operand_pair(function, "b", b)
+    if resolve(function, recipe, None, None) is not Recipe.PER_ROW_1D1D:
+        raise unsupported(function, f"recipe {tuple(recipe)} (the k-grouped GEMM is the 1D1D kernel, recipe (1, 1, 128))")
+    g, m, n, ks = _k_grouped_problem(function, d, c, ks_cpu, grouped_layout, use_psum_layout)
+    sum_k = sum(ks)
+    for arg, data, sf, rows in (("a", qa, sfa, m), ("b", qb, sfb, n)):
+        if data.dim() != 2 or tuple(data.shape) != (sum_k, rows):
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' data must be [Σk, {rows}] = [{sum_k}, {rows}], "
+                             f"got {list(data.shape)}")
+        if tuple(sf.shape) != (sum_k // SCALE_BLOCK, rows):
+            raise ValueError(f"deep_gemm.{function}: argument '{arg}' scales must be [Σk/128, {rows}] = "
+                             f"[{sum_k // SCALE_BLOCK}, {rows}], got {list(sf.shape)}")
+    if _nothing_to_launch(d, c, m, n, sum_k):
+        return
+    k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous(
+        _contiguous(qa), _contiguous(sfa), _contiguous(qb), _contiguous(sfb), d, grouped_layout, c,
+        expected_k=max(SCALE_BLOCK, sum_k // g),
+    )
+
+
 def _bf16_operands(function: str, a: Any, b: Any) -> tuple[int, int, int]:
     for arg, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
@@ -608,7 +650,7 @@ __all__ = [
     "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
     "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked",
-    "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
+    "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",

@@ -6,7 +6,6 @@ from typing import Callable
 
 # name -> what it is, as the error says it.
 MISSING = {
-    "k_grouped_fp8_gemm_tn_contiguous": "the SM100 k-grouped FP8 GEMM (MN-major operands)",
     "fp8_gemm_nt_skip_head_mid": "the skip-head-mid FP8 GEMM",
     "einsum": "einsum",
     "fp8_einsum": "FP8 einsum",

@@ -12,7 +12,8 @@ attribute:
   ``k_grouped_bf16_gemm_tn_contiguous`` (their weight gradient), `cutegen.runtime.bf16_grouped_ops`;
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
 * ``fp8_wgrad_gemm_nt`` (dense weight gradient, `fp8_ops`) and
-  ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient, `cutegen.runtime.k_grouped_ops`);
+  ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient) and its tokens-first Blackwell form
+  ``k_grouped_fp8_gemm_tn_contiguous``, `cutegen.runtime.k_grouped_ops`;
 * ``fp8_gemm_nt_swiglu_quant``, ``m_grouped_fp8_gemm_nt_contiguous_swiglu_quant``,
   ``m_grouped_fp8_gemm_nt_masked_swiglu_quant`` (the MoE up-projection with SwiGLU and FP8
   quantize fused) and ``interleave_gate_up`` (the weights' arrangement they read),
@@ -54,6 +55,7 @@ _LAZY = {
     "fp8_gemm_nt": "fp8_ops",
     "fp8_wgrad_gemm_nt": "fp8_ops",
     "k_grouped_fp8_gemm_nt_contiguous": "k_grouped_ops",
+    "k_grouped_fp8_gemm_tn_contiguous": "k_grouped_ops",
     "m_grouped_fp8_gemm_nt_contiguous": "grouped_ops",
     "m_grouped_fp8_gemm_nt_masked": "grouped_ops",
     "m_indices_from_group_ends": "grouped_ops",

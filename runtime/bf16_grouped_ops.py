@@ -54,7 +54,10 @@ import torch
 
 from . import stream_scratch
 from .call_cache import CallCache, Launched
-from .checks import check_aligned, check_disjoint, check_extents, check_kernel_name, check_matrix, check_not_overlapping_itself
+from .checks import (
+    check_aligned, check_disjoint, check_expected_k, check_extents, check_kernel_name, check_matrix,
+    check_not_overlapping_itself,
+)
 from .errors import InputError, KernelLoadError
 from .grouped_ops import M_ALIGNMENT
 from .k_grouped_ops import check_sizes_and_output, descriptor_workspace, workspace_words
@@ -426,8 +429,7 @@ def k_grouped_bf16_gemm_tn_contiguous(
     """MoE weight gradient in BF16 over groups that split the tokens; D is updated in place and
     returned (see the module docstring)."""
     check_kernel_name(OP_K_GROUPED, kernel)
-    if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
-        raise _fail_k("expected_k", f"must be a non-negative int (a hint for the kernel choice) or None, got {expected_k!r}")
+    check_expected_k(OP_K_GROUPED, expected_k)
     K_GROUPED.call(a, b, d, group_sizes, c, expected_k or 0, kernel or "")
     return d
 

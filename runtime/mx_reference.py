@@ -237,6 +237,17 @@ def mx_grouped_scale_operands(sfa: torch.Tensor, sfb: torch.Tensor, k: int, sfb_
     return to_blocked(expand_scales(sfa_bytes, 128)), to_blocked(expand_scales(sfb_bytes, sfb_granularity))
 
 
+def k_grouped_scale_operand(sf: torch.Tensor) -> torch.Tensor:
+    """The k-grouped weight gradient's scales in DeepGEMM's SM100 tn form (fp32 [S, rows]: one
+    per 128-token block and row, powers of two as UE8M0 holds them) -> the block-scaled MMA's
+    blocked bytes of every row and 32-token vector (atoms by row block, then 128-token block).
+    Each scale's byte is its fp32 exponent field, which is its UE8M0 byte for every power of two
+    from 2^-127 to 2^127 and for NaN; read on the GPU without a check (that would synchronise):
+    any other value counts as the power of two at or below it."""
+    exponents = ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    return to_blocked(expand_scales(exponents.t(), 128))
+
+
 def mx_dequant(values: torch.Tensor, sf: torch.Tensor, vec: int = MX_VEC) -> torch.Tensor:
     """Elements [MN, K] (any float dtype, or E2M1 codes decoded first) times their UE8M0 scales
     [MN, ⌈K/vec⌉], in float64."""

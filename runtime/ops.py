@@ -24,7 +24,7 @@ from .fused_ops import (
     m_grouped_fp8_gemm_nt_masked_swiglu_quant,
 )
 from .grouped_ops import m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked
-from .k_grouped_ops import k_grouped_fp8_gemm_nt_contiguous
+from .k_grouped_ops import k_grouped_fp8_gemm_nt_contiguous, k_grouped_fp8_gemm_tn_contiguous
 from .kernel_choice import (
     catalogue,
     choose_kernel,
@@ -51,6 +51,7 @@ __all__ = [
     "interleave_gate_up",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous",
+    "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous",

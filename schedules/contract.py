@@ -73,6 +73,18 @@ def op_contract(schedule: Schedule) -> list[Arg]:
             Arg("group_sizes", "i32", ("G",), 0, 4, pointer=True),
             Arg("workspace", "i64", ("W",), 0, TENSORMAP_BYTES, pointer=True, written=True),
         ]
+    if op.is_k_grouped and s.mma_applies_scales:
+        return [
+            # Tokens first (DeepGEMM's SM100 tn): [Σk, M] and [Σk, N] row-major, taken as the
+            # MN-major [M, KT] and [N, KT] views; each group's rows start at a 128-token block.
+            Arg("a", a, ("M", "KT"), 0, exact_rows=True),
+            # The MMA's blocked UE8M0 scales of every row and 128-token block (`requires`).
+            Arg("sfa", "u8", ("SA",), 0, 16, pointer=True),
+            Arg("b", b, ("N", "KT"), 0, exact_rows=True),
+            Arg("sfb", "u8", ("SB",), 0, 16, pointer=True),
+            Arg("d", d, ("G", "M", "N"), 2, written=True),
+            Arg("group_sizes", "i32", ("G",), 0, 4, pointer=True),
+        ]
     if op.is_k_grouped:
         return [
             # The groups' A_g [M, k_g] and B_g [N, k_g] one after another: [M, KT] and [N, KT].

@@ -52,6 +52,7 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({Arch.SM90A}),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Arch.SM90A}),
+    Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: frozenset({Arch.SM100A}),
     # The quantize templates use no tensor-core or Hopper-only instruction: sm_100a too.
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
     # FP4 weights are for Blackwell's block-scaled GEMMs; any GPU may quantize them.
@@ -80,6 +81,7 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: (DType.BF16, DType.BF16, DType.F32, DType.F32),
+    Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
     Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.PER_TOKEN_QUANT_FP4: _QUANT_IN(DType.BF16, DType.F16, DType.F32, out=DType.E2M1),
     Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
@@ -101,6 +103,7 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({ScaleFormat.NONE}),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
+    Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: frozenset({ScaleFormat.MX}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
     # FP4 scales are UE8M0, packed four per int32 (what the block-scaled GEMMs take for an FP4 B).
@@ -867,22 +870,29 @@ def fused_epilogue_stores(s: Schedule) -> str | None:
             f"activation={s.activation.value} take {what} and layout=nt")
 
 
-# The layouts (`Layout`: which operands are MN-major) each op's Hopper kernels read, where not nt
-# alone: the dense BF16 GEMM every one, the contiguous M-grouped one MN-major experts too
-# (DeepGEMM's nn), the k-grouped one tokens first (tn) only.
-OP_LAYOUTS: dict[Op, frozenset[Layout]] = {
-    Op.BF16_GEMM_NT: frozenset(Layout),
-    Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Layout.NT, Layout.NN}),
-    Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Layout.TN}),
+# The layouts (`Layout`: which operands are MN-major) each op's kernels read, where not nt alone,
+# per architecture. Hopper: the dense BF16 GEMM every one, the contiguous M-grouped one MN-major
+# experts too (DeepGEMM's nn), the k-grouped one tokens first (tn) only. Blackwell: the FP8
+# k-grouped weight gradient tokens first (DeepGEMM's SM100 tn form), which the block-scaled
+# tcgen05 MMA reads MN-major.
+OP_LAYOUTS: dict[Arch, dict[Op, frozenset[Layout]]] = {
+    Arch.SM90A: {
+        Op.BF16_GEMM_NT: frozenset(Layout),
+        Op.M_GROUPED_BF16_GEMM_NT_CONTIGUOUS: frozenset({Layout.NT, Layout.NN}),
+        Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Layout.TN}),
+    },
+    Arch.SM100A: {
+        Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: frozenset({Layout.TN}),
+    },
 }
 
 
 @_rule()
 def mn_major_operands(s: Schedule) -> str | None:
-    """The layout (which of A and B is MN-major) is one the op reads (`OP_LAYOUTS`; nt for the
-    others and on sm_100a): the WGMMA reads MN-major operands of 16-bit types only, and the
-    Blackwell templates and the other ops read K-major operands."""
-    allowed = OP_LAYOUTS.get(s.op, frozenset({Layout.NT})) if s.arch == Arch.SM90A else frozenset({Layout.NT})
+    """The layout (which of A and B is MN-major) is one the op reads on its architecture
+    (`OP_LAYOUTS`; nt for the others): the WGMMA reads MN-major operands of 16-bit types only,
+    and the other ops read K-major operands."""
+    allowed = OP_LAYOUTS[s.arch].get(s.op, frozenset({Layout.NT}))
     if s.layout in allowed:
         return None
     return (f"layout={s.layout.value}: op {s.op.value} on {s.arch.value} reads layouts "

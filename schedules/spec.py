@@ -44,6 +44,7 @@ class Op(str, enum.Enum):
     M_GROUPED_BF16_GEMM_NT_CONTIGUOUS = "m_grouped_bf16_gemm_nt_contiguous"
     M_GROUPED_BF16_GEMM_NT_MASKED = "m_grouped_bf16_gemm_nt_masked"
     K_GROUPED_BF16_GEMM_TN_CONTIGUOUS = "k_grouped_bf16_gemm_tn_contiguous"
+    K_GROUPED_FP8_GEMM_TN_CONTIGUOUS = "k_grouped_fp8_gemm_tn_contiguous"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_TOKEN_QUANT_FP4 = "per_token_quant_fp4"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
@@ -61,6 +62,7 @@ class Op(str, enum.Enum):
             "m_grouped_bf16_gemm_nt_contiguous": "mgbf16gemmc",
             "m_grouped_bf16_gemm_nt_masked": "mgbf16gemmm",
             "k_grouped_bf16_gemm_tn_contiguous": "kgbf16wgrad",
+            "k_grouped_fp8_gemm_tn_contiguous": "kgfp8wgradtn",
             "per_token_quant_fp8": "ptquant",
             "per_token_quant_fp4": "ptquant4",
             "per_block_quant_fp8": "pbquant",
@@ -78,13 +80,15 @@ class Op(str, enum.Enum):
     @property
     def scales_b_per_row(self) -> bool:
         """The weight-gradient recipe: B scaled per 1x128 along K (per row), like A."""
-        return self.value in ("fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous")
+        return self.value in ("fp8_wgrad_gemm_nt", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous")
 
     @property
     def is_k_grouped(self) -> bool:
         """The MoE weight gradient: groups split K (tokens); A, B and their scales are stored one
         group after another, D carries a group mode."""
-        return self.value in ("k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous")
+        return self.value in (
+            "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_tn_contiguous"
+        )
 
     @property
     def accumulates(self) -> bool:

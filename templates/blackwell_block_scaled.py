@@ -23,6 +23,7 @@ from cutegen.schedules.spec import (
     MX_ATOM_TMEM_COLUMNS,
     MX_SCALE_VECTOR,
     SM100_TMEM_COLUMNS,
+    DType,
     Raster,
     Schedule,
 )
@@ -31,6 +32,7 @@ from cutegen.templates.gemm_contract import shape_binding, tma_binding, with_gro
 from cutegen.templates.gemm_entries import (
     Fp8GemmNtMxEntry,
     Fp8WgradMxEntry,
+    KGroupedTnMxEntry,
     MGroupedContiguousMxEntry,
     MGroupedMaskedMxEntry,
 )
@@ -42,17 +44,17 @@ from cutegen.templates.blackwell_common import (
     THREADS_PER_WARP,
     BlackwellRoles,
 )
+from cutegen.templates.hopper_k_grouped import KGroupedFamily
 from cutegen.templates.tile_order import TileOrder
 
 
-
-class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
+class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
     """Persistent warp-specialised block-scaled tcgen05 FP8 GEMM, one CTA per MMA (cluster 1x1).
 
     Operands: A [M, K] e4m3 and B [N, K] e4m3 or e2m1 (FP4, two per byte; the TMA unpacks each
     to a byte in shared memory, as `kind::mxf8f6f4` reads a narrower operand beside a wider one)
-    K-major through TMA; D [M, N] bf16 through TMA
-    stores; the scales as the MMA reads them, in the blocked layout
+    K-major through TMA (the k-grouped weight gradient: A [M, KT] and B [N, KT] MN-major, tokens
+    first); D [M, N] bf16 through TMA stores (the weight gradients: fp32, reduce-added); the scales as the MMA reads them, in the blocked layout
     (`cutegen.runtime.mx_reference.to_blocked`): SFA [⌈M/128⌉ · ⌈K/128⌉ · 512] and SFB
     [⌈N/128⌉ · ⌈K/128⌉ · 512] bytes of UE8M0, one 512-byte atom per 128 rows and K tile.
 
@@ -96,8 +98,14 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         self.m_grouped = s.op.is_m_grouped
         self.masked = s.op.is_masked
         self.contiguous = self.m_grouped and not self.masked
-        # The weight gradient: D (fp32) += the tile, by a TMA reduce-add.
+        # The weight gradients: D (fp32) += the tile, by a TMA reduce-add.
         self.wgrad = s.op.scales_b_per_row
+        # The k-grouped one: the tiles of every group with tokens, each over its group's 128-token
+        # blocks (group sizes read on the GPU); D carries a group mode.
+        self.k_grouped = s.op.is_k_grouped
+        self.d_grouped = self.masked or self.k_grouped
+        self.a_major = OperandMajorMode.MN if s.layout.a_mn_major else OperandMajorMode.K
+        self.b_major = OperandMajorMode.MN if s.layout.b_mn_major else OperandMajorMode.K
         self.buffer_align_bytes = 1024
         # Scale atoms per stage (SFA's, SFB's) and the accumulator stages that fit beside their
         # tensor-memory columns.
@@ -108,7 +116,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
     def _make_tiled_mma(self):
         return sm100_utils.make_blockscaled_trivial_tiled_mma(
-            self.a_dtype, self.b_dtype, OperandMajorMode.K, OperandMajorMode.K, self.sf_dtype, MX_SCALE_VECTOR,
+            self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.sf_dtype, MX_SCALE_VECTOR,
             tcgen05.CtaGroup.ONE, self.mma_tiler[:2],
         )
 
@@ -122,20 +130,29 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         tm, tn, tk = self.tile_shape_mnk
         em, en = s.epi_tile
 
-        def tma(operand: str, dtype: str, box_rows: int, box_cols: int, grouped: bool) -> dict:
-            return with_group_mode(tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand]), grouped)
+        def tma(operand: str, dtype: str, box_rows: int, box_cols: int, grouped: bool, mn_major: bool = False) -> dict:
+            recipe = tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand])
+            if mn_major:
+                # Contiguous along the rows (M or N): TMA dimension 0, a box as wide as the
+                # swizzle atom, copied once per atom along the rows.
+                atom = {"128B": 128, "64B": 64, "32B": 32}.get(recipe["swizzle"], 16) // DType(dtype).bytes
+                recipe = dict(recipe, modes=[0, 1], box=[min(box_rows, atom), box_cols])
+            return with_group_mode(recipe, grouped)
 
+        k_extent = "KT" if self.k_grouped else "K"
         params = [
-            {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk, self.masked)},
-            {"name": "extents_a", **shape_binding("a", ["M", "K"], self.masked)},
-            {"name": "tma_b", **tma("b", s.b_dtype.value, tn, tk, self.m_grouped)},
-            {"name": "extents_b", **shape_binding("b", ["N", "K"], self.m_grouped)},
+            {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk, self.masked, s.layout.a_mn_major)},
+            {"name": "extents_a", **shape_binding("a", ["M", k_extent], self.masked)},
+            {"name": "tma_b", **tma("b", s.b_dtype.value, tn, tk, self.m_grouped, s.layout.b_mn_major)},
+            {"name": "extents_b", **shape_binding("b", ["N", k_extent], self.m_grouped)},
             {"name": "sfa", "kind": "pointer", "operand": "sfa"},
             {"name": "sfb", "kind": "pointer", "operand": "sfb"},
-            {"name": "tma_d", **tma("d", s.c_dtype.value, em, en, self.masked)},
-            {"name": "extents_d", **shape_binding("d", ["M", "N"], self.masked)},
+            {"name": "tma_d", **tma("d", s.c_dtype.value, em, en, self.d_grouped)},
+            {"name": "extents_d", **shape_binding("d", ["M", "N"], self.d_grouped)},
         ]
-        if self.masked:
+        if self.k_grouped:
+            params.append({"name": "group_sizes", "kind": "pointer", "operand": "group_sizes"})
+        elif self.masked:
             params.append({"name": "masked_m", "kind": "pointer", "operand": "masked_m"})
         elif self.contiguous:
             params += [
@@ -149,7 +166,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
     # ---- host side --------------------------------------------------------------------------
     @cute.jit
     def _launch(self, a, b, c, sfa_ptr, sfb_ptr, max_active_clusters, stream, m_indices=None, zero_padding=None,
-                masked_m=None, tail_split=None):
+                masked_m=None, tail_split=None, group_sizes=None):
         s = self.schedule
         tiled_mma = self._make_tiled_mma()
         cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
@@ -200,61 +217,74 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
-        persistent = self._persistent_clusters(c, self.masked, max_active_clusters)
-        if cutlass.const_expr(self.wgrad):
+        persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters)
+        if cutlass.const_expr(self.schedule.op.splits_last_wave):
             # The op's grid rule: with TAIL_SPLIT 1, every cluster the GPU holds; this kernel
             # splits no tile, so the clusters past the tiles exit at once.
             persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
         kernel_call = self.kernel(
             tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, sfa_ptr, sfb_ptr, tma_atom_c, tma_tensor_c,
-            m_indices, zero_padding, masked_m, tail_split,
+            m_indices, zero_padding, masked_m, tail_split, group_sizes,
             a_staged, b_staged, sfa_staged, sfb_staged, epi_staged, cluster_layout_vmnk,
         )
         self._launch_persistent(kernel_call, persistent, stream)
 
     # ---- device side ------------------------------------------------------------------------
     @cute.jit
-    def _group_views(self, mB, mC, m_indices_ptr, masked_m_ptr):
-        """The masked layout's masked_m [G] or the contiguous layout's m_indices [M] (None
-        otherwise), and the bounds metadata read on the GPU is taken into: (rows of A and D,
-        groups of B). Built inside each role."""
+    def _group_views(self, mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr):
+        """The masked layout's masked_m [G], the contiguous layout's m_indices [M] or the
+        k-grouped layout's group sizes [G] (None otherwise: one view, the others None), and the
+        bounds metadata read on the GPU is taken into: (rows of A and D, groups of B). Built
+        inside each role."""
         mIdx = None
         mMasked = None
+        mSizes = None
         if cutlass.const_expr(self.masked):
             mMasked = cute.make_tensor(masked_m_ptr, cute.make_layout(mB.shape[2]))
         elif cutlass.const_expr(self.contiguous):
             mIdx = cute.make_tensor(m_indices_ptr, cute.make_layout(mC.shape[0]))
-        return mIdx, mMasked, (mC.shape[0], mB.shape[2] if self.m_grouped else 1)
+        elif cutlass.const_expr(self.k_grouped):
+            mSizes = cute.make_tensor(group_sizes_ptr, cute.make_layout(mC.shape[2]))
+        return mIdx, mMasked, mSizes, (mC.shape[0], mB.shape[2] if self.m_grouped else 1)
 
     @cute.jit
-    def _tile_walk(self, gA, gC, mMasked, group_bounds):
-        """(K tiles per tile, tiles along M and N, tiles in all, this CTA's first tile, the
-        stride); the masked layout counts each group's tiles of its masked_m rows."""
+    def _tile_walk(self, gA, gC, mMasked, mSizes, group_bounds):
+        """(K tiles of A, tiles along M and N, tiles in all, this CTA's first tile, the stride);
+        the masked layout counts each group's tiles of its masked_m rows, the k-grouped one the
+        tiles of every group with tokens (`KGroupedFamily`; a K tile is a 128-token block)."""
         k_tiles = cute.size(gA, mode=[3])
         ct_m = cute.size(gC, mode=[2])
         ct_n = cute.size(gC, mode=[3])
         num_tiles = ct_m * ct_n
         if cutlass.const_expr(self.masked):
             num_tiles = self._masked_total(mMasked, group_bounds[0], ct_n)
+        elif cutlass.const_expr(self.k_grouped):
+            num_tiles = self._k_grouped_total(mSizes, ct_m * ct_n, k_tiles)
         _, _, first_tile = cute.arch.block_idx()
         _, _, tile_stride = cute.arch.grid_dim()
         return k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride
 
     @cute.jit
-    def _locate(self, t, ct_m, ct_n, mMasked, mIdx, group_bounds):
-        """Scheduled tile t → (group, tile m, tile n, whether it computes): a contiguous tile whose
-        first row names no group is padding (no loads, no MMA; its rows of D are zeros or left)."""
+    def _locate(self, t, ct_m, ct_n, k_tiles, mMasked, mIdx, mSizes, group_bounds):
+        """Scheduled tile t → (group, tile m, tile n, whether it computes, its first K tile, its K
+        tiles): a contiguous tile whose first row names no group is padding (no loads, no MMA;
+        its rows of D are zeros or left); a k-grouped tile runs over its group's blocks only."""
         max_m, num_groups = group_bounds
         group = cutlass.Int32(0)
+        first_k = cutlass.Int32(0)
+        tile_k_tiles = k_tiles
         if cutlass.const_expr(self.masked):
             group, tile_m, tile_n = self._masked_locate(t, mMasked, max_m, ct_n)
+        elif cutlass.const_expr(self.k_grouped):
+            group, local, first_k, tile_k_tiles = self._k_grouped_locate(t, mSizes, ct_m * ct_n, k_tiles)
+            tile_m, tile_n = self._cluster_tile_coord(local, ct_m, ct_n)
         else:
             tile_m, tile_n = self._cluster_tile_coord(t, ct_m, ct_n)
         computes = cutlass.Int32(1)
         if cutlass.const_expr(self.contiguous):
             group = self._tile_group(mIdx, tile_m, num_groups)
             computes = cutlass.Int32(1) if group >= 0 else cutlass.Int32(0)
-        return group, tile_m, tile_n, computes
+        return group, tile_m, tile_n, computes, first_k, tile_k_tiles
 
     @cute.jit
     def _scale_atom(self, ptr, row_block, k_tile, k_tiles):
@@ -279,6 +309,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         zero_padding,
         masked_m_ptr,
         tail_split,  # the weight gradient's: it sizes the grid only (see `_launch`)
+        group_sizes_ptr,
         a_staged: cute.ComposedLayout,
         b_staged: cute.ComposedLayout,
         sfa_staged: cute.Layout,
@@ -308,12 +339,13 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         sSFB = storage.sSFB.get_tensor(sfb_staged)
 
         # (rows, cols, tiles m, tiles k[, group]): A and D have a group mode in the masked layout,
-        # B in both grouped layouts.
+        # B in both M-grouped layouts, D alone in the k-grouped one.
         rest_a = (None, None, None) if self.masked else (None, None)
         rest_b = (None, None, None) if self.m_grouped else (None, None)
+        rest_c = (None, None, None) if self.d_grouped else (None, None)
         gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), rest_a)
         gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), rest_b)
-        gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), rest_a)
+        gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), rest_c)
         thr_mma = tiled_mma.get_slice(0)
         tCgA = thr_mma.partition_A(gA)
         tCgB = thr_mma.partition_B(gB)
@@ -341,8 +373,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
         # ---- loads ---------------------------------------------------------------------------
         if warp_idx == LOAD_WARP:
-            mIdx, mMasked, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr)
-            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
+            mIdx, mMasked, mSizes, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, mSizes, group_bounds)
             bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.sf_dtype, num_bits_per_copy=MX_ATOM_BYTES * 8)
             sfa_atoms = cute.make_tensor(sSFA.iterator, cute.make_layout((MX_ATOM_BYTES, s.stages)))
             sfb_atoms = cute.make_tensor(
@@ -351,11 +383,15 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             n_blocks = (mC.shape[1] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, s.stages)
             # A group's scale atoms come after the previous groups': the masked layout's SFA has
-            # ⌈max_m/128⌉ row blocks per group, SFB ⌈N/128⌉ per group in both grouped layouts.
+            # ⌈max_m/128⌉ row blocks per group, SFB ⌈N/128⌉ per group in both M-grouped layouts;
+            # the k-grouped layout's are those of every row and 128-token block (K tile).
             t = first_tile
             while t < num_tiles:
-                group, tile_m, tile_n, computes = self._locate(t, ct_m, ct_n, mMasked, mIdx, group_bounds)
+                group, tile_m, tile_n, computes, first_k, tile_k_tiles = self._locate(
+                    t, ct_m, ct_n, k_tiles, mMasked, mIdx, mSizes, group_bounds
+                )
                 b_group = cutlass.max(group, 0)
+                sfb_group = 0 if self.k_grouped else b_group
                 sfa_block = tile_m
                 if cutlass.const_expr(self.masked):
                     tAgA_t = tAgA[(None, tile_m, None, group)]
@@ -367,21 +403,22 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
                 else:
                     tBgB_t = tBgB[(None, tile_n, None)]
                 state.reset_count()
-                for _k in range(k_tiles * computes):
+                for _k in range(tile_k_tiles * computes):
                     operand_pipeline.producer_acquire(state)
                     barrier = operand_pipeline.producer_get_barrier(state)
-                    cute.copy(tma_atom_a, tAgA_t[(None, state.count)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_b, tBgB_t[(None, state.count)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    k_tile = first_k + state.count
+                    cute.copy(tma_atom_a, tAgA_t[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(tma_atom_b, tBgB_t[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
                     with cute.arch.elect_one():
                         cute.copy(
-                            bulk, self._scale_atom(sfa_ptr, sfa_block, state.count, k_tiles),
+                            bulk, self._scale_atom(sfa_ptr, sfa_block, k_tile, k_tiles),
                             sfa_atoms[(None, state.index)], mbar_ptr=barrier,
                         )
                         for j in cutlass.range_constexpr(self.sfb_atoms):
                             # Past N: the last atom again (its columns are clipped by the store).
                             n_block = cutlass.min(tile_n * self.sfb_atoms + j, n_blocks - 1)
                             cute.copy(
-                                bulk, self._scale_atom(sfb_ptr, b_group * n_blocks + n_block, state.count, k_tiles),
+                                bulk, self._scale_atom(sfb_ptr, sfb_group * n_blocks + n_block, k_tile, k_tiles),
                                 sfb_atoms[(None, j, state.index)], mbar_ptr=barrier,
                             )
                     operand_pipeline.producer_commit(state)
@@ -391,8 +428,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
 
         # ---- MMA -----------------------------------------------------------------------------
         if warp_idx == MMA_WARP:
-            mIdx, mMasked, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr)
-            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
+            mIdx, mMasked, mSizes, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, mSizes, group_bounds)
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(self.acc_dtype)
             tCtAcc = cute.make_tensor(acc_ptr, tCtAcc_layout)
@@ -408,13 +445,13 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
             t = first_tile
             while t < num_tiles:
-                _, _, _, computes = self._locate(t, ct_m, ct_n, mMasked, mIdx, group_bounds)
+                _, _, _, computes, _, tile_k_tiles = self._locate(t, ct_m, ct_n, k_tiles, mMasked, mIdx, mSizes, group_bounds)
                 # Runs once, or not at all for a padding tile, which takes no accumulator stage.
                 for _tile in range(computes):
                     accumulator_pipeline.producer_acquire(acc_state)
                     acc = tCtAcc[(None, None, None, acc_state.index)]
                     tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-                    for _k in range(k_tiles):
+                    for _k in range(tile_k_tiles):
                         operand_pipeline.consumer_wait(operand_state)
                         cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, operand_state.index)], tCtSFA_s2t)
                         cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, operand_state.index)], tCtSFB_s2t)
@@ -436,15 +473,14 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
         # ---- epilogue ------------------------------------------------------------------------
         if warp_idx < EPILOGUE_WARPS:
             cute.arch.setmaxregister_increase(s.consumer_regs)
-            mIdx, mMasked, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr)
-            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
+            mIdx, mMasked, mSizes, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr)
+            k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, mSizes, group_bounds)
             tmem.allocate(self._tmem_allocation())
             tmem.wait_for_alloc()
             tidx, _, _ = cute.arch.thread_idx()
             tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
             tCtAcc = cute.make_tensor(tmem_ptr, tCtAcc_layout)
             tiled_t2r, thr_t2r, tTR_tAcc = self._tmem_loads(tCtAcc, tidx)
-            rest_c = (None, None, None) if self.masked else (None, None)
             gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, *rest_c)], s.epi_tile)
             tTR_gC = thr_t2r.partition_D(gC_epi)
             first_tile_coord = (0,) * len(rest_c)
@@ -461,8 +497,10 @@ class BlackwellBlockScaledKernel(BlackwellRoles, TileOrder):
             sub_tiles_done = cutlass.Int32(0)
             t = first_tile
             while t < num_tiles:
-                group, tile_m, tile_n, computes = self._locate(t, ct_m, ct_n, mMasked, mIdx, group_bounds)
-                tile_coord = (tile_m, tile_n, group) if self.masked else (tile_m, tile_n)
+                group, tile_m, tile_n, computes, _, _ = self._locate(
+                    t, ct_m, ct_n, k_tiles, mMasked, mIdx, mSizes, group_bounds
+                )
+                tile_coord = (tile_m, tile_n, group) if self.d_grouped else (tile_m, tile_n)
                 gC_tile = gC_epi[(None, None, None, None, *tile_coord)]
                 bSG_sC, bSG_gC = cpasync.tma_partition(
                     tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), cute.group_modes(gC_tile, 0, 2)
@@ -554,3 +592,8 @@ class BlackwellMxMGroupedContiguousKernel(MGroupedContiguousMxEntry, BlackwellBl
 
 class BlackwellMxMGroupedMaskedKernel(MGroupedMaskedMxEntry, BlackwellBlockScaledKernel):
     """`m_grouped_fp8_gemm_nt_masked` on sm_100a with the scales applied by the MMA."""
+
+
+class BlackwellMxKGroupedTnKernel(KGroupedTnMxEntry, BlackwellBlockScaledKernel):
+    """`k_grouped_fp8_gemm_tn_contiguous` on sm_100a: D[g] (fp32) += (A_g · sfa_g)ᵀ · (B_g · sfb_g)
+    over each group's 128-token blocks of A [Σk, M] and B [Σk, N], the scales applied by the MMA."""

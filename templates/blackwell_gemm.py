@@ -21,6 +21,7 @@ from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.blackwell_block_scaled import (
     BlackwellMxFp8GemmNtKernel,
     BlackwellMxFp8WgradKernel,
+    BlackwellMxKGroupedTnKernel,
     BlackwellMxMGroupedContiguousKernel,
     BlackwellMxMGroupedMaskedKernel,
 )
@@ -616,6 +617,7 @@ class BlackwellGemmTemplate(GemmContract):
             self.kernel = (
                 BlackwellMxMGroupedMaskedKernel(schedule) if schedule.op.is_masked
                 else BlackwellMxMGroupedContiguousKernel(schedule) if schedule.op.is_m_grouped
+                else BlackwellMxKGroupedTnKernel(schedule) if schedule.op.is_k_grouped
                 else BlackwellMxFp8WgradKernel(schedule) if schedule.op.scales_b_per_row
                 else BlackwellMxFp8GemmNtKernel(schedule)
             )

@@ -197,6 +197,11 @@ class GemmContract:
         """Relations between the operands' extent symbols that the kernel relies on (the
         manifest's ``requires``): the scale tensors' block counts, the workspaces' sizes."""
         s = self.schedule
+        if self.schedule.op.is_k_grouped and self.schedule.mma_applies_scales:
+            # One blocked atom per 128 rows (of A, of B) and 128-token block of the KT tokens.
+            atoms_k = f"ceil_div(KT, {SCALE_BLOCK})"
+            return [requirement("SA", ">=", f"ceil_div(M, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}"),
+                    requirement("SB", ">=", f"ceil_div(N, {MX_ATOM_ROWS}) * {atoms_k} * {MX_ATOM_BYTES}")]
         if self.schedule.op.is_k_grouped:
             # A and B are [rows, 128·S], their scales [rows, S]; two descriptors per CTA.
             words = f"{2 * TENSORMAP_WORDS * s.cluster_m * s.cluster_n} * max_active_clusters"

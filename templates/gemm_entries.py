@@ -67,6 +67,27 @@ class Fp8WgradMxEntry:
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, tail_split=tail_split)
 
 
+class KGroupedTnMxEntry:
+    """`k_grouped_fp8_gemm_tn_contiguous` with the scales applied by the MMA: for every group g with
+    tokens, D[g] (fp32) += (A_g · sfa_g)ᵀ · (B_g · sfb_g) over its rows of A [Σk, M] and B [Σk, N]
+    (taken MN-major), SFA and SFB the blocked UE8M0 bytes of every row and 128-token block;
+    ``group_sizes`` [G] is read on the GPU."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Pointer,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        group_sizes: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, group_sizes=group_sizes)
+
+
 class Fp8GemmNtSplitKEntry:
     """`fp8_gemm_nt` with the K blocks of each tile split over `k_splits` CTAs: each writes its fp32
     partial sum to `split_partials` and counts itself in `split_counters` (one int32 per tile,

@@ -55,6 +55,7 @@ SCHEDULES = (
     "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rn_g1",
     # ... and the weight gradient (fp32 D, TMA reduce-add).
     "cutegen_sm100a_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
+    "cutegen_sm100a_kgfp8wgradtn_e4m3_e4m3_f32_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8_tn",
     # The SwiGLU + FP8 quantize epilogue (D e4m3 and its scales as plain tensors, eps by value).
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8_swiglu",
@@ -208,6 +209,18 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         elif schedule.op.splits_last_wave:  # the weight gradient's tail-split switch, on
             args += [ap.CScalar(1)]
             extents.update(TAIL_SPLIT=1)
+        if schedule.op.is_k_grouped:  # tokens first: A [Σk, M] and B [Σk, N] as MN-major views
+            m16, n16 = -(-m // 16) * 16, -(-n // 16) * 16
+            sa, sb = -(-m16 // 128) * (kt // 128) * 512, -(-n16 // 128) * (kt // 128) * 512
+            operands["a"] = OperandInfo(0x7F0000000000, (m16, kt), (1, m16), ab)
+            operands["b"] = OperandInfo(0x7F1000000000, (n16, kt), (1, n16), ab)
+            operands["d"] = OperandInfo(0x7F2000000000, (GROUPS, m16, n16), (m16 * (n16 + pad), n16 + pad, 1), "f32")
+            operands["sfa"] = OperandInfo(0x7F3000000000, (sa,), (1,), "u8")
+            operands["sfb"] = OperandInfo(0x7F4000000000, (sb,), (1,), "u8")
+            operands["group_sizes"] = OperandInfo(0x7F6000000000, (GROUPS,), (1,), "i32")
+            args = [tensor(a_fake, "a"), ap.CPointer(operands["sfa"].ptr), tensor(b_fake, "b"),
+                    ap.CPointer(operands["sfb"].ptr), tensor(d_fake, "d"), ap.CPointer(operands["group_sizes"].ptr)]
+            extents = {"M": m16, "N": n16, "KT": kt, "SA": sa, "SB": sb, "G": GROUPS}
     elif schedule.block_scaled:
         kb, nb = -(-k // 128), -(-n // 128)
         lds = -(-m // 4) * 4

@@ -19,7 +19,8 @@ from cutegen.schedules.predicates import violations
 from cutegen.schedules.evidence import arch_evidence
 from cutegen.schedules.spec import Arch, DType, Op
 
-SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT}
+SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT,
+            Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS}
 
 
 def sm100_schedules():
@@ -115,8 +116,10 @@ def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
         assert mmas and all(len(re.findall(r"tmem\[", line)) == 3 for line in mmas), name
         assert "UTCCP.T.S.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
         assert not re.search(r"\bLDL|\bSTL", sass), name
-        # The weight gradient adds its tiles into D (TMA reduce-add); the others store them.
-        assert ("UTMAREDG.2D.ADD" in sass) == s.op.scales_b_per_row, name
+        # The weight gradients add their tiles into D (TMA reduce-add; the k-grouped one's D has a
+        # group mode); the others store them.
+        assert ("UTMAREDG.2D.ADD" in sass) == (s.op.scales_b_per_row and not s.op.is_k_grouped), name
+        assert ("UTMAREDG.3D.ADD" in sass) == s.op.is_k_grouped, name
 
 
 # The MMA instruction descriptor's B format field (bits 10-12 of kind::mxf8f6f4): E4M3 0, E2M1 5.
@@ -164,9 +167,13 @@ def test_manifests_carry_a_blackwell_launch(built):
         assert kinds["tma_a"] == kinds["tma_b"] == kinds["tma_d"] == "tma"
         # The promoting kernels read SFA as a tensor; the block-scaled MMA's blocked atoms by address.
         assert kinds["sfa"] == ("pointer" if m.fact("mma_applies_scales") else "tensor") and kinds["sfb"] == "pointer"
-        # A CTA pair loads half of B per CTA.
+        # A CTA pair loads half of B per CTA; an MN-major B (the k-grouped weight gradient, tn)
+        # is loaded along N in boxes of one 128-byte swizzle atom.
         tma_b = next(p for p in m.params if p.name == "tma_b").binding
-        assert tma_b["box"][:2] == [s["tile_k"], s["tile_n"] // s["cluster_m"]]
+        if s.get("layout", "nt") == "tn":
+            assert tma_b["modes"] == [0, 1] and tma_b["box"] == [min(s["tile_n"], 128), s["tile_k"]]
+        else:
+            assert tma_b["box"][:2] == [s["tile_k"], s["tile_n"] // s["cluster_m"]]
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ DEEPGEMM_SIGNATURES = {
         "a", "b", "d", "masked_m", "expected_m", "recipe", "recipe_a", "recipe_b", "compiled_dims", "disable_ue8m0_cast",
     ],
     "k_grouped_fp8_gemm_nt_contiguous": ["a", "b", "d", "ks_cpu", "grouped_layout", "c", "recipe", "compiled_dims", "use_psum_layout"],
+    "k_grouped_fp8_gemm_tn_contiguous": ["a", "b", "d", "ks_cpu", "grouped_layout", "c", "recipe", "compiled_dims", "use_psum_layout"],
     "bf16_gemm_nt": ["a", "b", "d", "c", "compiled_dims"],
     "cublaslt_gemm_nt": ["a", "b", "d", "c"],
     "transform_sf_into_required_layout": ["sf", "mn", "k", "recipe", "num_groups", "is_sfa", "disable_ue8m0_cast", "psum_layout"],
@@ -180,6 +181,12 @@ def _fp8(*shape):
         (lambda: dg.k_grouped_fp8_gemm_nt_contiguous((_fp8(128 * 4), torch.ones(4, 1)), (_fp8(128 * 4), torch.ones(4, 1)),
                                                      torch.empty(1, 4, 4), [128], torch.zeros(1, dtype=torch.int32),
                                                      use_psum_layout=True), NotImplementedError, "use_psum_layout"),
+        (lambda: dg.k_grouped_fp8_gemm_tn_contiguous((_fp8(256, 16), torch.ones(2, 16)), (_fp8(256, 32), torch.ones(16, 2)),
+                                                     torch.empty(2, 16, 32), [128, 128], torch.zeros(2, dtype=torch.int32)),
+         ValueError, r"'b' scales must be \[Σk/128, 32\] = \[2, 32\]"),
+        (lambda: dg.k_grouped_fp8_gemm_tn_contiguous((_fp8(16, 256), torch.ones(2, 16)), (_fp8(256, 32), torch.ones(2, 32)),
+                                                     torch.empty(2, 16, 32), [128, 128], torch.zeros(2, dtype=torch.int32)),
+         ValueError, r"'a' data must be \[Σk, 16\]"),
         (lambda: dg.bf16_gemm_nt(torch.zeros(4, 16, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16), torch.empty(4, 8),
                                  c=torch.empty(4, 8, dtype=torch.bfloat16)),
          ValueError, "argument 'c' must be a torch.float32"),
@@ -188,7 +195,7 @@ def _fp8(*shape):
     ],
     ids=["c-with-1d2d", "d-dtype", "fp4-recipe", "two-recipes", "fp4-data", "ue8m0-mixed", "ue8m0-fp32-d", "ue8m0-sfb-rows", "fp4-default-recipe", "fp4-fp32-scales",
          "ue8m0-grouped-mixed", "not-a-tuple", "psum-hint",
-         "k-not-aligned", "k-psum", "bf16-c-dtype", "mqa", "einsum"],
+         "k-not-aligned", "k-psum", "tn-scales", "tn-tokens-first", "bf16-c-dtype", "mqa", "einsum"],
 )
 def test_refused_before_any_launch(call, error, match):
     with pytest.raises(error, match=match):

@@ -87,3 +87,76 @@ def test_python_entry_rejects_bad_hints():
                 k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(
                     o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"], expected_k=hint
                 )
+
+
+# ---- the tokens-first form (Blackwell's block-scaled MMA) -----------------------------------------
+
+
+def tn_operands(**changes):
+    """A valid operand set of `k_grouped_fp8_gemm_tn_contiguous` (fake CUDA tensors)."""
+    ops = {
+        "a": torch.empty(128 * S, M, dtype=torch.float8_e4m3fn, device="cuda"),
+        "sfa": torch.empty(S, M, device="cuda"),
+        "b": torch.empty(128 * S, N, dtype=torch.float8_e4m3fn, device="cuda"),
+        "sfb": torch.empty(S, N, device="cuda"),
+        "d": torch.empty(G, M, N, device="cuda"),
+        "group_sizes": torch.empty(G, dtype=torch.int32, device="cuda"),
+        "c": None,
+    }
+    ops.update(changes)
+    return ops
+
+
+def check_tn(**changes):
+    o = tn_operands(**changes)
+    return k_grouped_ops._check_tn(o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"], o["c"])
+
+
+def test_tn_valid_operands_give_the_extents():
+    with FakeTensorMode():
+        assert check_tn() == (G, M, N, S)
+        assert check_tn(c=torch.empty(G, M, N, device="cuda")) == (G, M, N, S)
+
+
+BAD_TN = [
+    ("a", lambda: {"a": torch.empty(128 * S, M, dtype=torch.bfloat16, device="cuda")}, "float8_e4m3fn"),
+    ("a", lambda: {"a": torch.empty(128 * M * S, dtype=torch.float8_e4m3fn, device="cuda")}, "tokens first"),
+    ("a", lambda: {"a": torch.empty(M, 128 * S, dtype=torch.float8_e4m3fn, device="cuda").t()}, "contiguous"),
+    ("a", lambda: {"a": torch.empty(128 * S - 8, M, dtype=torch.float8_e4m3fn, device="cuda"),
+                   "b": torch.empty(128 * S - 8, N, dtype=torch.float8_e4m3fn, device="cuda")}, "multiple of 128 rows"),
+    ("a", lambda: {"a": torch.empty(128 * S, M - 8, dtype=torch.float8_e4m3fn, device="cuda"),
+                   "sfa": torch.empty(S, M - 8, device="cuda")}, "multiple of 16 columns"),
+    ("b", lambda: {"b": torch.empty(128 * S, N, dtype=torch.float8_e4m3fn, device="cpu")}, "CUDA tensor"),
+    ("b", lambda: {"b": torch.empty(128 * (S + 1), N, dtype=torch.float8_e4m3fn, device="cuda")}, "rows"),
+    ("sfa", lambda: {"sfa": torch.empty(S, M, device="cuda", dtype=torch.int32)}, "float32"),
+    ("sfa", lambda: {"sfa": torch.empty(M, S, device="cuda")}, r"\[Σk/128, M\]"),
+    ("sfb", lambda: {"sfb": torch.empty(N, S, device="cuda").t()}, "contiguous"),
+    ("group_sizes", lambda: {"group_sizes": torch.empty(G, dtype=torch.int64, device="cuda")}, "int32"),
+    ("d", lambda: {"d": torch.empty(G, M, N, device="cuda", dtype=torch.bfloat16)}, "float32"),
+    ("d", lambda: {"d": torch.empty(G, N, M, device="cuda")}, "shape"),
+    ("c", lambda: {"c": torch.empty(G, M, N - 1, device="cuda")}, "'c'"),
+]
+
+
+@pytest.mark.parametrize("arg, change, words", BAD_TN, ids=[f"{a}-{w}" for a, _, w in BAD_TN])
+def test_tn_bad_input_names_the_argument(arg, change, words):
+    with FakeTensorMode():
+        with pytest.raises(InputError, match=f"k_grouped_fp8_gemm_tn_contiguous: argument '{arg}'.*{words}"
+                           if not words.startswith("'") else words):
+            check_tn(**change())
+
+
+def test_tn_fake_implementation_checks_and_launches_nothing():
+    with FakeTensorMode():
+        o = tn_operands()
+        torch.ops.cutegen.k_grouped_fp8_gemm_tn_contiguous(o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"])
+        bad = tn_operands(sfb=torch.empty(S, N + 16, device="cuda"))
+        with pytest.raises(InputError, match="'sfb'"):
+            torch.ops.cutegen.k_grouped_fp8_gemm_tn_contiguous(
+                bad["a"], bad["sfa"], bad["b"], bad["sfb"], bad["d"], bad["group_sizes"]
+            )
+        for hint in (-1, 2.5, True):
+            with pytest.raises(InputError, match="'expected_k'"):
+                k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous(
+                    o["a"], o["sfa"], o["b"], o["sfb"], o["d"], o["group_sizes"], expected_k=hint
+                )

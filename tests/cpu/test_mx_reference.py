@@ -266,3 +266,41 @@ def test_fp4_weights_from_the_quantizer_feed_the_fp8_fp4_operands():
                        mx.from_blocked(sfb_blocked, n, k // 32))
     want = (a.double() * sa.double().repeat_interleave(128, dim=1)) @ mx.dequant_fp4(packed, sfb).double().T
     assert torch.equal(d, want)
+
+
+def test_k_grouped_tn_scales_and_product():
+    """The tokens-first k-grouped gradient's scales (fp32 [S, rows], powers of two and NaN) become
+    the blocked bytes of one scale per row and 32 tokens; with them the block-scaled product of
+    each group's A_gᵀ and B_g over its 128-token blocks is `k_grouped_tn_reference`'s."""
+    from cutegen.runtime.k_grouped_ops import k_grouped_tn_reference
+
+    g = torch.Generator().manual_seed(7)
+    s_blocks, m, n = 6, 144, 48
+    exps = torch.randint(-20, 21, (s_blocks, m), generator=g).float()
+    sfa = torch.pow(2.0, exps)
+    sfa[0, 0], sfa[1, 3] = 2.0**-127, float("nan")
+    blocked = mx.k_grouped_scale_operand(sfa)
+    assert blocked.numel() == -(-m // 128) * s_blocks * 512
+    back = mx.from_blocked(blocked, m, 4 * s_blocks)
+    want = mx.expand_scales(mx.float_to_ue8m0(sfa).t(), 128)
+    assert torch.equal(back, want)
+
+    # Groups of 256, 0, 128 and 512 tokens (the last cut to the 3 blocks A holds past the others).
+    sfa = torch.pow(2.0, torch.randint(-6, 7, (s_blocks, m), generator=g).float())
+    sfb = torch.pow(2.0, torch.randint(-6, 7, (s_blocks, n), generator=g).float())
+    a = (torch.randn(128 * s_blocks, m, generator=g) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(128 * s_blocks, n, generator=g) * 4).to(torch.float8_e4m3fn)
+    sizes = [256, 0, 128, 512]
+    ref = k_grouped_tn_reference(a, sfa, b, sfb, sizes)
+    sa = mx.from_blocked(mx.k_grouped_scale_operand(sfa), m, 4 * s_blocks)
+    sb = mx.from_blocked(mx.k_grouped_scale_operand(sfb), n, 4 * s_blocks)
+    first = 0
+    for size, got in zip(sizes, ref):
+        blocks = min(-(-size // 128), s_blocks - first)
+        tokens = slice(128 * first, 128 * (first + blocks))
+        vectors = slice(4 * first, 4 * (first + blocks))
+        mma = mx.mx_gemm_ref(a[tokens].t().float(), sa[:, vectors], b[tokens].t().float(), sb[:, vectors])
+        assert got.shape == (m, n)
+        torch.testing.assert_close(got, mma, rtol=1e-12, atol=0)
+        first += blocks
+    assert first == s_blocks and not ref[1].any()

@@ -69,6 +69,7 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "m_grouped_fp8_gemm_nt_contiguous": grouped_ops._CALL_OPERANDS,
         "m_grouped_fp8_gemm_nt_masked": grouped_ops._MASKED_OPERANDS,
         "k_grouped_fp8_gemm_nt_contiguous": k_grouped_ops._CALL_OPERANDS,
+        "k_grouped_fp8_gemm_tn_contiguous": k_grouped_ops._TN_OPERANDS,
         "m_grouped_bf16_gemm_nt_contiguous": bf16_grouped_ops._CONTIGUOUS_OPERANDS,
         "m_grouped_bf16_gemm_nt_masked": bf16_grouped_ops._MASKED_OPERANDS,
         "k_grouped_bf16_gemm_tn_contiguous": bf16_grouped_ops._K_GROUPED_OPERANDS,

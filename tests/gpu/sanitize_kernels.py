@@ -104,6 +104,20 @@ def run_k_grouped(name: str) -> None:
     k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(qa, sa, qb, sb, d, sizes_gpu, kernel=name)
 
 
+def run_k_grouped_tn(name: str) -> None:
+    # Tokens first (Blackwell's block-scaled kernels): empty groups first and last; the sizes sum
+    # past the 8 blocks A holds, so the last group is cut at them; M and N not tile multiples.
+    sizes = [0, 256, 128, 384, 512, 0]
+    m, n, blocks = 304, 464, 8
+    qa = torch.randn(128 * blocks, m, device="cuda").to(torch.float8_e4m3fn)
+    qb = torch.randn(128 * blocks, n, device="cuda").to(torch.float8_e4m3fn)
+    sa = torch.pow(2.0, torch.randint(-4, 4, (blocks, m), device="cuda").float())
+    sb = torch.pow(2.0, torch.randint(-4, 4, (blocks, n), device="cuda").float())
+    d = torch.randn(len(sizes), m, n, device="cuda")
+    sizes_gpu = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous(qa, sa, qb, sb, d, sizes_gpu, kernel=name)
+
+
 # The M-grouped GEMMs' K (contiguous and masked; the k-grouped runner has its own): 4 blocks, and 33
 # (the SFB a tile holds in warp registers, 32 blocks at a time, moves on a chunk).
 M_GROUPED_KS = (512, 4224)
@@ -283,6 +297,7 @@ RUNNERS: dict[str, Callable[[str], None]] = {
     "fp8_gemm_nt": run_fp8,
     "fp8_wgrad_gemm_nt": run_wgrad,
     "k_grouped_fp8_gemm_nt_contiguous": run_k_grouped,
+    "k_grouped_fp8_gemm_tn_contiguous": run_k_grouped_tn,
     "m_grouped_fp8_gemm_nt_contiguous": run_contiguous,
     "m_grouped_fp8_gemm_nt_masked": run_masked,
     **{f"fp8_gemm_nt_swiglu_quant{s}": run_fp8_swiglu for s in ("", "_ue8m0")},

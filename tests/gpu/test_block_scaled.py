@@ -1,6 +1,6 @@
 """GPU tests of the block-scaled kernels (sm_100a, ``scale = "mx"``: the tensor cores apply the UE8M0
 scales), for every op that has them: the dense FP8 and FP8 x FP4 GEMMs, the M-grouped GEMMs over
-both layouts with FP8 or FP4 experts, and the weight gradient.
+both layouts with FP8 or FP4 experts, and the weight gradients (dense, and k-grouped tokens first).
 
 On a Blackwell GPU every such kernel runs, forced by name, against the fp32 product of its
 dequantised operands (what the MMA accumulates, up to summation order and the output rounding) and,
@@ -199,3 +199,61 @@ def test_refused_where_no_block_scaled_kernel_runs(ops):
         )
     torch.cuda.synchronize()
     assert bool((out == 3).all()) and bool((d == 3).all()) and bool((out3 == 3).all())
+
+
+KGROUPED_TN = "k_grouped_fp8_gemm_tn_contiguous"
+
+
+def fp8_token_blocks(x: torch.Tensor):
+    """x [Σk, R] (tokens first) -> (e4m3 [Σk, R], fp32 scales [Σk/128, R] per 128-token block and
+    column, powers of two as UE8M0 holds them, fp32 dequantised)."""
+    blocks = x.float().view(-1, 128, x.shape[1])
+    amax = blocks.abs().amax(dim=1).clamp_min(1e-4)
+    scales = torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))
+    q = (blocks / scales.unsqueeze(1)).to(torch.float8_e4m3fn)
+    return q.view_as(x), scales, (q.float() * scales.unsqueeze(1)).view(x.shape)
+
+
+def test_k_grouped_tn(ops):
+    """DeepGEMM's SM100 k-grouped weight gradient: D[g] = C[g] + A_gᵀ B_g over each group's tokens
+    (an empty group keeps C), every block-scaled kernel forced by name."""
+    from cutegen.runtime import k_grouped_ops
+
+    names = mx_kernels(ops, KGROUPED_TN, "e4m3")
+    sizes, m, n = [256, 0, 384, 128, 512], 1024, 528
+    tokens = sum(sizes)
+    qa, sfa, da = fp8_token_blocks(inputs(tokens, m, seed=12))
+    qb, sfb, db = fp8_token_blocks(inputs(tokens, n, seed=13))
+    group_sizes = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    c = torch.randn(len(sizes), m, n, device="cuda")
+    for name in names:
+        d = torch.full_like(c, float("nan"))
+        k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous(qa, sfa, qb, sfb, d, group_sizes, c, kernel=name)
+        first = 0
+        for g, size in enumerate(sizes):
+            rows = slice(first, first + size)
+            if size == 0:
+                assert torch.equal(d[g], c[g]), f"{name}: an empty group's D is not C"
+            else:
+                check(d[g] - c[g], da[rows].T @ db[rows], None, f"{name} group {g}")
+            first += size
+
+
+def test_k_grouped_tn_refused_where_no_block_scaled_kernel_runs(ops):
+    """On a GPU without sm_100a kernels the tokens-first k-grouped gradient fails before a launch,
+    naming the GPU and the architectures its kernels are built for; D (and C) are untouched."""
+    from cutegen.runtime import k_grouped_ops
+    from cutegen.runtime.errors import ArtifactError
+
+    if ops.runnable_kernels(KGROUPED_TN):
+        pytest.skip("this GPU runs the block-scaled k-grouped kernels (test_k_grouped_tn checks them)")
+    qa, sfa, _ = fp8_token_blocks(inputs(256, 128, seed=14))
+    qb, sfb, _ = fp8_token_blocks(inputs(256, 64, seed=15))
+    d = torch.full((2, 128, 64), 3.0, device="cuda")
+    c = torch.full_like(d, 5.0)
+    with pytest.raises(ArtifactError, match="k_grouped_fp8_gemm_tn_contiguous: no kernel in the catalogue .* runs on"):
+        k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous(
+            qa, sfa, qb, sfb, d, torch.tensor([128, 128], dtype=torch.int32, device="cuda"), c
+        )
+    torch.cuda.synchronize()
+    assert bool((d == 3).all())

@@ -220,8 +220,19 @@ def test_bf16_gemm_nt_and_what_is_not_there(dg):
     qa = torch.zeros(128, 64, dtype=torch.int8, device="cuda")
     with pytest.raises(NotImplementedError, match="FP4"):
         dg.fp8_gemm_nt((qa, torch.ones(128, 1, device="cuda")), (qa, torch.ones(128, 1, device="cuda")), d)
-    with pytest.raises(NotImplementedError, match="k_grouped_fp8_gemm_tn_contiguous"):
-        dg.k_grouped_fp8_gemm_tn_contiguous((a, a), (b, b), d, [128], None)
+    # DeepGEMM's SM100 k-grouped form has sm_100a kernels only: elsewhere refused before a launch.
+    from cutegen.runtime import ops
+    from cutegen.runtime.errors import ArtifactError
+
+    if not ops.runnable_kernels("k_grouped_fp8_gemm_tn_contiguous"):
+        qt = torch.randn(256, 128, device="cuda").to(torch.float8_e4m3fn)
+        ones = torch.ones(2, 128, device="cuda")
+        dk = torch.full((2, 128, 128), 3.0, device="cuda")
+        with pytest.raises(ArtifactError, match="k_grouped_fp8_gemm_tn_contiguous: no kernel"):
+            dg.k_grouped_fp8_gemm_tn_contiguous(
+                (qt, ones), (qt, ones), dk, [128, 128], torch.tensor([128, 128], dtype=torch.int32, device="cuda"), c=dk
+            )
+        assert bool((dk == 3).all())
 
 
 def test_set_num_sms_caps_the_persistent_grid(dg):
