@@ -30,7 +30,10 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     whose epilogue computes SiLU, rebuilt on 2026-12-05 with the straight-line division
     (`cutegen.templates.fp32_silu`; the SwiGLU kernels, 64-row SwiGLU tiles among them, and the
     bias/activation kernels ending `_silu`: NOTES N89); and the kernels that split their last
-    wave along K (epilogue `split_k_last_wave_tma_store`: BF16 dense, FP8 masked; NOTES N90)."""
+    wave along K (epilogue `split_k_last_wave_tma_store`: BF16 dense, FP8 masked; NOTES N90); and
+    the FP4 per-token quantizers (2026-12-06, NOTES N93)."""
+    if s.op == Op.PER_TOKEN_QUANT_FP4:
+        return True
     if s.d_scale == OutputScale.UE8M0:
         return True
     if s.epilogue == Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE:
@@ -48,15 +51,10 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     return False
 
 
-def _sm90a_not_run(s: Schedule) -> bool:
-    """The sm_90a kernels no GPU has run yet: the FP4 per-token quantizers (NOTES N91)."""
-    return s.op == Op.PER_TOKEN_QUANT_FP4
-
-
 # Per architecture: kernels whose evidence is not the architecture's, and what it is instead (the
 # first that applies).
 EXCEPTIONS: dict[Arch, tuple[tuple[Callable[[Schedule], bool], str], ...]] = {
-    Arch.SM90A: ((_sm90a_not_run, COMPILED_ONLY), (_sm90a_ran_on_h100_only, RAN_ON_H100)),
+    Arch.SM90A: ((_sm90a_ran_on_h100_only, RAN_ON_H100),),
 }
 
 

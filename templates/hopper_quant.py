@@ -52,11 +52,16 @@ from cutegen.schedules.spec import (
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
-# |y| of an FP4 E2M1 code's rounding boundaries, each with whether a value exactly on it takes the
-# lower (even) code: 0 | 0.5 | 1 | 1.5 | 2 | 3 | 4 | 6 (`mx_reference.float_to_e2m1`).
-E2M1_MIDPOINTS = ((0.25, True), (0.75, False), (1.25, True), (1.75, False), (2.5, True), (3.5, False), (5.0, True))
+# The E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are steps of 0.5 below 2, of 1 below 4 and of 2
+# above: from |y| at least `start`, the code is round(|y| · scale) + offset (ties to even, which
+# is the even code), at most E2M1_MAX_CODE: (start, scale, offset), the first from 0.
+E2M1_REGIONS = ((0.0, 2.0, 0), (2.0, 1.0, 2), (4.0, 0.5, 4))
+E2M1_MAX_CODE = 7
+# t + 1.5·2^23 (t < 2^22) rounds t to an integer, ties to even, held in the sum's low mantissa bits.
+ROUND_MAGIC = 12582912.0
+ROUND_MAGIC_BITS = 0x4B400000
 E2M1_SIGN = 8
-E2M1_NAN_CODE = 7  # a non-finite group's codes (6.0; its NaN scale makes them NaN)
+E2M1_NAN_CODE = E2M1_MAX_CODE  # a non-finite group's codes (6.0; its NaN scale makes them NaN)
 # The grouped quantizer's prefix sums of group sizes stop here: past every token count T (T · H <
 # 2³¹ with H ≥ 8 keeps T < 2²⁸) and every block count S, and a sum of two stays below 2³¹.
 PREFIX_CAP = 1 << 29
@@ -131,14 +136,18 @@ def _quantize_vec(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor):
 def _e2m1_code(y: Float32) -> Int32:
     """The FP4 E2M1 code of y: the nearest of ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, a tie to the even
     code, saturating at ±6, +0 for a zero result (as ``cvt.rn.satfinite.e2m1x2.f32``, written out
-    with comparisons so that the kernel runs on GPUs without that instruction too)."""
+    so that the kernel runs on GPUs without that instruction too): |y| scaled to its region's
+    step (`E2M1_REGIONS`), rounded by one addition of ROUND_MAGIC, read off the sum's bits."""
     a = (y.bitcast(Int32) & ABS_MASK).bitcast(Float32)
-    code = Int32(0)
-    for midpoint, lower_is_even in E2M1_MIDPOINTS:
-        if cutlass.const_expr(lower_is_even):
-            code = code + (Int32(1) if a > Float32(midpoint) else Int32(0))
-        else:
-            code = code + (Int32(1) if a >= Float32(midpoint) else Int32(0))
+    _, first_scale, first_offset = E2M1_REGIONS[0]
+    scale = Float32(first_scale)
+    offset = Int32(first_offset)
+    for start, step_scale, step_offset in E2M1_REGIONS[1:]:
+        above = a >= Float32(start)
+        scale = Float32(step_scale) if above else scale
+        offset = Int32(step_offset) if above else offset
+    rounded = (a * scale + Float32(ROUND_MAGIC)).bitcast(Int32) - ROUND_MAGIC_BITS
+    code = cutlass.min(rounded + offset, Int32(E2M1_MAX_CODE))
     negative = (y.bitcast(Int32) < 0) & (code != 0)
     return code | (Int32(E2M1_SIGN) if negative else Int32(0))
 

@@ -96,7 +96,7 @@ def test_manifest_matches_ptx_and_schedule(built, name):
 def test_ptx_uses_the_specified_numerics(built, name):
     ptx = (built["out"] / name / "kernel.ptx").read_text()
     if "_ptquant4_" in name:
-        # E2M1 codes by comparisons (no FP4 conversion instruction, so that any GPU runs them),
+        # E2M1 codes by fp32 arithmetic (no FP4 conversion instruction, so that any GPU runs them),
         # packed two per byte: a lane's piece of 8 (16-bit inputs) or 4 (fp32) codes is one store.
         assert "cvt.rn.satfinite.e4m3x2" not in ptx and "e2m1x2" not in ptx
         assert re.search(r"st\.global[.\w]*\.(b32|u32)\b" if "_f32_" not in name else r"st\.global[.\w]*\.(b16|u16|v2\.b8)\s", ptx)
@@ -399,11 +399,35 @@ def test_quant_kernels_listed_and_chosen_on_a_hopper(built, monkeypatch):
         ops.set_build_dir(None)
 
 
-def test_fp4_code_table_is_the_reference_rounding():
-    """The kernel's E2M1 rounding boundaries, largest value and poisoned code are the reference's
-    (`mx_reference.float_to_e2m1`, `quant_fp4_ref`)."""
+def test_fp4_code_rule_is_the_reference_rounding():
+    """The kernel's E2M1 rule (`_e2m1_code`: |y| scaled to its region's step, rounded by adding
+    ROUND_MAGIC in fp32, read off the bits, capped), evaluated with its constants in fp32 numpy,
+    gives `mx_reference.float_to_e2m1`'s code for 3 million random finite floats, every rounding
+    boundary and its two neighbours; its largest value and poisoned code are the reference's."""
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
     from cutegen.runtime import mx_reference as mx
     from cutegen.templates import hopper_quant as hq
 
-    assert hq.E2M1_MIDPOINTS == mx.E2M1_MIDPOINTS
-    assert hq.E2M1_MAX == mx.E2M1_MAX and hq.E2M1_NAN_CODE == mx.E2M1_MAX_CODE
+    def kernel_rule(y: np.ndarray) -> np.ndarray:
+        a = np.abs(y)
+        scale = np.full_like(a, hq.E2M1_REGIONS[0][1])
+        offset = np.full(a.shape, hq.E2M1_REGIONS[0][2], dtype=np.int32)
+        for start, step_scale, step_offset in hq.E2M1_REGIONS[1:]:
+            scale = np.where(a >= start, np.float32(step_scale), scale)
+            offset = np.where(a >= start, step_offset, offset)
+        rounded = ((a * scale).astype(np.float32) + np.float32(hq.ROUND_MAGIC)).view(np.int32) - hq.ROUND_MAGIC_BITS
+        code = np.minimum(rounded + offset, hq.E2M1_MAX_CODE)
+        return (code | np.where((y.view(np.int32) < 0) & (code != 0), hq.E2M1_SIGN, 0)).astype(np.uint8)
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2**32, 3_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    bounds = np.array([m for m, _ in mx.E2M1_MIDPOINTS] + [0.0, 6.0, 7.0, 1e30, 3.4e38], dtype=np.float32)
+    bounds = np.concatenate([bounds, -bounds])
+    edges = np.concatenate([bounds, np.nextafter(bounds, np.float32(np.inf)), np.nextafter(bounds, np.float32(-np.inf))])
+    y = np.concatenate([y[np.isfinite(y)], edges]).astype(np.float32)
+    want = mx.float_to_e2m1(torch.from_numpy(y.copy())).numpy()
+    assert np.array_equal(kernel_rule(y), want)
+    assert np.float32(hq.ROUND_MAGIC).view(np.int32) == hq.ROUND_MAGIC_BITS
+    assert hq.E2M1_MAX == mx.E2M1_MAX and hq.E2M1_NAN_CODE == hq.E2M1_MAX_CODE == mx.E2M1_MAX_CODE
