@@ -391,6 +391,17 @@ def _k_grouped_problem(
     return g, m, n, ks
 
 
+def _k_grouped_fp8_call(
+    function: str, a: Any, b: Any, recipe: Any, d: Any, c: Any, ks_cpu: Any, grouped_layout: Any, use_psum_layout: bool
+) -> tuple[tuple[Any, Any], tuple[Any, Any], tuple[int, int, int, list[int]]]:
+    """The FP8 k-grouped GEMMs' call checked but for the operands' layout: ((A, its scales), (B, its
+    scales), (G, M, N, the groups' k)); only the 1D1D recipe (1, 1, 128)."""
+    pair_a, pair_b = operand_pair(function, "a", a), operand_pair(function, "b", b)
+    if resolve(function, recipe, None, None) is not Recipe.PER_ROW_1D1D:
+        raise unsupported(function, f"recipe {tuple(recipe)} (the k-grouped GEMM is the 1D1D kernel, recipe (1, 1, 128))")
+    return pair_a, pair_b, _k_grouped_problem(function, d, c, ks_cpu, grouped_layout, use_psum_layout)
+
+
 def _nothing_to_launch(d: torch.Tensor, c: torch.Tensor | None, m: int, n: int, sum_k: int) -> bool:
     """A k-grouped call's D without a launch where there is nothing to compute (D = C, or zeros,
     at Σk = 0); otherwise D zeroed first when there is no C (the kernels add into D)."""
@@ -422,11 +433,8 @@ def k_grouped_fp8_gemm_nt_contiguous(
     multiple of 128; ``grouped_layout`` the same sizes, int32 [G] on the GPU (what the kernel reads).
     """
     function = "k_grouped_fp8_gemm_nt_contiguous"
-    qa, sfa = operand_pair(function, "a", a)
-    qb, sfb = operand_pair(function, "b", b)
-    if resolve(function, recipe, None, None) is not Recipe.PER_ROW_1D1D:
-        raise unsupported(function, f"recipe {tuple(recipe)} (the k-grouped GEMM is the 1D1D kernel, recipe (1, 1, 128))")
-    g, m, n, ks = _k_grouped_problem(function, d, c, ks_cpu, grouped_layout, use_psum_layout)
+    (qa, sfa), (qb, sfb), (g, m, n, ks) = _k_grouped_fp8_call(function, a, b, recipe, d, c, ks_cpu, grouped_layout,
+                                                               use_psum_layout)
     sum_k = sum(ks)
     for arg, data, rows in (("a", qa, m), ("b", qb, n)):
         if data.numel() != sum_k * rows or not data.is_contiguous():
@@ -465,11 +473,8 @@ def k_grouped_fp8_gemm_tn_contiguous(
     are built for sm_100a only: elsewhere the call fails naming the architecture.
     """
     function = "k_grouped_fp8_gemm_tn_contiguous"
-    qa, sfa = operand_pair(function, "a", a)
-    qb, sfb = operand_pair(function, "b", b)
-    if resolve(function, recipe, None, None) is not Recipe.PER_ROW_1D1D:
-        raise unsupported(function, f"recipe {tuple(recipe)} (the k-grouped GEMM is the 1D1D kernel, recipe (1, 1, 128))")
-    g, m, n, ks = _k_grouped_problem(function, d, c, ks_cpu, grouped_layout, use_psum_layout)
+    (qa, sfa), (qb, sfb), (g, m, n, ks) = _k_grouped_fp8_call(function, a, b, recipe, d, c, ks_cpu, grouped_layout,
+                                                               use_psum_layout)
     sum_k = sum(ks)
     for arg, data, sf, rows in (("a", qa, sfa, m), ("b", qb, sfb, n)):
         if data.dim() != 2 or tuple(data.shape) != (sum_k, rows):
