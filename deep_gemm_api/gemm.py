@@ -9,7 +9,7 @@ matching `cutegen.runtime` op:
 | `fp8_gemm_nt`, recipe (1, 128, 128) (the default): bf16 D, no C | `fp8_ops.fp8_gemm_nt` |
 | `fp8_gemm_nt`, recipe (1, 1, 128): fp32 D, D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` |
 | `fp8_gemm_nt`, packed UE8M0 (int32) scales, DeepGEMM's SM100 form: bf16 D, no C | `fp8_ops.fp8_gemm_nt` (Blackwell) |
-| `fp8_gemm_nt`, packed UE8M0 (int32) scales, recipe (1, 1, 128): fp32 D = C + A·Bᵀ | `fp8_ops.fp8_wgrad_gemm_nt` (Blackwell) |
+| `fp8_gemm_nt`, packed UE8M0 (int32) scales: fp32 D = C + A·Bᵀ (either recipe), or bf16 D with C (through an fp32 temporary) | `fp8_ops.fp8_wgrad_gemm_nt` (Blackwell) |
 | `fp8_fp4_gemm_nt` (= `fp8_gemm_nt`), packed FP4 B, recipe_a (1, 128), recipe_b (1, 32): bf16 D, no C | `fp8_ops.fp8_gemm_nt` with FP4 `b` (Blackwell) |
 | `m_grouped_fp8_gemm_nt_contiguous` (m_indices, or cumulative group ends with `use_psum_layout`) | `grouped_ops.m_grouped_fp8_gemm_nt_contiguous` |
 | `m_grouped_fp8_gemm_nt_masked` | `grouped_ops.m_grouped_fp8_gemm_nt_masked` |
@@ -173,8 +173,10 @@ def _fp8_gemm_nt_ue8m0(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: t
                        d: Any, c: Any, family: Recipe) -> None:
     """DeepGEMM's SM100 form: packed UE8M0 scales, int32 [M, ⌈K/512⌉] for A and, by the default
     recipe (1, 1, 128), [N, ⌈K/512⌉] per row of B (with recipe (1, 128, 128), [⌈N/128⌉, ⌈K/512⌉]
-    per block); bf16 D without C, or with recipe (1, 1, 128) an fp32 D = C + A·Bᵀ (the weight
-    gradient), on the kernels that take UE8M0 scales (Blackwell's)."""
+    per block), on the kernels that take UE8M0 scales (Blackwell's). D = C + A·Bᵀ as DeepGEMM
+    computes it: bf16 D without C on the GEMM kernels; fp32 D (C optional) on the weight-gradient
+    kernels, which take B's scales per row (a block's scale repeated over its rows); bf16 D with C
+    as fp32 C + A·Bᵀ on those kernels into a temporary, rounded to bf16 once."""
     if sfa.dtype != sfb.dtype:
         raise ValueError(
             f"deep_gemm.{function}: the scales of 'a' ({sfa.dtype}) and 'b' ({sfb.dtype}) must both be packed "
@@ -182,35 +184,30 @@ def _fp8_gemm_nt_ue8m0(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: t
         )
     m, n = qa.shape[0], qb.shape[0]
     per_row_b = family is Recipe.PER_ROW_1D1D
-    if isinstance(d, torch.Tensor) and d.dtype == torch.float32 and per_row_b:
-        # The weight gradient: fp32 D = C + A·Bᵀ with 1x128 scales per row on both sides.
-        _check_d(function, d, (m, n), (torch.float32,))
-        _check_c(function, c, d)
-        if m == 0 or n == 0:
-            return
-        if qa.shape[1] == 0:
-            _empty_k(d, c)
-            return
-        if c is None:
-            d.zero_()
-        fp8_ops.fp8_wgrad_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb), d, c)
-        return
-    if not isinstance(d, torch.Tensor) or d.dtype != torch.bfloat16 or c is not None:
-        raise unsupported(function, "C, or fp32 D with recipe (1, 128, 128), with packed UE8M0 scales (cutegen's UE8M0 "
-                                    "kernels write bf16 D without C, or fp32 D += A·Bᵀ with recipe (1, 1, 128))")
-    _check_d(function, d, (m, n), (torch.bfloat16,))
-    if m == 0 or n == 0:
-        return
-    if qa.shape[1] == 0:
-        _empty_k(d, c)
-        return
+    _check_d(function, d, (m, n), (torch.bfloat16, torch.float32))
+    _check_c(function, c, d)
     rows = n if per_row_b else -(-n // SCALE_BLOCK)
     if sfb.dim() != 2 or sfb.shape[0] != rows:
         raise ValueError(
             f"deep_gemm.{function}: argument 'b' scales must have {rows} rows under recipe {family.value} "
             f"({'one per row of B' if per_row_b else 'one per 128 rows of B'}), got {list(sfb.shape)}"
         )
-    fp8_ops.fp8_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb) if per_row_b else _contiguous(sfb), out=d)
+    if m == 0 or n == 0:
+        return
+    if qa.shape[1] == 0:
+        _empty_k(d, c)
+        return
+    if d.dtype == torch.bfloat16 and c is None:
+        fp8_ops.fp8_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb) if per_row_b else _contiguous(sfb), out=d)
+        return
+    sfb_rows = sfb if per_row_b else sfb.repeat_interleave(SCALE_BLOCK, dim=0)[:n]
+    accumulator = d if d.dtype == torch.float32 else (c.float() if c is not None else None)
+    if c is None and d.dtype == torch.float32:
+        d.zero_()
+    c_fp32 = c if d.dtype == torch.float32 else None
+    fp8_ops.fp8_wgrad_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb_rows), accumulator, c_fp32)
+    if accumulator is not d:
+        d.copy_(accumulator)
 
 
 def _transposed(pair: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -157,7 +157,8 @@ def _fp8(*shape):
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1)),
                                 torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, "both be packed UE8M0"),
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1, dtype=torch.int32)),
-                                torch.empty(4, 8), recipe=(1, 128, 128)), NotImplementedError, "fp32 D with recipe \\(1, 128, 128\\)"),
+                                torch.empty(4, 8), c=torch.empty(4, 8, dtype=torch.bfloat16), recipe=(1, 128, 128)),
+         ValueError, "argument 'c' must be a torch.float32"),
         (lambda: dg.fp8_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)), (_fp8(8, 128), torch.ones(1, 1, dtype=torch.int32)),
                                 torch.empty(4, 8, dtype=torch.bfloat16)), ValueError, r"8 rows under recipe \(1, 1, 128\)"),
         (lambda: dg.fp8_fp4_gemm_nt((_fp8(4, 128), torch.ones(4, 1, dtype=torch.int32)),
@@ -321,3 +322,43 @@ def test_sm100_weight_gradient_call_reaches_the_runtime(monkeypatch):
     c = torch.ones(m, n)
     dg.fp8_gemm_nt((_fp8(m, k), sfa), (_fp8(n, k), sfb), d, c=c)
     assert seen["c"] is c
+
+
+@pytest.mark.parametrize("recipe", [(1, 128, 128), (1, 1, 128)])
+@pytest.mark.parametrize("d_dtype, with_c", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, True)])
+def test_ue8m0_calls_with_fp32_d_or_c_compose_the_weight_gradient(monkeypatch, recipe, d_dtype, with_c):
+    """DeepGEMM's SM100 calls that no GEMM kernel serves directly (fp32 D under either recipe, C
+    with a bf16 D) run the weight-gradient kernel with B's scales per row (a 128-row block's scale
+    repeated over its rows) and, for a bf16 D, an fp32 temporary rounded once. The kernel is
+    replaced here by the float64 product of what it is given; the result must be C + A·Bᵀ of the
+    caller's scales."""
+    from cutegen.runtime import fp8_ops, mx_reference as mx
+
+    def dequant(q, words):
+        scales = mx.ue8m0_to_float(mx.ue8m0_bytes(words, -(-q.shape[1] // 128))).double()
+        return q.double() * scales.repeat_interleave(128, dim=1)[:, : q.shape[1]]
+
+    def fake_wgrad(qa, sfa, qb, sfb, d, c=None):
+        assert d.dtype == torch.float32 and sfb.shape[0] == qb.shape[0]
+        if c is not None and c.data_ptr() != d.data_ptr():
+            d.copy_(c)
+        d += (dequant(qa, sfa) @ dequant(qb, sfb).T).float()
+        return d
+
+    monkeypatch.setattr(fp8_ops, "fp8_wgrad_gemm_nt", fake_wgrad)
+    g = torch.Generator().manual_seed(3)
+    m, n, k = 8, 200, 640
+    qa = (torch.randn(m, k, generator=g) * 8).to(torch.float8_e4m3fn)
+    qb = (torch.randn(n, k, generator=g) * 8).to(torch.float8_e4m3fn)
+    words = lambda rows: torch.randint(120, 134, (rows, 8), generator=g, dtype=torch.uint8).view(torch.int32)  # noqa: E731
+    sfa = words(m)[:, :2]
+    sfb = words(n if recipe == (1, 1, 128) else -(-n // 128))[:, :2]
+    sfb_rows = sfb if recipe == (1, 1, 128) else sfb.repeat_interleave(128, dim=0)[:n]
+    c = torch.randn(m, n, generator=g).to(d_dtype) if with_c else None
+    d = torch.full((m, n), float("nan"), dtype=d_dtype)
+    dg.fp8_gemm_nt((qa, sfa), (qb, sfb), d, c=c, recipe=recipe)
+    product = (dequant(qa, sfa) @ dequant(qb, sfb_rows).T).float()
+    if d_dtype == torch.bfloat16:  # C + A·Bᵀ in fp32, rounded to bf16 once
+        assert torch.equal(d, (c.float() + product).to(torch.bfloat16))
+    else:
+        assert torch.equal(d, product + c if with_c else product)

@@ -157,6 +157,31 @@ def test_weight_gradient(ops):
         check(d - c, da @ db.T, a.float() @ b.float().T, name)
 
 
+@pytest.mark.parametrize("recipe", [(1, 1, 128), (1, 128, 128)])
+def test_deep_gemm_fp32_d_and_c_with_bf16_d(ops, recipe):
+    """DeepGEMM's SM100 `fp8_gemm_nt` with fp32 D (C optional) under either recipe, and a bf16 D
+    with C, through `cutegen.deep_gemm` (the weight-gradient kernels; B's block scales per row)."""
+    from cutegen.runtime import quant_reference as qr
+    import cutegen.deep_gemm as dg
+
+    mx_kernels(ops, WGRAD, "e4m3")
+    m, n, k = 1000, 776, 1024
+    a, b = inputs(m, k, seed=16), inputs(n, k, seed=17)
+    qa, sfa, da = fp8_rows(a)
+    if recipe == (1, 1, 128):
+        qb, sfb, db = fp8_rows(b)
+    else:
+        qb, sfb = qr.per_block_quant_fp8_ref(b, scale_format="ue8m0")
+        db = qr.dequant_per_block(qb, qr.unpack_ue8m0(sfb, -(-k // 128)))
+    exact = da @ db.T
+    c = torch.randn(m, n, device="cuda")
+    for d_dtype, with_c in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, True)):
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=d_dtype)
+        cc = c.to(d_dtype) if with_c else None
+        dg.fp8_gemm_nt((qa, sfa), (qb, sfb), d, c=cc, recipe=recipe)
+        check(d.float() - (cc.float() if with_c else 0), exact, None, f"{recipe} {d_dtype} C={with_c}")
+
+
 def grouped_ops_mn_major(words: torch.Tensor) -> torch.Tensor:
     """Per-group words [G, R, W] in the MN-major TMA-aligned layout, groups back to back."""
     from cutegen.runtime.quant_reference import to_mn_major_tma_aligned
