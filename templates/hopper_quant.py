@@ -17,8 +17,9 @@ Numerics (identical in the three kernels; the executable specification is
   element's byte is 0x7F (e4m3 NaN). Padding bytes stay 0.
 * FP4 (`per_token_quant_fp4`, the executable specification `cutegen.runtime.mx_reference.quant_fp4_ref`):
   1x32 groups, ``s = max(amax, eps) / 6`` rounded up to a power of two (UE8M0), each element the
-  E2M1 code of ``x * (1 / s)`` (`_e2m1_code`: nearest, ties to the even code, saturating), two
-  codes per byte, element 2i in the low nibble; a non-finite group's codes are all 7.
+  E2M1 code of ``x * (1 / s)`` (`_e2m1_code`: nearest, ties to the even code, saturating; bf16
+  inputs two at a time in 16-bit lanes, `_e2m1_codes_bf16x2`, the same codes), two codes per
+  byte, element 2i in the low nibble; a non-finite group's codes are all 7.
 
 Every kernel is persistent: the grid is ``min(tiles, max_active_clusters)`` CTAs (the runtime's
 occupancy query; clusters are 1x1, so that is the number of co-resident CTAs), and CTA ``b``
@@ -61,6 +62,21 @@ E2M1_MAX_CODE = 7
 ROUND_MAGIC = 12582912.0
 ROUND_MAGIC_BITS = 0x4B400000
 E2M1_SIGN = 8
+# The same rule on two bf16 at once, in 16-bit lanes of a word (`_e2m1_codes_bf16x2`): at |y| >= 1
+# the code is |y| rounded to one mantissa bit (bits + 0x1F + bit 6, shifted down 6) less 252, the
+# biased exponent of 1.0 twice; below 1 it is round(2|y|) (|y| · 2 + 192 in bf16 rounds to an
+# integer, ties to even, held in the sum's low bits); the larger of the two, each capped, is the code.
+BF16X2_ABS = 0x7FFF7FFF
+BF16X2_ROUND_ONE_BIT = 0x001F001F
+BF16X2_MANTISSA_TOP = 0x00010001
+BF16X2_LANE_10_BITS = 0x03FF03FF
+BF16X2_EXPONENT_OF_ONE = 0x00FC00FC
+BF16X2_TWO = 0x40004000
+BF16X2_ROUND_MAGIC = 0x43404340  # 192 = 1.5 · 2^7 in both lanes
+BF16X2_CODE_BELOW_ONE_MAX = 0x00020002
+BF16X2_CODE_MAX = 0x00070007
+BF16X2_SIGN_TO_BIT_3 = 12  # bit 15 of a lane to bit 3
+BF16X2_CODE_SIGN = 0x00080008
 E2M1_NAN_CODE = E2M1_MAX_CODE  # a non-finite group's codes (6.0; its NaN scale makes them NaN)
 # The grouped quantizer's prefix sums of group sizes stop here: past every token count T (T · H <
 # 2³¹ with H ≥ 8 keeps T < 2²⁸) and every block count S, and a sum of two stays below 2³¹.
@@ -111,19 +127,43 @@ def _scale_from_amax(
     return nan if amax_bits >= INF_BITS else s
 
 
-@dsl_user_op
-def _max_u16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
-    """Per-halfword unsigned maximum of two words (``max.u16x2``, sm_90)."""
+def _packed_op(instruction: str, *words: Int32, loc=None, ip=None) -> Int32:
+    """One PTX instruction on 32-bit words holding two 16-bit lanes each."""
+    operands = ", ".join(f"${i + 1}" for i in range(len(words)))
     return Int32(
         llvm.inline_asm(
             T.i32(),
-            [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
-            "max.u16x2 $0, $1, $2;",
-            "=r,r,r",
+            [Int32(w).ir_value(loc=loc, ip=ip) for w in words],
+            f"{instruction} $0, {operands};",
+            "=r," + ",".join("r" for _ in words),
             has_side_effects=False,
             is_align_stack=False,
         )
     )
+
+
+@dsl_user_op
+def _max_u16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """Per-halfword unsigned maximum of two words (``max.u16x2``, sm_90)."""
+    return _packed_op("max.u16x2", a, b, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _min_u16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """Per-halfword unsigned minimum of two words (``min.u16x2``, sm_90)."""
+    return _packed_op("min.u16x2", a, b, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _mul_bf16x2(a: Int32, b: Int32, *, loc=None, ip=None) -> Int32:
+    """Both bf16 of a times those of b, rounded to nearest even (``mul.rn.bf16x2``, sm_90)."""
+    return _packed_op("mul.rn.bf16x2", a, b, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _fma_bf16x2(a: Int32, b: Int32, c: Int32, *, loc=None, ip=None) -> Int32:
+    """a · b + c on both bf16 lanes, rounded once to nearest even (``fma.rn.bf16x2``)."""
+    return _packed_op("fma.rn.bf16x2", a, b, c, loc=loc, ip=ip)
 
 
 @cute.jit
@@ -150,6 +190,36 @@ def _e2m1_code(y: Float32) -> Int32:
     code = cutlass.min(rounded + offset, Int32(E2M1_MAX_CODE))
     negative = (y.bitcast(Int32) < 0) & (code != 0)
     return code | (Int32(E2M1_SIGN) if negative else Int32(0))
+
+
+@cute.jit
+def _e2m1_codes_bf16x2(w: Int32, inv2: Int32) -> Int32:
+    """The E2M1 codes of the two bf16 of w times inv (inv2: inv, a power of two, in both bf16
+    lanes, so the product is exact), in bits 0-3 and 16-19: `_e2m1_code`'s rule (same codes),
+    two elements an instruction (the constants above)."""
+    y = _mul_bf16x2(w, inv2)
+    a = y & BF16X2_ABS
+    top = (a >> 6) & BF16X2_MANTISSA_TOP
+    rounded = ((a + BF16X2_ROUND_ONE_BIT + top) >> 6) & BF16X2_LANE_10_BITS
+    at_least_one = _min_u16x2(_max_u16x2(rounded, BF16X2_EXPONENT_OF_ONE) - BF16X2_EXPONENT_OF_ONE, BF16X2_CODE_MAX)
+    below_one = _min_u16x2(_fma_bf16x2(a, BF16X2_TWO, BF16X2_ROUND_MAGIC) - BF16X2_ROUND_MAGIC, BF16X2_CODE_BELOW_ONE_MAX)
+    code = _max_u16x2(at_least_one, below_one)
+    # The sign of each lane, for codes other than 0 (a zero result is +0).
+    sign = (y >> BF16X2_SIGN_TO_BIT_3) & BF16X2_CODE_SIGN
+    nonzero = (code + BF16X2_CODE_MAX) & BF16X2_CODE_SIGN
+    return code | (sign & nonzero)
+
+
+@cute.jit
+def _quantize_vec_e2m1_bf16(words: cute.TensorSSA, inv: Float32, out: cute.Tensor, poisoned: Boolean):
+    """out (uint8 rmem, one byte per word) <- the E2M1 code pairs of bf16 pairs `words` times inv
+    (`_e2m1_codes_bf16x2`), element 2i in the low nibble; every code 7 where `poisoned`."""
+    half = (inv.bitcast(Int32) >> 16) & 0xFFFF  # inv's bf16: exact, a power of two
+    inv2 = half | (half << 16)
+    for i in cutlass.range_constexpr(cute.size(out)):
+        codes = _e2m1_codes_bf16x2(words[i], inv2)
+        byte = (codes | (codes >> 12)) & 0xFF
+        out[i] = cutlass.Uint8(Int32(E2M1_NAN_CODE | (E2M1_NAN_CODE << 4)) if poisoned else byte)
 
 
 @cute.jit
@@ -477,11 +547,16 @@ class PerTokenQuantKernel:
                 amax = amaxes[h]
                 sc = _scale_from_amax(amax, eps, self.ue8m0, self.largest)
                 scales.append(sc)
-                xp = cute.local_tile(frags[u], (V,), (h,)).load().to(Float32)
+                piece = cute.local_tile(frags[u], (V,), (h,))
+                xp = piece.load().to(Float32)
                 if cutlass.const_expr(self.fp4):
-                    # V codes in V/2 bytes, at byte col/2 of the row.
+                    # V codes in V/2 bytes, at byte col/2 of the row; bf16 two at a time.
                     qp = cute.make_rmem_tensor((V // 2,), cutlass.Uint8)
-                    _quantize_vec_e2m1(xp, Float32(1.0) / sc, qp, amax >= INF_BITS)
+                    if cutlass.const_expr(self.in_dtype == cutlass.BFloat16):
+                        words = cute.recast_tensor(piece, Int32).load()
+                        _quantize_vec_e2m1_bf16(words, Float32(1.0) / sc, qp, amax >= INF_BITS)
+                    else:
+                        _quantize_vec_e2m1(xp, Float32(1.0) / sc, qp, amax >= INF_BITS)
                     col = ct * self.cols + chunk * PER_TOKEN_WARP_COLS + h * self.piece_cols + lane * V
                     if (rt < row_tiles) & (r < m_rows) & (col < k_cols):
                         dst = cute.local_tile(mQ, (1, V // 2), (r, col // V))

@@ -431,3 +431,48 @@ def test_fp4_code_rule_is_the_reference_rounding():
     assert np.array_equal(kernel_rule(y), want)
     assert np.float32(hq.ROUND_MAGIC).view(np.int32) == hq.ROUND_MAGIC_BITS
     assert hq.E2M1_MAX == mx.E2M1_MAX and hq.E2M1_NAN_CODE == hq.E2M1_MAX_CODE == mx.E2M1_MAX_CODE
+
+
+def test_fp4_bf16_pair_rule_is_the_reference_rounding():
+    """The kernel's rule for bf16 inputs, two elements a word (`_e2m1_codes_bf16x2` with its
+    constants: integer lanes, the bf16 FMA rounding modelled by torch's bf16 rounding), gives
+    `mx_reference.float_to_e2m1`'s code pair for every finite bf16 value in each lane (the
+    multiply by the power-of-two 1/s is exact, so y itself is any bf16)."""
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    from cutegen.runtime import mx_reference as mx
+    from cutegen.templates import hopper_quant as hq
+
+    def lanes(op, a, b):
+        return op(a & 0xFFFF, b & 0xFFFF) | (op(a >> 16, b >> 16) << 16)
+
+    def fma_lanes(a, b_word, c_word):  # fma.rn.bf16x2: exact a·b + c, one rounding to bf16
+        out = np.zeros_like(a)
+        for shift in (0, 16):
+            x, b, c = (((v >> shift) & 0xFFFF).astype(np.uint32) << 16 for v in (a, np.uint32(b_word), np.uint32(c_word)))
+            exact = x.view(np.float32).astype(np.float64) * b.view(np.float32).astype(np.float64) + c.view(np.float32).astype(np.float64)
+            rounded = torch.from_numpy(exact).to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
+            out |= rounded << shift
+        return out
+
+    h = np.arange(1 << 16, dtype=np.uint32)
+    h = h[np.isfinite((h << 16).view(np.float32))]
+    lo, hi = h, h[::-1].copy()
+    y = lo | (hi << 16)
+    a = y & hq.BF16X2_ABS
+    top = (a >> 6) & hq.BF16X2_MANTISSA_TOP
+    rounded = ((a + hq.BF16X2_ROUND_ONE_BIT + top) >> 6) & hq.BF16X2_LANE_10_BITS
+    at_least_one = lanes(np.minimum, lanes(np.maximum, rounded, hq.BF16X2_EXPONENT_OF_ONE) - hq.BF16X2_EXPONENT_OF_ONE,
+                         hq.BF16X2_CODE_MAX)
+    below_one = lanes(np.minimum, fma_lanes(a, hq.BF16X2_TWO, hq.BF16X2_ROUND_MAGIC) - hq.BF16X2_ROUND_MAGIC,
+                      hq.BF16X2_CODE_BELOW_ONE_MAX)
+    code = lanes(np.maximum, at_least_one, below_one)
+    sign = (y.view(np.int32) >> hq.BF16X2_SIGN_TO_BIT_3).view(np.uint32) & hq.BF16X2_CODE_SIGN
+    code = code | (sign & ((code + hq.BF16X2_CODE_MAX) & hq.BF16X2_CODE_SIGN))
+    byte = (code | (code >> 12)) & 0xFF
+
+    def reference(bits):
+        return mx.float_to_e2m1(torch.from_numpy((bits << 16).view(np.float32).copy())).numpy().astype(np.uint32)
+
+    assert np.array_equal(byte, reference(lo) | (reference(hi) << 4))
