@@ -201,11 +201,13 @@ def _fp8_gemm_nt_ue8m0(function: str, qa: torch.Tensor, sfa: torch.Tensor, qb: t
         fp8_ops.fp8_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb) if per_row_b else _contiguous(sfb), out=d)
         return
     sfb_rows = sfb if per_row_b else sfb.repeat_interleave(SCALE_BLOCK, dim=0)[:n]
-    accumulator = d if d.dtype == torch.float32 else (c.float() if c is not None else None)
-    if c is None and d.dtype == torch.float32:
-        d.zero_()
-    c_fp32 = c if d.dtype == torch.float32 else None
-    fp8_ops.fp8_wgrad_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb_rows), accumulator, c_fp32)
+    if d.dtype == torch.float32:
+        if c is None:  # the weight-gradient kernel adds into D
+            d.zero_()
+        accumulator, c_in = d, c
+    else:  # bf16 D with C: C + A·Bᵀ in fp32, rounded to bf16 once below
+        accumulator, c_in = c.float(), None
+    fp8_ops.fp8_wgrad_gemm_nt(qa, to_mn_major_tma_aligned(sfa), qb, to_mn_major_tma_aligned(sfb_rows), accumulator, c_in)
     if accumulator is not d:
         d.copy_(accumulator)
 
@@ -430,7 +432,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     multiple of 128; ``grouped_layout`` the same sizes, int32 [G] on the GPU (what the kernel reads).
     """
     function = "k_grouped_fp8_gemm_nt_contiguous"
-    (qa, sfa), (qb, sfb), (g, m, n, ks) = _k_grouped_fp8_call(function, a, b, recipe, d, c, ks_cpu, grouped_layout,
+    (qa, sfa), (qb, sfb), (_, m, n, ks) = _k_grouped_fp8_call(function, a, b, recipe, d, c, ks_cpu, grouped_layout,
                                                                use_psum_layout)
     sum_k = sum(ks)
     for arg, data, rows in (("a", qa, m), ("b", qb, n)):
@@ -445,8 +447,7 @@ def k_grouped_fp8_gemm_nt_contiguous(
     # cutegen's kernel reads the scales as [Σk/128, rows] row-major: DeepGEMM's [rows, Σk/128]
     # MN-major scales transposed (a view when they have that layout).
     k_grouped_ops.k_grouped_fp8_gemm_nt_contiguous(
-        qa.view(-1), _contiguous(sfa.t()), qb.view(-1), _contiguous(sfb.t()), d, grouped_layout, c,
-        expected_k=max(SCALE_BLOCK, sum_k // g),
+        qa.view(-1), _contiguous(sfa.t()), qb.view(-1), _contiguous(sfb.t()), d, grouped_layout, c
     )
 
 
@@ -470,7 +471,7 @@ def k_grouped_fp8_gemm_tn_contiguous(
     are built for sm_100a only: elsewhere the call fails naming the architecture.
     """
     function = "k_grouped_fp8_gemm_tn_contiguous"
-    (qa, sfa), (qb, sfb), (g, m, n, ks) = _k_grouped_fp8_call(function, a, b, recipe, d, c, ks_cpu, grouped_layout,
+    (qa, sfa), (qb, sfb), (_, m, n, ks) = _k_grouped_fp8_call(function, a, b, recipe, d, c, ks_cpu, grouped_layout,
                                                                use_psum_layout)
     sum_k = sum(ks)
     for arg, data, sf, rows in (("a", qa, sfa, m), ("b", qb, sfb, n)):
@@ -482,9 +483,9 @@ def k_grouped_fp8_gemm_tn_contiguous(
                              f"[{sum_k // SCALE_BLOCK}, {rows}], got {list(sf.shape)}")
     if _nothing_to_launch(d, c, m, n, sum_k):
         return
+    # The kernel choice's K is the runtime's default, the tokens' even share per group.
     k_grouped_ops.k_grouped_fp8_gemm_tn_contiguous(
-        _contiguous(qa), _contiguous(sfa), _contiguous(qb), _contiguous(sfb), d, grouped_layout, c,
-        expected_k=max(SCALE_BLOCK, sum_k // g),
+        _contiguous(qa), _contiguous(sfa), _contiguous(qb), _contiguous(sfb), d, grouped_layout, c
     )
 
 

@@ -117,13 +117,13 @@ def check_aligned(op: str, arg: str, t: torch.Tensor | None, align_bytes: int = 
         )
 
 
-
 def check_expected_k(op: str, expected_k: Any) -> None:
     """InputError unless ``expected_k`` (the k-grouped GEMMs' hint of the tokens per group) is None
     or a non-negative int."""
     if expected_k is not None and (isinstance(expected_k, bool) or not isinstance(expected_k, int) or expected_k < 0):
         raise InputError(f"{op}: argument 'expected_k' must be a non-negative int (a hint for the kernel choice) "
                          f"or None, got {expected_k!r}")
+
 
 __all__ = [
     "MAX_EXTENT",

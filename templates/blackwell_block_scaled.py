@@ -159,7 +159,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                 {"name": "m_indices", "kind": "pointer", "operand": "m_indices"},
                 {"name": "zero_padding", "kind": "scalar", "dtype": "i32", "expr": "ZERO_PADDING"},
             ]
-        elif self.wgrad:
+        elif s.op.splits_last_wave:
             params.append({"name": "tail_split", "kind": "scalar", "dtype": "i32", "expr": "TAIL_SPLIT"})
         return params
 

@@ -78,6 +78,7 @@ BF16X2_CODE_MAX = 0x00070007
 BF16X2_SIGN_TO_BIT_3 = 12  # bit 15 of a lane to bit 3
 BF16X2_CODE_SIGN = 0x00080008
 E2M1_NAN_CODE = E2M1_MAX_CODE  # a non-finite group's codes (6.0; its NaN scale makes them NaN)
+E2M1_NAN_BYTE = E2M1_NAN_CODE | (E2M1_NAN_CODE << 4)
 # The grouped quantizer's prefix sums of group sizes stop here: past every token count T (T · H <
 # 2³¹ with H ≥ 8 keeps T < 2²⁸) and every block count S, and a sum of two stays below 2³¹.
 PREFIX_CAP = 1 << 29
@@ -204,7 +205,8 @@ def _e2m1_codes_bf16x2(w: Int32, inv2: Int32) -> Int32:
     at_least_one = _min_u16x2(_max_u16x2(rounded, BF16X2_EXPONENT_OF_ONE) - BF16X2_EXPONENT_OF_ONE, BF16X2_CODE_MAX)
     below_one = _min_u16x2(_fma_bf16x2(a, BF16X2_TWO, BF16X2_ROUND_MAGIC) - BF16X2_ROUND_MAGIC, BF16X2_CODE_BELOW_ONE_MAX)
     code = _max_u16x2(at_least_one, below_one)
-    # The sign of each lane, for codes other than 0 (a zero result is +0).
+    # The sign of each lane, for codes other than 0 (a zero result is +0): code + 7 has bit 3 set
+    # exactly when the code is 1-7.
     sign = (y >> BF16X2_SIGN_TO_BIT_3) & BF16X2_CODE_SIGN
     nonzero = (code + BF16X2_CODE_MAX) & BF16X2_CODE_SIGN
     return code | (sign & nonzero)
@@ -219,7 +221,7 @@ def _quantize_vec_e2m1_bf16(words: cute.TensorSSA, inv: Float32, out: cute.Tenso
     for i in cutlass.range_constexpr(cute.size(out)):
         codes = _e2m1_codes_bf16x2(words[i], inv2)
         byte = (codes | (codes >> 12)) & 0xFF
-        out[i] = cutlass.Uint8(Int32(E2M1_NAN_CODE | (E2M1_NAN_CODE << 4)) if poisoned else byte)
+        out[i] = cutlass.Uint8(Int32(E2M1_NAN_BYTE) if poisoned else byte)
 
 
 @cute.jit
@@ -230,7 +232,7 @@ def _quantize_vec_e2m1(xf: cute.TensorSSA, inv: Float32, out: cute.Tensor, poiso
         lo = _e2m1_code(xf[2 * i] * inv)
         hi = _e2m1_code(xf[2 * i + 1] * inv)
         byte = lo | (hi << 4)
-        out[i] = cutlass.Uint8(Int32(E2M1_NAN_CODE | (E2M1_NAN_CODE << 4)) if poisoned else byte)
+        out[i] = cutlass.Uint8(Int32(E2M1_NAN_BYTE) if poisoned else byte)
 
 
 @cute.jit
@@ -548,7 +550,6 @@ class PerTokenQuantKernel:
                 sc = _scale_from_amax(amax, eps, self.ue8m0, self.largest)
                 scales.append(sc)
                 piece = cute.local_tile(frags[u], (V,), (h,))
-                xp = piece.load().to(Float32)
                 if cutlass.const_expr(self.fp4):
                     # V codes in V/2 bytes, at byte col/2 of the row; bf16 two at a time.
                     qp = cute.make_rmem_tensor((V // 2,), cutlass.Uint8)
@@ -556,14 +557,14 @@ class PerTokenQuantKernel:
                         words = cute.recast_tensor(piece, Int32).load()
                         _quantize_vec_e2m1_bf16(words, Float32(1.0) / sc, qp, amax >= INF_BITS)
                     else:
-                        _quantize_vec_e2m1(xp, Float32(1.0) / sc, qp, amax >= INF_BITS)
+                        _quantize_vec_e2m1(piece.load().to(Float32), Float32(1.0) / sc, qp, amax >= INF_BITS)
                     col = ct * self.cols + chunk * PER_TOKEN_WARP_COLS + h * self.piece_cols + lane * V
                     if (rt < row_tiles) & (r < m_rows) & (col < k_cols):
                         dst = cute.local_tile(mQ, (1, V // 2), (r, col // V))
                         cute.autovec_copy(qp, dst[0, None])
                 else:
                     qp = cute.make_rmem_tensor((V,), cutlass.Float8E4M3FN)
-                    _quantize_vec(xp, Float32(1.0) / sc, qp)
+                    _quantize_vec(piece.load().to(Float32), Float32(1.0) / sc, qp)
                     if amax >= INF_BITS:
                         qw = cute.recast_tensor(qp, Int32)
                         for w in cutlass.range_constexpr(V // 4):
