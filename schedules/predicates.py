@@ -136,11 +136,19 @@ CLUSTER_EXTENTS = (1, 2)
 MAX_CLUSTER_SIZE = 2
 # WGMMA (sm_90a): M per warpgroup, legal CTA tile_m, N range and step.
 WGMMA_M_PER_WARPGROUP = 64
-WGMMA_TILE_M = (64, 128, 256)
+WGMMA_TILE_M = (64, 128, 192, 256)
 WGMMA_N_STEP = 16
 WGMMA_N_MIN = 16
 WGMMA_N_MAX = 256
-MATH_WARPGROUPS = (1, 2)
+MATH_WARPGROUPS = (1, 2, 3)
+# Three math warpgroups (192-row tiles, 512 threads): ptxas compiles the whole kernel at
+# 65536 / 512 = 128 registers a thread whatever setmaxnreg grants later, so the accumulators
+# must leave this many of those for addresses and loop state (192x192, 96 accumulators, compiles
+# without local memory; 192x224, 112, is refused by ptxas: "Insufficient registers").
+THREE_WARPGROUP_LAUNCH_HEADROOM = 32
+# The ops whose kernels have run with three math warpgroups (the plain BF16 GEMM's tma_store
+# epilogue; the block-scaled promotion, split K and the fused epilogues assume one or two).
+THREE_WARPGROUP_OPS = frozenset({Op.BF16_GEMM_NT})
 # setmaxnreg: multiple of 8 in [24, 256].
 SETMAXNREG_STEP = 8
 SETMAXNREG_MIN = 24
@@ -433,7 +441,7 @@ def tile_k_matches_dtype(s: Schedule) -> str | None:
 
 @_rule(archs=_SM90, ops=_GEMM_OPS)
 def math_warpgroups_range(s: Schedule) -> str | None:
-    """One or two math (consumer) warpgroups."""
+    """One, two or three math (consumer) warpgroups (three: `three_math_warpgroups`)."""
     if s.math_warpgroups in MATH_WARPGROUPS:
         return None
     return f"math_warpgroups={s.math_warpgroups}: expected one of {list(MATH_WARPGROUPS)}"
@@ -941,6 +949,28 @@ def whole_tile_epilogue_two_wave(s: Schedule) -> str | None:
 
 # Ops whose kernels have run with the per-warpgroup epilogue (bitwise equal to their CTA-wide twins).
 PER_WARPGROUP_EPILOGUE_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS})
+
+
+@_rule(archs=_SM90, ops=_GEMM_OPS)
+def three_math_warpgroups(s: Schedule) -> str | None:
+    """Three math warpgroups stack three 64-row waves into a 192-row tile (a 333-row problem in
+    two tile rows instead of three, a whole wave where 128-row tiles leave a thin second one):
+    only for the ops in THREE_WARPGROUP_OPS with the plain tma_store epilogue, and with
+    accumulators that fit the 128 registers a thread ptxas compiles a 512-thread kernel for."""
+    if s.math_warpgroups != 3:
+        return None
+    plain = s.epilogue == Epilogue.TMA_STORE and s.activation == Activation.NONE and not s.adds_bias
+    if s.op not in THREE_WARPGROUP_OPS or not plain or s.layout != Layout.NT or s.c_dtype != DType.BF16:
+        ops = ", ".join(sorted(o.value for o in THREE_WARPGROUP_OPS))
+        return (f"math_warpgroups=3: only ops {ops} storing a bf16 D (epilogue=tma_store, no activation or "
+                f"bias) from K-major operands (layout=nt), not op={s.op.value}, epilogue={s.epilogue.value}, "
+                f"activation={s.activation.value}, c_dtype={s.c_dtype.value}, layout={s.layout.value}")
+    launch_regs = SM90_REGISTERS_PER_SM // s.threads_per_cta
+    if s.accumulator_registers + THREE_WARPGROUP_LAUNCH_HEADROOM <= launch_regs:
+        return None
+    return (f"tile_m={s.tile_m}, tile_n={s.tile_n}: {s.accumulator_registers} accumulator registers per math "
+            f"thread leave fewer than {THREE_WARPGROUP_LAUNCH_HEADROOM} of the {launch_regs} a {s.threads_per_cta}-thread "
+            f"kernel is compiled for")
 
 
 @_rule()

@@ -1374,7 +1374,7 @@ def test_cli_verify_real_build(capsys, real_build):
 
 SCHEDULES_TOML = bf16_family(
     "extra_family",
-    sweep="tile = [ {tile_m = 64, tile_n = 192, math_warpgroups = 1}, {tile_m = 128, tile_n = 112, math_warpgroups = 2} ]",
+    sweep="tile = [ {tile_m = 64, tile_n = 192, math_warpgroups = 1}, {tile_m = 128, tile_n = 48, math_warpgroups = 2} ]",
     base_extra=ONE_CTA_CLUSTER,
 )
 EXTRA = "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x192x64_c1x1_mc0_s6_wg1_r40x232_epitma_rm_g8"

@@ -95,6 +95,18 @@ EXPECTED_DEFAULT_NAMES = sorted(
         for tile, stages in (("128x128x64", 6), ("128x192x64", 4), ("128x256x64", 4))
         for cluster in ("c1x1_mc0", "c1x2_mca")
     ]
+    # 192-row tiles over three math warpgroups, bf16 D (192x192 leaves room for three stages).
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_192x{tile_n}x64_{cluster}_s{stages}_wg3_r40x152_epitma_rm_g8"
+        for tile_n, stages in ((80, 5), (96, 5), (112, 5), (128, 4), (144, 4), (160, 4), (176, 4), (192, 3))
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+    ]
+    # Narrower 128-row widths, bf16 D.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x{tile_n}x64_{cluster}_s{stages}_wg2_r40x232_epitma_rm_g8"
+        for tile_n, stages in ((64, 8), (80, 8), (112, 6))
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+    ]
 )
 
 BASE = Schedule(
@@ -152,7 +164,7 @@ def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
     bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
-    assert len(bf16) == 131 and sum(not s.fused_epilogue for s in bf16) == 120
+    assert len(bf16) == 153 and sum(not s.fused_epilogue for s in bf16) == 142
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -167,7 +179,8 @@ def test_default_files_and_filters():
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
         "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu", "hopper_bf16_gemm_bias_residual",
-        "hopper_bf16_gemm_mn_major_split_k", "hopper_bf16_gemm_split_k_last_wave",
+        "hopper_bf16_gemm_mn_major_split_k", "hopper_bf16_gemm_split_k_last_wave", "hopper_bf16_gemm_192_rows",
+        "hopper_bf16_gemm_narrow_widths",
     }
 
 
@@ -180,7 +193,14 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
     "stages_at_least_two": [(bad(stages=1), "stages")],
     "smem_fits": [(bad(stages=5), "stages")],
     "tile_k_matches_dtype": [(bad(tile_k=32), "tile_k"), (bad(tile_k=128), "tile_k")],
-    "math_warpgroups_range": [(bad(math_warpgroups=3), "math_warpgroups")],
+    "math_warpgroups_range": [(bad(math_warpgroups=4), "math_warpgroups")],
+    # Three math warpgroups: the plain BF16 store only, and accumulators that fit 128 registers.
+    "three_math_warpgroups": [
+        (bad(tile_m=192, tile_n=224, math_warpgroups=3, consumer_regs=152), "tile_n=224"),
+        (bad(tile_m=192, tile_n=128, math_warpgroups=3, consumer_regs=152, epilogue=Epilogue.SPLIT_K_TMA_STORE,
+             cluster_m=1, multicast=Multicast.NONE), "epilogue=split_k_tma_store"),
+        (bad(tile_m=192, tile_n=128, math_warpgroups=3, consumer_regs=152, c_dtype=DType.F32), "c_dtype=f32"),
+    ],
     "tile_m_wgmma": [(bad(tile_m=96), "tile_m"), (bad(tile_m=64), "tile_m"), (bad(tile_m=512), "tile_m")],
     "tile_n_wgmma": [(bad(tile_n=120), "tile_n"), (bad(tile_n=272), "tile_n"), (bad(tile_n=0), "tile_n")],
     "register_budget": [

@@ -94,6 +94,20 @@ def test_64_row_kernels_at_ragged_small_m(ops, gemm_kernels, m):
         assert_matches(out, ref, f"{name} at M={m}")
 
 
+@pytest.mark.parametrize("m", [1, 100, 191, 193, 333, 385])
+def test_192_row_kernels_at_ragged_m(ops, gemm_kernels, m):
+    """Every 192-row kernel (three math warpgroups) where the last tile ends inside its rows, with
+    N a multiple of none of the tile widths and K of no stage count."""
+    a, b = inputs(m, 1000, 704, seed=7)
+    ref = reference(a, b)
+    names = [x for x in gemm_kernels if "_192x" in x]
+    assert names, "the catalogue has no 192-row bf16 kernel"
+    for name in names:
+        out = poisoned(m, 1000)
+        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
+        assert_matches(out, ref, f"{name} at M={m}")
+
+
 def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kernels, tmp_path):
     """A catalogue entry built for another architecture is refused with a clear message."""
     import hashlib
