@@ -105,6 +105,13 @@ TAIL_SPLIT_MIN_SAVED_BLOCKS = 8
 # a 128x128 tile scored as if its split paid) and 0.89x at 512x2112x7168 (every tile split, the
 # split-K kernels' case).
 LAST_WAVE_MAX_WAVES = 4
+# Split K (every tile split) only where the work units fit in this many waves: a second wave of
+# units streams the same operands again beside the fix-ups, which the model does not see. Kernel
+# durations of the BF16 GEMM on an H100 (tests/data/2026-12-06-h100-bf16-kernel-timings.json):
+# 256x5120x25600 ran 1.35x slower as two waves of 128x128 units split three ways (the model's
+# pick) than as one wave of 128x80 tiles; the rule lowers the heuristic's regret there and over
+# the BF16 shapes on both GPUs, and leaves the FP8 GEMM's choices as they were.
+SPLIT_MAX_WAVES = 1
 CONTIGUOUS_OP = "m_grouped_fp8_gemm_nt_contiguous"
 # The contiguous layout's GEMMs (a schedule's op, whatever epilogue its entry fuses): each tile
 # reads its rows' groups (`CostModel.grouped_tile_overhead_s`).
@@ -502,6 +509,8 @@ def _score(
         # the other S - 1 alone, at one SM's rate. Each wave of units pays that.
         partial_bytes = k_splits * tm * tn * 4
         estimated += waves * (model.split_fixup_s + partial_bytes / model.sm_bandwidth_cap)
+        if k_splits > 1 and waves > SPLIT_MAX_WAVES:
+            estimated = math.inf  # no candidate at this count (see SPLIT_MAX_WAVES)
     return Score(
         name=manifest.name,
         tile_m=tm,

@@ -141,7 +141,7 @@ def test_bf16_choice_stays_close_to_the_fastest_measured_kernel():
     (`cutegen tune --timings-out`; split-K kernels at 2-12 splits), tile widths 96-224 included."""
     regrets, geomean = dense_regrets("bf16_gemm_nt", BF16_TIMINGS)
     worst = max(regrets, key=regrets.get)
-    # Measured with the model of this commit: geometric mean 1.022; worst 1.29 (256x7168x2048: a
+    # Measured with the model of this commit: geometric mean 1.020; worst 1.29 (256x7168x2048: a
     # 64x256 tile of one math warpgroup chosen, 128x128 of two fastest; one-warpgroup tiles run
     # below the model's rate where they are compute-bound, and no factor for it ranked better).
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
@@ -160,14 +160,17 @@ def test_bf16_choice_on_an_h100_with_the_192_row_tiles():
     80 and 112 wide in the catalogue."""
     regrets, geomean = dense_regrets("bf16_gemm_nt", BF16_H100_TIMINGS)
     worst = max(regrets, key=regrets.get)
-    # Measured with the model of this commit: geometric mean 1.027; worst 1.35 (256x5120x25600:
-    # 128x128 units split three ways in two waves chosen, one wave of 128x80 tiles fastest).
+    # Measured with the model of this commit: geometric mean 1.023 (1.027 before split K was
+    # held to one wave of units, `heuristics.SPLIT_MAX_WAVES`); worst 1.24 (128x2112x7168: 128x128
+    # split seven ways chosen, 64x64 split two ways fastest).
     assert geomean < 1.03, f"geometric-mean slowdown {geomean:.3f} over {len(regrets)} shapes"
-    assert regrets[worst] < 1.4, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
+    assert regrets[worst] < 1.3, f"{worst}: the chosen kernel is {regrets[worst]:.2f}x the fastest"
     # Where a 192-row tile is the fastest kernel by 1.14-1.33x, the model picks it: M = 333 in two
     # tile rows filling whole waves, and 2048x2112 in one wave; and the narrow widths' whole waves.
     for key in ("333,12288,5120", "333,24576,1536", "333,7168,2048", "2048,2112,7168", "512,2112,7168"):
         assert regrets[key] < 1.02, (key, regrets[key])
+    # Two waves of split-K units (1.35x the fastest before SPLIT_MAX_WAVES) are no candidate.
+    assert regrets["256,5120,25600"] < 1.05, regrets["256,5120,25600"]
 
 
 def regrets_of(op: str, timings: dict, rows_scale: int = 1) -> dict[str, float]:
