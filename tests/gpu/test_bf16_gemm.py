@@ -81,31 +81,29 @@ def test_every_kernel_runs(ops, gemm_kernels, m, n, k):
         assert_matches(fresh, ref, f"{name} (new output)")
 
 
+def check_tiles_at_m(ops, gemm_kernels, tile: str, m: int, n: int, k: int, seed: int) -> None:
+    """Every kernel whose name has `tile` (e.g. "_64x") against the reference at M = m."""
+    a, b = inputs(m, n, k, seed=seed)
+    ref = reference(a, b)
+    names = [x for x in gemm_kernels if tile in x]
+    assert names, f"the catalogue has no bf16 kernel with {tile!r} in its name"
+    for name in names:
+        out = poisoned(m, n)
+        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
+        assert_matches(out, ref, f"{name} at M={m}")
+
+
 @pytest.mark.parametrize("m", [1, 16, 17, 40, 63, 65, 100, 191])
 def test_64_row_kernels_at_ragged_small_m(ops, gemm_kernels, m):
     """Every 64-row kernel where the last (or only) tile ends inside its rows."""
-    a, b = inputs(m, 200, 448, seed=5)
-    ref = reference(a, b)
-    names = [x for x in gemm_kernels if "_64x" in x]
-    assert names, "the catalogue has no 64-row bf16 kernel"
-    for name in names:
-        out = poisoned(m, 200)
-        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
-        assert_matches(out, ref, f"{name} at M={m}")
+    check_tiles_at_m(ops, gemm_kernels, "_64x", m, 200, 448, seed=5)
 
 
 @pytest.mark.parametrize("m", [1, 100, 191, 193, 333, 385])
 def test_192_row_kernels_at_ragged_m(ops, gemm_kernels, m):
     """Every 192-row kernel (three math warpgroups) where the last tile ends inside its rows, with
     N a multiple of none of the tile widths and K of no stage count."""
-    a, b = inputs(m, 1000, 704, seed=7)
-    ref = reference(a, b)
-    names = [x for x in gemm_kernels if "_192x" in x]
-    assert names, "the catalogue has no 192-row bf16 kernel"
-    for name in names:
-        out = poisoned(m, 1000)
-        ops.bf16_gemm_nt(a, b, out=out, kernel=name)
-        assert_matches(out, ref, f"{name} at M={m}")
+    check_tiles_at_m(ops, gemm_kernels, "_192x", m, 1000, 704, seed=7)
 
 
 def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kernels, tmp_path):
