@@ -136,7 +136,9 @@ CLUSTER_EXTENTS = (1, 2)
 MAX_CLUSTER_SIZE = 2
 # WGMMA (sm_90a): M per warpgroup, legal CTA tile_m, N range and step.
 WGMMA_M_PER_WARPGROUP = 64
-WGMMA_TILE_M = (64, 128, 192, 256)
+# The tile three math warpgroups compute, and the only one of that height.
+THREE_WARPGROUP_TILE_M = 192
+WGMMA_TILE_M = (64, 128, THREE_WARPGROUP_TILE_M, 256)
 WGMMA_N_STEP = 16
 WGMMA_N_MIN = 16
 WGMMA_N_MAX = 256
@@ -449,12 +451,15 @@ def math_warpgroups_range(s: Schedule) -> str | None:
 
 @_rule(archs=_SM90, ops=_GEMM_OPS)
 def tile_m_wgmma(s: Schedule) -> str | None:
-    """tile_m is 64, 128 or 256 and a multiple of 64 per math warpgroup (WGMMA M=64)."""
+    """tile_m is 64, 128, 192 (three math warpgroups only) or 256 and a multiple of 64 per math
+    warpgroup (WGMMA M=64)."""
     if s.tile_m not in WGMMA_TILE_M:
         return (
             f"tile_m={s.tile_m}: WGMMA tiles need tile_m in {list(WGMMA_TILE_M)} "
             f"(a multiple of {WGMMA_M_PER_WARPGROUP} per math warpgroup)"
         )
+    if s.tile_m == THREE_WARPGROUP_TILE_M and s.math_warpgroups != 3:
+        return f"tile_m={s.tile_m}: only with math_warpgroups=3 (one 64-row wave each), not {s.math_warpgroups}"
     if s.math_warpgroups >= 1:
         step = WGMMA_M_PER_WARPGROUP * s.math_warpgroups
         if s.tile_m % step:

@@ -201,7 +201,10 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
              cluster_m=1, multicast=Multicast.NONE), "epilogue=split_k_tma_store"),
         (bad(tile_m=192, tile_n=128, math_warpgroups=3, consumer_regs=152, c_dtype=DType.F32), "c_dtype=f32"),
     ],
-    "tile_m_wgmma": [(bad(tile_m=96), "tile_m"), (bad(tile_m=64), "tile_m"), (bad(tile_m=512), "tile_m")],
+    "tile_m_wgmma": [
+        (bad(tile_m=96), "tile_m"), (bad(tile_m=64), "tile_m"), (bad(tile_m=512), "tile_m"),
+        (bad(tile_m=192, math_warpgroups=1, tile_n=64), "math_warpgroups=3"),
+    ],
     "tile_n_wgmma": [(bad(tile_n=120), "tile_n"), (bad(tile_n=272), "tile_n"), (bad(tile_n=0), "tile_n")],
     "register_budget": [
         (bad(producer_regs=44), "producer_regs"),
