@@ -60,7 +60,7 @@ from .checks import (
 )
 from .errors import InputError, KernelLoadError
 from .grouped_ops import M_ALIGNMENT
-from .k_grouped_ops import check_sizes_and_output, descriptor_workspace, workspace_words
+from .k_grouped_ops import check_sizes_and_output, descriptor_workspace, set_d_to_c, workspace_words
 from .kernel_choice import kernel_for, masked_rows_per_group
 from .launch import launch
 from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_group_out, new_bf16_out
@@ -378,8 +378,7 @@ def _k_grouped(a, b, d, group_sizes, c, expected_k: int | None, kernel: str) -> 
     if call is None:
         g, m, n, tokens = check_k_grouped(a, b, d, group_sizes, c)
         check_disjoint(OP_K_GROUPED, {"d": d}, {"a": a, "b": b, "group_sizes": group_sizes})
-    if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):  # C = D: no copy
-        d.copy_(c)
+    set_d_to_c(d, c)
     if call is not None:
         if call.relaunch(tensors, current_stream(a)):
             return

@@ -129,6 +129,13 @@ def check_sizes_and_output(op: str, device: Any, group_sizes: Any, d: Any, c: An
     return g
 
 
+def set_d_to_c(d: torch.Tensor, c: torch.Tensor | None) -> None:
+    """D = C before the kernels add into D: a copy, none when C is D itself (the same address and
+    strides) or absent."""
+    if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
+        d.copy_(c)
+
+
 def tokens_per_group(expected_k: int | None, s_blocks: int, groups: int) -> int:
     """The K the kernel choice scores a k-grouped call at: the groups' tiles stacked along M (the
     persistent scheduler walks them as one sequence) over the tokens of one group, ``expected_k``
@@ -178,8 +185,7 @@ def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str)
     if call is None:
         g, m, n, s = _check(a, sfa, b, sfb, d, group_sizes, c)
         check_disjoint(OP, {"d": d}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "group_sizes": group_sizes})
-    if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):  # C = D: no copy
-        d.copy_(c)
+    set_d_to_c(d, c)
     if call is not None:
         if call.relaunch(tensors, current_stream(a)):
             return
@@ -313,8 +319,7 @@ def _tn_impl(
         # Chosen before D is touched, so that a GPU without these kernels refuses with D intact.
         with torch.cuda.device(device):
             loaded = kernel_for(OP_TN, m * g, n, tokens_per_group(expected_k, s, g), device, kernel_name)
-    if c is not None and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):  # C = D: no copy
-        d.copy_(c)
+    set_d_to_c(d, c)
     if not launches:
         return
     with torch.cuda.device(device):

@@ -15,12 +15,12 @@ from cutegen.runtime.errors import InputError  # noqa: E402
 G, M, N, S = 3, 256, 128, 5
 
 
-def operands(**changes):
-    """A valid operand set (fake CUDA tensors), with named replacements."""
+def operand_set(a_shape: tuple[int, ...], b_shape: tuple[int, ...], changes: dict) -> dict:
+    """A valid operand set (fake CUDA tensors) with A and B of these shapes, with named replacements."""
     ops = {
-        "a": torch.empty(128 * M * S, dtype=torch.float8_e4m3fn, device="cuda"),
+        "a": torch.empty(a_shape, dtype=torch.float8_e4m3fn, device="cuda"),
         "sfa": torch.empty(S, M, device="cuda"),
-        "b": torch.empty(128 * N * S, dtype=torch.float8_e4m3fn, device="cuda"),
+        "b": torch.empty(b_shape, dtype=torch.float8_e4m3fn, device="cuda"),
         "sfb": torch.empty(S, N, device="cuda"),
         "d": torch.empty(G, M, N, device="cuda"),
         "group_sizes": torch.empty(G, dtype=torch.int32, device="cuda"),
@@ -28,6 +28,11 @@ def operands(**changes):
     }
     ops.update(changes)
     return ops
+
+
+def operands(**changes):
+    """A valid operand set of `k_grouped_fp8_gemm_nt_contiguous`: A and B flat, groups back to back."""
+    return operand_set((128 * M * S,), (128 * N * S,), changes)
 
 
 def check(**changes):
@@ -93,18 +98,8 @@ def test_python_entry_rejects_bad_hints():
 
 
 def tn_operands(**changes):
-    """A valid operand set of `k_grouped_fp8_gemm_tn_contiguous` (fake CUDA tensors)."""
-    ops = {
-        "a": torch.empty(128 * S, M, dtype=torch.float8_e4m3fn, device="cuda"),
-        "sfa": torch.empty(S, M, device="cuda"),
-        "b": torch.empty(128 * S, N, dtype=torch.float8_e4m3fn, device="cuda"),
-        "sfb": torch.empty(S, N, device="cuda"),
-        "d": torch.empty(G, M, N, device="cuda"),
-        "group_sizes": torch.empty(G, dtype=torch.int32, device="cuda"),
-        "c": None,
-    }
-    ops.update(changes)
-    return ops
+    """A valid operand set of `k_grouped_fp8_gemm_tn_contiguous`: A and B tokens first."""
+    return operand_set((128 * S, M), (128 * S, N), changes)
 
 
 def check_tn(**changes):
