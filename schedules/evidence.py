@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .spec import Activation, Arch, Epilogue, Layout, Op, OutputScale, Schedule
+from .spec import Activation, Arch, Epilogue, Layout, Op, OutputScale, Raster, Schedule
 
 RAN = "ran on H200"
 RAN_ON_H100 = "ran on H100"
@@ -31,8 +31,11 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     (`cutegen.templates.fp32_silu`; the SwiGLU kernels, 64-row SwiGLU tiles among them, and the
     bias/activation kernels ending `_silu`: NOTES N89); and the kernels that split their last
     wave along K (epilogue `split_k_last_wave_tma_store`: BF16 dense, FP8 masked; NOTES N90); and
-    the FP4 per-token quantizers (2026-12-06, NOTES N93)."""
+    the FP4 per-token quantizers (2026-12-06, NOTES N93); and the masked kernels that walk each
+    group's tiles down their columns (FP8 and BF16, 2026-12-06, NOTES N95)."""
     if s.op == Op.PER_TOKEN_QUANT_FP4:
+        return True
+    if s.op.is_masked and s.raster == Raster.ALONG_M:
         return True
     if s.d_scale == OutputScale.UE8M0:
         return True

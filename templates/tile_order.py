@@ -118,9 +118,13 @@ class TileOrder:
 
     @cute.jit
     def _masked_locate(self, t, mMasked, max_m, ct_n):
-        """Cluster tile t of the masked layout → (group, cluster-tile m, cluster-tile n)."""
+        """Cluster tile t of the masked layout → (group, cluster-tile m, cluster-tile n). Within a
+        group the tiles run along N (a row of tiles after another), or with `raster_along_m` down
+        each column of tiles first: the group's rows of one column block run side by side and read
+        its block of B once, where a group's B is larger than the L2 (BF16 experts of 6144x7168)."""
         group = cutlass.Int32(0)
         local = t
+        rows = cutlass.Int32(1)
         before = cutlass.Int32(0)
         found = cutlass.Int32(0)
         for g in range(cute.size(mMasked)):
@@ -129,8 +133,11 @@ class TileOrder:
                 if t < before + count:
                     group = cutlass.Int32(g)
                     local = t - before
+                    rows = count // ct_n
                     found = cutlass.Int32(1)
             before += count
+        if cutlass.const_expr(self.raster_along_m):
+            return group, local % rows, local // rows
         return group, local // ct_n, local % ct_n
 
     @cute.jit

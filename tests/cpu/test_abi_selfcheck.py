@@ -35,13 +35,13 @@ SCHEDULES = (
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x160x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_64x32x128_c1x2_mca_s14_wg1_r40x232_episk_rm_g8",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x2_mca_s5_wg2_r40x232_epitma_rm_g8",
-    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
+    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_64x128x128_c1x2_mca_s8_wg1_r40x232_epitma_rm_g1",
     # The masked layout with its last wave split along K (the split-K workspace after masked_m).
-    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_episkw_rn_g1",
+    "cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_256x128x128_c1x2_mca_s3_wg2_r40x232_episkw_rm_g1",
     "cutegen_sm90a_fp8wgrad_e4m3_e4m3_f32_f32_sff32_128x112x128_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_kgfp8wgrad_e4m3_e4m3_f32_f32_sff32_128x128x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
     "cutegen_sm90a_mgbf16gemmc_bf16_bf16_bf16_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8",
-    "cutegen_sm90a_mgbf16gemmm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x2_mca_s8_wg1_r40x232_epitma_rn_g1",
+    "cutegen_sm90a_mgbf16gemmm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x2_mca_s8_wg1_r40x232_epitma_rm_g1",
     # Blackwell: every sm_100a op, one CTA and a CTA pair (only compiled: no sm_100 GPU here).
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_fp8gemm_e4m3_e4m3_bf16_f32_sff32_128x64x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",

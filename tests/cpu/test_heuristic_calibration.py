@@ -256,7 +256,7 @@ def test_contiguous_choice_between_the_192_and_256_wide_tiles():
 
 
 MASKED_KERNELS = [
-    f"cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_{tile}_{cluster}_wg{wg}_r40x232_epitma_rn_g1"
+    f"cutegen_sm90a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sff32_{tile}_{cluster}_wg{wg}_r40x232_epitma_rm_g1"
     for tile, wg, stages in (("64x128x128", 1, 8), ("128x192x128", 2, 4), ("256x128x128", 2, 3))
     for cluster in (f"c1x1_mc0_s{stages}", f"c1x2_mca_s{stages}")
 ]
@@ -383,3 +383,34 @@ def test_tail_split_rule_mirrors_the_kernels():
     assert not heuristics.tail_split_pays(62, 66, 16384)  # the wave is 94% full
     assert not heuristics.tail_split_pays(64, 132, 512)  # 1000x1000x512: 0.84x split
     assert not heuristics.tail_split_pays(0, 66, 4096)  # no partial wave
+
+
+BF16_MASKED_TIMINGS = DATA / "2026-12-06-h100-bf16-masked-kernel-timings.json"
+# The shipped masked BF16 kernels as timed: 128x256 walking each group down its columns of tiles;
+# 64x128 timed walking along N, which is the same tiles in the same order wherever a group holds
+# one tile row (where that tile is the fastest).
+BF16_MASKED_KERNELS = [
+    f"cutegen_sm90a_mgbf16gemmm_bf16_bf16_bf16_f32_nosf_{tile}_{raster}_g1"
+    for tile, raster in (
+        ("64x128x64_c1x1_mc0_s8_wg1_r40x232", "epitma_rn"), ("64x128x64_c1x2_mca_s8_wg1_r40x232", "epitma_rn"),
+        ("128x256x64_c1x1_mc0_s4_wg2_r40x232", "epitma_rm"), ("128x256x64_c1x2_mca_s4_wg2_r40x232", "epitma_rm"),
+    )
+]
+
+
+def test_masked_bf16_choice_stays_close_to_the_fastest_measured_kernel():
+    """The BF16 bench's 16 masked problems, three draws of masked_m each (an H100): the choice
+    among the shipped kernels ran within 1.07x of the fastest of them on every draw, 1.01x over
+    all (geometric mean). 128x128 tiles, which the model scored within 2% of 128x256 at groups of
+    ~1024 rows and which ran 1.15-1.4x slower there, are not built."""
+    problems = json.loads(BF16_MASKED_TIMINGS.read_text())["problems"]
+    candidates = [manifest_from_name(n) for n in BF16_MASKED_KERNELS]
+    logs = []
+    for p in problems:
+        rows = p["expected_m"]
+        chosen = heuristics.choose("m_grouped_bf16_gemm_nt_masked", candidates, p["groups"] * rows, p["n"], p["k"],
+                                   H200_SMS, tuning={}, rows_per_group=rows, max_rows_per_group=4096)
+        regret = p["us"][chosen.name] / min(p["us"][n] for n in BF16_MASKED_KERNELS)
+        assert regret < 1.07, (p["groups"], rows, p["n"], p["k"], chosen.name, regret)
+        logs.append(math.log(regret))
+    assert math.exp(sum(logs) / len(logs)) < 1.01
