@@ -34,6 +34,9 @@ multicast:
   that cannot grow are scored at the expected rows). Smaller groups only shorten the tiles.
 * Contiguous M-grouped kernels: a fixed cost per tile (`CostModel.grouped_tile_overhead_s`: the
   tile's group lookup, padding rows and store), which favours fewer, wider tiles.
+* Kernels with swapped operand roles (a grid rule whose tile rows run along N: B's rows are the
+  MMA's M side) are scored with M and N (and A and B) exchanged, their estimate times
+  `CostModel.swapped_roles_slowdown`.
 * ``estimated time = waves * (max(compute, memory, latency) + tile overhead)``; for kernels that
   split a last (or only) partial wave over every cluster the GPU holds where it pays (the dense
   weight gradient's `tail_split`; `tail_split_pays`), waves is fractional there:
@@ -210,6 +213,13 @@ class CostModel:
     whole_tile_max_k_blocks: int = 16
     whole_tile_short_k_factor: float = 0.97
     whole_tile_long_k_factor: float = 1.03
+    # Kernels with swapped operand roles (B's rows as the MMA's M side: a grid rule whose tile rows
+    # run along N) store D transposed, 64 columns per TMA box. Without a factor the model chose a
+    # swapped 128x176 tile at 512x4096x7168 that ran 1.13x slower than the best other kernel; any
+    # factor from 1.01 to 1.06 chooses swapped tiles at the five M = 333 shapes of the BF16 bench
+    # and nowhere else among those timed (an H100, tests/data/2026-12-06-h100-bf16-swapped-kernel-
+    # timings.json, tests/cpu/test_heuristic_calibration.py).
+    swapped_roles_slowdown: float = 1.03
 
     @property
     def flops_per_sm(self) -> float:
@@ -452,6 +462,11 @@ def _score(
     tm, tn, cm, cn = rule.tile_m, rule.tile_n, rule.cluster_m, rule.cluster_n
     cluster_size = max(1, cm * cn)
     m, n, k = max(int(m), 1), max(int(n), 1), max(int(k), 1)
+    # Swapped operand roles: the tiles' rows run along N (B's rows), their columns along M.
+    swapped = rule.extent_m == "N"
+    a_name, b_name = ("b", "a") if swapped else ("a", "b")
+    if swapped:
+        m, n = n, m
     tiles_m, tiles_n = ceil_div(m, tm), ceil_div(n, tn)
     if rows_per_group:
         tiles_m = ceil_div(m, rows_per_group) * ceil_div(rows_per_group, tm)
@@ -469,7 +484,7 @@ def _score(
     multicast = _multicast(manifest)
     mc_a = min(cn, tiles_n) if multicast in ("a", "ab") else 1
     mc_b = min(cm, tiles_m) if multicast in ("b", "ab") else 1
-    a_bytes, b_bytes, d_bytes = (_operand_bytes(manifest, name) for name in ("a", "b", "d"))
+    a_bytes, b_bytes, d_bytes = (_operand_bytes(manifest, name) for name in (a_name, b_name, "d"))
     tile_bytes = (tm * a_bytes / mc_a + tn * b_bytes / mc_b) * k + tm * tn * d_bytes
     active = max(1, min(tiles, clusters_per_wave * cluster_size))
     sm_bandwidth = min(model.operand_bandwidth / active, model.sm_bandwidth_cap)
@@ -504,6 +519,8 @@ def _score(
     if splits_tail(manifest) and tail_split_pays(cluster_tiles % clusters_per_wave, clusters_per_wave, k):
         wave_time = cluster_tiles / clusters_per_wave
     estimated = wave_time * (max(compute, memory, latency) + tile_overhead)
+    if swapped:
+        estimated *= model.swapped_roles_slowdown
     if splits_k(manifest) and not splits_k_last_wave(manifest):
         # Every work unit writes its partial tile and counts itself, and the last of a tile reads
         # the other S - 1 alone, at one SM's rate. Each wave of units pays that.

@@ -13,8 +13,9 @@ names it in an 18th part, e.g. ``..._epitma_rm_g8_tn``; ``nt`` is never written,
 parts ending in ``nt`` is not canonical. A GEMM whose epilogue adds a bias (`Bias`) names it
 next (``bias``), and one whose epilogue applies an activation (`Activation`) names it in a last
 part, e.g. ``..._epitma_rm_g8_swiglu`` or ``..._epitma_rm_g8_bias_gelu``; ``none`` is never written.
-A quantized output whose scales are rounded to powers of two (`OutputScale`) adds ``ue8m0`` last
-(``..._g8_swiglu_ue8m0``); ``f32`` is never written.
+A quantized output whose scales are rounded to powers of two (`OutputScale`) adds ``ue8m0``
+(``..._g8_swiglu_ue8m0``); ``f32`` is never written. A GEMM whose MMA takes B's rows as its M
+side (`OperandRoles`) adds ``swapab`` last (``..._epitma_rm_g8_swapab``); ``ab`` is never written.
 
 A quantizer whose unused fields hold their neutral values (`Schedule.quant_neutral`, every valid
 one) is named by the fields it uses, 9 parts::
@@ -46,6 +47,7 @@ from .spec import (
     Layout,
     Multicast,
     Op,
+    OperandRoles,
     OutputScale,
     Raster,
     ScaleFormat,
@@ -79,7 +81,7 @@ def _build_tags(cls: type[enum.Enum]) -> dict[str, Any]:
 
 
 _TAGS: dict[type, dict[str, Any]] = {
-    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout, Bias, Activation, OutputScale)
+    cls: _build_tags(cls) for cls in (Arch, Op, DType, ScaleFormat, Multicast, Epilogue, Raster, Layout, Bias, Activation, OutputScale, OperandRoles)
 }
 
 
@@ -136,6 +138,8 @@ def procedural_name(s: Schedule) -> str:
             parts.append(_enum(s.activation, "activation"))
         if s.d_scale != OutputScale.F32:
             parts.append(_enum(s.d_scale, "d_scale"))
+        if s.operand_roles != OperandRoles.AB:
+            parts.append(_enum(s.operand_roles, "operand_roles"))
     return "_".join(parts)
 
 
@@ -192,10 +196,11 @@ _PARTS: tuple[Callable[[str], dict[str, Any]], ...] = (
 
 # A GEMM whose layout is not "nt" names it in one more part, then one with a bias names it
 # ("bias"), then one whose activation is not "none" names that, then one whose quantized output's
-# scales are rounded to powers of two names that ("ue8m0") in a last part.
+# scales are rounded to powers of two names that ("ue8m0"), then one whose MMA takes B's rows as
+# its M side names that ("swapab") in a last part.
 _OPTIONAL_PARTS = (
     (_tag("layout"), Layout.NT), (_tag("bias"), Bias.NONE), (_tag("activation"), Activation.NONE),
-    (_tag("d_scale"), OutputScale.F32),
+    (_tag("d_scale"), OutputScale.F32), (_tag("operand_roles"), OperandRoles.AB),
 )
 
 # The short form's parsers (`_QUANT_PARTS_AT`).
@@ -219,7 +224,7 @@ def parse_name(name: str) -> Schedule:
     else:
         raise ValueError(
             f"{name!r} is not a cutegen kernel name: expected {1 + len(_PARTS)} '_'-separated "
-            f"parts (one more each for a layout other than nt, a bias, an activation and rounded output scales; a quantizer: "
+            f"parts (one more each for a layout other than nt, a bias, an activation, rounded output scales and swapped operand roles; a quantizer: "
             f"{1 + len(_QUANT_PARTS)}), got {len(parts)} (e.g. {_EXAMPLE})"
         )
     values: dict[str, Any] = {}
@@ -241,7 +246,7 @@ def parse_name(name: str) -> Schedule:
         if rest:
             raise ValueError(
                 f"{name!r} is not a cutegen kernel name: part {len(parts) - len(rest) + 1} "
-                f"({rest[0]!r}) is not a layout, bias, activation or output scale tag, or is out of order"
+                f"({rest[0]!r}) is not a layout, bias, activation, output scale or operand roles tag, or is out of order"
             )
     if grammar is _QUANT_PARTS:
         if not values["op"].is_quantize:

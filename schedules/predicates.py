@@ -978,6 +978,32 @@ def three_math_warpgroups(s: Schedule) -> str | None:
             f"kernel is compiled for")
 
 
+# The ops whose kernels may take B's rows as the MMA's M side (`OperandRoles.BA`).
+SWAPPED_ROLES_OPS = frozenset({Op.BF16_GEMM_NT})
+# The swapped kernels' tile widths run along M in steps of the epilogue's 16-column sub-tiles.
+SWAPPED_TILE_N_STEP = 16
+
+
+@_rule()
+def swapped_operand_roles(s: Schedule) -> str | None:
+    """B's rows as the MMA's M side (operand_roles=ba): the kernel stores Dᵀ through a column-major
+    view of D, so only ops in SWAPPED_ROLES_OPS on sm_90a, storing a bf16 D from K-major operands
+    with the plain tma_store epilogue (no activation, bias or split), tile_n a multiple of
+    SWAPPED_TILE_N_STEP (the epilogue's sub-tiles along M)."""
+    if not s.swaps_ab:
+        return None
+    plain = s.epilogue == Epilogue.TMA_STORE and s.activation == Activation.NONE and not s.adds_bias
+    if (s.arch != Arch.SM90A or s.op not in SWAPPED_ROLES_OPS or not plain or s.layout != Layout.NT
+            or s.c_dtype != DType.BF16):
+        ops = ", ".join(sorted(o.value for o in SWAPPED_ROLES_OPS))
+        return (f"operand_roles=ba: only ops {ops} on sm_90a storing a bf16 D (epilogue=tma_store, no "
+                f"activation or bias) from K-major operands (layout=nt), not arch={s.arch.value}, "
+                f"op={s.op.value}, epilogue={s.epilogue.value}, c_dtype={s.c_dtype.value}, layout={s.layout.value}")
+    if s.tile_n % SWAPPED_TILE_N_STEP:
+        return f"operand_roles=ba: tile_n={s.tile_n} must be a multiple of {SWAPPED_TILE_N_STEP}"
+    return None
+
+
 @_rule()
 def per_warpgroup_epilogue_two_warpgroups(s: Schedule) -> str | None:
     """The tma_store_per_warpgroup epilogue stages the whole tile and lets each of two math

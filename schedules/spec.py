@@ -281,6 +281,22 @@ class Layout(str, enum.Enum):
         return self in (Layout.NN, Layout.TN)
 
 
+class OperandRoles(str, enum.Enum):
+    """Which operand's rows are the MMA's M side. ``ab`` (the default): A's, so a tile's rows run
+    along D's rows. ``ba`` (named ``swapab``): B's rows are the MMA's M and A's rows its N — the
+    kernel computes Dᵀ = B·Aᵀ and stores it through a column-major view of D. The tile's rows
+    (tile_m, 64 per math warpgroup) then run along N and its columns (tile_n, a multiple of 16)
+    along M, so a few hundred rows of A are covered in steps of 16 rather than 64: M = 333 in three
+    112-wide tiles (336 rows) where 128- and 192-row tiles compute 384."""
+
+    AB = "ab"
+    BA = "ba"
+
+    @property
+    def tag(self) -> str:
+        return "swapab" if self == OperandRoles.BA else "ab"
+
+
 class Activation(str, enum.Enum):
     """What the epilogue computes from the tile's fp32 sum before it is written (the schedule's
     epilogue description, beside `c_dtype`, the output's type).
@@ -359,6 +375,7 @@ QUANT_NEUTRAL: dict[str, Any] = {
     "raster": Raster.ALONG_M,
     "group_size": 1,
     "layout": Layout.NT,
+    "operand_roles": OperandRoles.AB,
 }
 
 # Hardware facts used by the validity rules.
@@ -498,13 +515,20 @@ class Schedule:
     activation: Activation = Activation.NONE
     # Named only when not the default (`naming`), before the activation.
     bias: Bias = Bias.NONE
-    # Named only when not the default (`naming`), last: a quantized output's scale rounding.
+    # Named only when not the default (`naming`), after the output scale rounding.
     d_scale: OutputScale = OutputScale.F32
+    # Named only when not the default (`naming`), last: which operand feeds the MMA's M side.
+    operand_roles: OperandRoles = OperandRoles.AB
 
     # ---- derived facts, one definition each -------------------------------------------------
     @property
     def cluster_size(self) -> int:
         return self.cluster_m * self.cluster_n
+
+    @property
+    def swaps_ab(self) -> bool:
+        """B's rows are the MMA's M side (`OperandRoles.BA`): tile_m runs along N, tile_n along M."""
+        return self.operand_roles == OperandRoles.BA
 
     @property
     def mma_ctas(self) -> int:
@@ -1000,4 +1024,5 @@ _FIELD_TYPES: dict[str, Any] = {
     "activation": Activation,
     "bias": Bias,
     "d_scale": OutputScale,
+    "operand_roles": OperandRoles,
 }

@@ -265,7 +265,9 @@ class GemmContract:
             # clusters exit at once. The tile fields feed the heuristic.
             units = f"G * {cluster_tiles}"
         else:
-            return {"kind": "persistent_clusters", **tiles, "extent_m": "M", "extent_n": "N"}
+            # With swapped operand roles the tiles' rows run along N and their columns along M.
+            extents = ("N", "M") if s.swaps_ab else ("M", "N")
+            return {"kind": "persistent_clusters", **tiles, "extent_m": extents[0], "extent_n": extents[1]}
         clusters = f"max(min({units}, max_active_clusters), 1)"
         return {"kind": "blocks", **tiles, "blocks": [str(s.cluster_m), str(s.cluster_n), clusters]}
 

@@ -12,7 +12,6 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync
-from cutlass.tensor_utils import LayoutEnum
 
 from cutegen.schedules.spec import THREADS_PER_WARPGROUP
 from cutegen.templates.hopper_state import GemmArgs
@@ -73,7 +72,7 @@ class HopperEpilogue:
         """Registers → swizzled shared memory (stmatrix) → TMA store. With per-warpgroup stores,
         one warpgroup's stmatrix copy (64-row sub-tiles): a warpgroup's accumulator fragment is
         the same whatever the warpgroups beside it."""
-        c_layout = LayoutEnum.ROW_MAJOR
+        c_layout = self._d_layout()
         copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(
             c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype
         )

@@ -177,11 +177,14 @@ class HopperGemmKernel(
         # partial tile matters little.
         dense = not (s.op.is_m_grouped or s.op.is_masked or s.op.is_k_grouped)
         # (Not for an MN-major A, whose swizzle atoms run 64 rows along M.)
-        self.a_tail_slices = s.tile_m // A_TAIL_SLICE_ROWS if dense and s.tile_m == 64 and not s.layout.a_mn_major else 0
+        # (Nor with swapped operand roles, whose tile rows run along N.)
+        a_tail = dense and s.tile_m == 64 and not s.layout.a_mn_major and not s.swaps_ab
+        self.a_tail_slices = s.tile_m // A_TAIL_SLICE_ROWS if a_tail else 0
         # Dense GEMMs but the weight gradient (whose M is the wide side), and the masked layout
         # (from max_m, each group's B read by its own tile rows), choose their loads' L2 policies
         # at run time (STREAMED_B_MAX_TILE_ROWS). The contiguous layout measured no gain from them.
-        self.hints_streamed_b = (dense or s.op.is_masked) and not s.op.scales_b_per_row
+        # Not with swapped operand roles: the kernel's B is then the op's A, read by every tile row.
+        self.hints_streamed_b = (dense or s.op.is_masked) and not s.op.scales_b_per_row and not s.swaps_ab
         # The masked and k-grouped layouts' D carries a group mode.
         self.d_grouped = s.op.is_masked or s.op.is_k_grouped
         # Split K: the splits whose partial tiles the fixup's last CTA loads before adding: 8 for

@@ -63,12 +63,21 @@ class HopperHost:
             )
             return a_staged, a_tail_staged, b_staged, rows
         em, en = self.schedule.epi_tile
+        # D's sub-tiles contiguous along the kernel's N (D's columns), or with swapped operand
+        # roles along its M (D's columns again: the kernel writes Dᵀ).
+        d_layout = self._d_layout()
         c_atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.c_dtype, en),
+            sm90_utils.get_smem_layout_atom(d_layout, self.c_dtype, em if d_layout.is_m_major_c() else en),
             self.c_dtype,
         )
-        epi_staged = cute.tile_to_shape(c_atom, (em, en, self.schedule.epilogue_stages), order=(0, 1, 2))
+        order = (1, 0, 2) if d_layout.is_m_major_c() else (0, 1, 2)
+        epi_staged = cute.tile_to_shape(c_atom, (em, en, self.schedule.epilogue_stages), order=order)
         return a_staged, a_tail_staged, b_staged, epi_staged
+
+    def _d_layout(self) -> LayoutEnum:
+        """D in the kernel's (M, N) view: row-major, or column-major where the operand roles are
+        swapped (the kernel's M runs along D's columns)."""
+        return LayoutEnum.COL_MAJOR if self.schedule.swaps_ab else LayoutEnum.ROW_MAJOR
 
     def _make_tiled_mma(self, atom_layout_mnk=None):
         """The kernel's tiled WGMMA (its math warpgroups stacked along M; its atom as wide as
@@ -115,15 +124,18 @@ class HopperHost:
         b_share = cm if self.is_b_mcast else 1
         a_box = (tm, tk // a_share) if s.layout.a_mn_major else (tm // a_share, tk)
         b_box = (tn, tk // b_share) if s.layout.b_mn_major else (tn // b_share, tk)
+        # The kernel's A and B: the op's, or with swapped operand roles B and A (`_launch`).
+        op_a, op_b = ("a", "M", s.a_dtype), ("b", "N", s.b_dtype)
+        (a_name, a_rows, a_dtype), (b_name, b_rows, b_dtype) = (op_b, op_a) if s.swaps_ab else (op_a, op_b)
         # A [G, max_m, K] (masked) and B [G, N, K] (M-grouped) carry a group mode. The k-grouped
         # op's flat A and B are viewed as [M, KT] and [N, KT] (KT = 128 · Σ blocks): only a
         # template; the kernel rewrites address, extents and stride per group.
         k_extent = "KT" if self.schedule.op.is_k_grouped else "K"
         params = [
-            {"name": "tma_a", **with_group_mode(tma("a", s.a_dtype, *a_box, s.layout.a_mn_major), self.schedule.op.is_masked)},
-            {"name": "extents_a", **shape("a", ["M", k_extent], self.schedule.op.is_masked)},
-            {"name": "tma_b", **with_group_mode(tma("b", s.b_dtype, *b_box, s.layout.b_mn_major), self.schedule.op.is_m_grouped)},
-            {"name": "extents_b", **shape("b", ["N", k_extent], self.schedule.op.is_m_grouped)},
+            {"name": "tma_a", **with_group_mode(tma(a_name, a_dtype, *a_box, s.layout.a_mn_major), self.schedule.op.is_masked)},
+            {"name": "extents_a", **shape(a_name, [a_rows, k_extent], self.schedule.op.is_masked)},
+            {"name": "tma_b", **with_group_mode(tma(b_name, b_dtype, *b_box, s.layout.b_mn_major), self.schedule.op.is_m_grouped)},
+            {"name": "extents_b", **shape(b_name, [b_rows, k_extent], self.schedule.op.is_m_grouped)},
         ]
         if self.schedule.block_scaled:
             params += [
@@ -141,6 +153,15 @@ class HopperHost:
         if s.stages_quantized_rows:
             # The activation's rows go to D by bulk copies: D as a plain tensor.
             params.append(plain_binding(contract["d"]))
+        elif s.swaps_ab:
+            # D [M, N] row-major holds the kernel's Dᵀ: an (en rows of M) x (em columns of N) box,
+            # copied once per swizzle atom along N, the sub-tile's contiguous side.
+            recipe = tma("d", s.c_dtype, en, em)
+            atom = {"128B": 128, "64B": 64, "32B": 32}.get(recipe["swizzle"], 16) // s.c_dtype.bytes
+            params += [
+                {"name": "tma_d", **dict(recipe, box=[min(em, atom), en])},
+                {"name": "extents_d", **shape("d", ["N", "M"])},
+            ]
         else:
             params += [
                 {"name": "tma_d", **with_group_mode(tma("d", s.c_dtype, em, en), self.d_grouped)},
@@ -186,6 +207,13 @@ class HopperHost:
     ):
         tm, tn, tk = self.tile_shape_mnk
         cm, cn = self.cluster_shape_mn
+        if cutlass.const_expr(self.schedule.swaps_ab):
+            # B's rows are the MMA's M side: the kernel computes Dᵀ = B·Aᵀ into D viewed
+            # column-major ([N, M], stride 1 along N).
+            a, b = b, a
+            c = cute.make_tensor(
+                c.iterator, cute.make_layout((c.shape[1], c.shape[0]), stride=(c.stride[1], c.stride[0]))
+            )
         a_staged, a_tail_staged, b_staged, epi_staged = self._make_smem_layouts()
         self.smem_swizzles = {
             "a": str(a_staged.inner),

@@ -24,6 +24,9 @@ SCHEDULES = (
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_64x128x64_c1x1_mc0_s8_wg1_r40x232_epitma_rm_g8",
     # Three math warpgroups (512 threads a CTA), B multicast.
     "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_192x192x64_c2x1_mcb_s3_wg3_r40x152_epitma_rm_g8",
+    # B's rows as the MMA's M side: A and B swap descriptors, D written through a column-major view.
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_128x112x64_c2x1_mcb_s6_wg2_r40x232_epitma_rm_g8_swapab",
+    "cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_192x176x64_c1x1_mc0_s4_wg3_r40x152_epitma_rm_g8_swapab",
     # fp32 D added into by the TMA's reduce-add (D = C + A·Bᵀ).
     "cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_128x256x64_c2x1_mcb_s4_wg2_r40x232_epiadd_rm_g8",
     # MN-major operands: B (nn, with B multicast), both (tn, adding into fp32 D), A (tt).

@@ -77,9 +77,9 @@ def test_swiglu_rows_are_staged_for_one_bulk_copy_each():
 def test_names_with_a_layout_and_an_activation_parse_in_order_only():
     s = swiglu_schedules()[0]
     name = procedural_name(s)
-    with pytest.raises(ValueError, match="not a layout, bias, activation or output scale tag"):
+    with pytest.raises(ValueError, match="not a layout, bias, activation, output scale or operand roles tag"):
         parse_name(name + "_nt")
-    with pytest.raises(ValueError, match="not a layout, bias, activation or output scale tag"):
+    with pytest.raises(ValueError, match="not a layout, bias, activation, output scale or operand roles tag"):
         parse_name(name + "_ue8m0_swiglu")
     with pytest.raises(ValueError, match="not a canonical"):
         parse_name(name + "_f32")  # the default rounding is never named

@@ -59,7 +59,9 @@ def manifest_from_name(name: str) -> KernelManifest:
         smem_bytes=s.smem_bytes,
         pdl=False,
         cooperative=False,
-        grid=GridRule("persistent_clusters", s.tile_m, s.tile_n, s.cluster_m, s.cluster_n),
+        # Swapped operand roles: the tiles' rows run along N.
+        grid=GridRule("persistent_clusters", s.tile_m, s.tile_n, s.cluster_m, s.cluster_n,
+                      *(("N", "M") if s.swaps_ab else ("M", "N"))),
         operands=[
             OperandSpec("a", s.a_dtype.value, ["M", "K"], 1, 16),
             OperandSpec("sfa", "f32", ["M", "KB"], 0, 16),
@@ -414,3 +416,32 @@ def test_masked_bf16_choice_stays_close_to_the_fastest_measured_kernel():
         assert regret < 1.07, (p["groups"], rows, p["n"], p["k"], chosen.name, regret)
         logs.append(math.log(regret))
     assert math.exp(sum(logs) / len(logs)) < 1.01
+
+
+BF16_SWAPPED_TIMINGS = DATA / "2026-12-06-h100-bf16-swapped-kernel-timings.json"
+# The shipped kernels with swapped operand roles (hopper_bf16_gemm_swapped_roles*).
+SHIPPED_SWAPPED = ("_64x112x64_", "_128x112x64_", "_192x176x64_")
+# Where they ran faster than every other kernel: M = 333 at all N, K but 7168, 2048 (whose
+# 192x112 row tiles already fill one wave).
+SWAPPED_WIN = {(333, 2112, 7168), (333, 24576, 1536), (333, 4096, 7168), (333, 12288, 5120), (333, 5120, 25600)}
+
+
+def test_bf16_swapped_roles_chosen_where_m_fits_their_columns():
+    """20 BF16 shapes near the 0.95x floor (an H100): beside the other bf16-D kernels, the shipped
+    kernels with swapped operand roles are chosen at five of the six M = 333 shapes (three 112-wide
+    or two 176-wide tiles along M, where row tiles compute 384 rows) and nowhere else; there the choice
+    ran within 1.03x of the fastest shipped kernel and 1.02-1.11x faster than the choice without them."""
+    shapes = json.loads(BF16_SWAPPED_TIMINGS.read_text())["shapes"]
+    for p in shapes:
+        names = [n for n in p["us"] if n.startswith("cutegen_") and
+                 (not n.endswith("_swapab") or any(t in n for t in SHIPPED_SWAPPED))]
+        plain = [n for n in names if not n.endswith("_swapab")]
+        chosen = heuristics.choose("bf16_gemm_nt", [manifest_from_name(n) for n in names], p["m"], p["n"], p["k"],
+                                   H200_SMS, tuning={})
+        win = (p["m"], p["n"], p["k"]) in SWAPPED_WIN
+        assert chosen.name.endswith("_swapab") == win, (p["m"], p["n"], p["k"], chosen.name)
+        if win:
+            without = heuristics.choose("bf16_gemm_nt", [manifest_from_name(n) for n in plain], p["m"], p["n"],
+                                        p["k"], H200_SMS, tuning={})
+            assert p["us"][chosen.name] <= 1.03 * min(p["us"][n] for n in names), (p["n"], p["k"], chosen.name)
+            assert p["us"][without.name] >= 1.02 * p["us"][chosen.name], (p["n"], p["k"], without.name)

@@ -40,7 +40,7 @@ from cutegen.schedules import (
 )
 from cutegen.schedules import predicates as preds
 from cutegen.schedules.spec import (
-    K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES, Activation, Bias, OutputScale,
+    K_GROUPED_EARLY_COLUMNS_MIN_REGS, SCALE_BLOCK, SM90_SMEM_OPT_IN_BYTES, Activation, Bias, OperandRoles, OutputScale,
 )
 from schedule_files import bf16_family  # noqa: E402
 
@@ -107,6 +107,12 @@ EXPECTED_DEFAULT_NAMES = sorted(
         for tile_n, stages in ((64, 8), (80, 8), (112, 6))
         for cluster in ("c1x1_mc0", "c2x1_mcb")
     ]
+    # B's rows as the MMA's M side (swapped operand roles), bf16 D: 112 or 176 wide along M.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x{regs}_epitma_rm_g8_swapab"
+        for tile, stages, wg, regs in (("64x112x64", 8, 1, 232), ("128x112x64", 6, 2, 232), ("192x176x64", 4, 3, 152))
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+    ]
 )
 
 BASE = Schedule(
@@ -164,7 +170,7 @@ def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
     bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
-    assert len(bf16) == 153 and sum(not s.fused_epilogue for s in bf16) == 142
+    assert len(bf16) == 159 and sum(not s.fused_epilogue for s in bf16) == 148
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -180,7 +186,7 @@ def test_default_files_and_filters():
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_tile_widths",
         "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu", "hopper_bf16_gemm_bias_residual",
         "hopper_bf16_gemm_mn_major_split_k", "hopper_bf16_gemm_split_k_last_wave", "hopper_bf16_gemm_192_rows",
-        "hopper_bf16_gemm_narrow_widths",
+        "hopper_bf16_gemm_narrow_widths", "hopper_bf16_gemm_swapped_roles", "hopper_bf16_gemm_swapped_roles_192_rows",
     }
 
 
@@ -200,6 +206,12 @@ CRAFTED: dict[str, list[tuple[Schedule, str]]] = {
         (bad(tile_m=192, tile_n=128, math_warpgroups=3, consumer_regs=152, epilogue=Epilogue.SPLIT_K_TMA_STORE,
              cluster_m=1, multicast=Multicast.NONE), "epilogue=split_k_tma_store"),
         (bad(tile_m=192, tile_n=128, math_warpgroups=3, consumer_regs=152, c_dtype=DType.F32), "c_dtype=f32"),
+    ],
+    # Swapped operand roles: the plain BF16 store from K-major operands, widths in steps of 16.
+    "swapped_operand_roles": [
+        (bad(operand_roles=OperandRoles.BA, tile_n=88), "tile_n=88"),
+        (bad(operand_roles=OperandRoles.BA, c_dtype=DType.F32), "c_dtype=f32"),
+        (bad(operand_roles=OperandRoles.BA, layout=Layout.NN), "layout=nn"),
     ],
     "tile_m_wgmma": [
         (bad(tile_m=96), "tile_m"), (bad(tile_m=64), "tile_m"), (bad(tile_m=512), "tile_m"),

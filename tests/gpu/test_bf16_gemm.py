@@ -106,6 +106,13 @@ def test_192_row_kernels_at_ragged_m(ops, gemm_kernels, m):
     check_tiles_at_m(ops, gemm_kernels, "_192x", m, 1000, 704, seed=7)
 
 
+@pytest.mark.parametrize("m", [1, 15, 17, 100, 333, 513])
+def test_swapped_role_kernels_at_ragged_m(ops, gemm_kernels, m):
+    """Every kernel whose MMA takes B's rows as its M side (D written transposed through a
+    column-major view) where M ends inside a tile's columns and N inside its rows."""
+    check_tiles_at_m(ops, gemm_kernels, "_swapab", m, 1000, 704, seed=9)
+
+
 def test_kernels_of_other_architectures_are_refused(ops, device_info, gemm_kernels, tmp_path):
     """A catalogue entry built for another architecture is refused with a clear message."""
     import hashlib
