@@ -956,6 +956,13 @@ def whole_tile_epilogue_two_wave(s: Schedule) -> str | None:
 PER_WARPGROUP_EPILOGUE_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS})
 
 
+def _stores_plain_bf16_from_k_major(s: Schedule) -> bool:
+    """The plain BF16 store: epilogue tma_store with no activation or bias, a bf16 D, K-major
+    operands (what three math warpgroups and swapped operand roles have run with)."""
+    plain = s.epilogue == Epilogue.TMA_STORE and s.activation == Activation.NONE and not s.adds_bias
+    return plain and s.layout == Layout.NT and s.c_dtype == DType.BF16
+
+
 @_rule(archs=_SM90, ops=_GEMM_OPS)
 def three_math_warpgroups(s: Schedule) -> str | None:
     """Three math warpgroups stack three 64-row waves into a 192-row tile (a 333-row problem in
@@ -964,8 +971,7 @@ def three_math_warpgroups(s: Schedule) -> str | None:
     accumulators that fit the 128 registers a thread ptxas compiles a 512-thread kernel for."""
     if s.math_warpgroups != 3:
         return None
-    plain = s.epilogue == Epilogue.TMA_STORE and s.activation == Activation.NONE and not s.adds_bias
-    if s.op not in THREE_WARPGROUP_OPS or not plain or s.layout != Layout.NT or s.c_dtype != DType.BF16:
+    if s.op not in THREE_WARPGROUP_OPS or not _stores_plain_bf16_from_k_major(s):
         ops = ", ".join(sorted(o.value for o in THREE_WARPGROUP_OPS))
         return (f"math_warpgroups=3: only ops {ops} storing a bf16 D (epilogue=tma_store, no activation or "
                 f"bias) from K-major operands (layout=nt), not op={s.op.value}, epilogue={s.epilogue.value}, "
@@ -992,9 +998,7 @@ def swapped_operand_roles(s: Schedule) -> str | None:
     SWAPPED_TILE_N_STEP (the epilogue's sub-tiles along M)."""
     if not s.swaps_ab:
         return None
-    plain = s.epilogue == Epilogue.TMA_STORE and s.activation == Activation.NONE and not s.adds_bias
-    if (s.arch != Arch.SM90A or s.op not in SWAPPED_ROLES_OPS or not plain or s.layout != Layout.NT
-            or s.c_dtype != DType.BF16):
+    if s.arch != Arch.SM90A or s.op not in SWAPPED_ROLES_OPS or not _stores_plain_bf16_from_k_major(s):
         ops = ", ".join(sorted(o.value for o in SWAPPED_ROLES_OPS))
         return (f"operand_roles=ba: only ops {ops} on sm_90a storing a bf16 D (epilogue=tma_store, no "
                 f"activation or bias) from K-major operands (layout=nt), not arch={s.arch.value}, "

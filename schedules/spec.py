@@ -531,6 +531,12 @@ class Schedule:
         return self.operand_roles == OperandRoles.BA
 
     @property
+    def tile_extents(self) -> tuple[str, str]:
+        """The extent symbols a tile's rows and columns run along (the grid rule's extent_m and
+        extent_n): M and N, or N and M where the operand roles are swapped."""
+        return ("N", "M") if self.swaps_ab else ("M", "N")
+
+    @property
     def mma_ctas(self) -> int:
         """CTAs one MMA instruction spans: 2 for a Blackwell CTA pair (sm_100a with cluster_m=2:
         the tcgen05 MMA of M = 2 x tile_m reads each CTA's own A rows and half of B from each CTA,

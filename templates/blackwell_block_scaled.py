@@ -28,7 +28,7 @@ from cutegen.schedules.spec import (
     Schedule,
 )
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import shape_binding, tma_binding, with_group_mode
+from cutegen.templates.gemm_contract import shape_binding, swizzle_atom_elems, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import (
     Fp8GemmNtMxEntry,
     Fp8WgradMxEntry,
@@ -135,7 +135,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             if mn_major:
                 # Contiguous along the rows (M or N): TMA dimension 0, a box as wide as the
                 # swizzle atom, copied once per atom along the rows.
-                atom = {"128B": 128, "64B": 64, "32B": 32}.get(recipe["swizzle"], 16) // DType(dtype).bytes
+                atom = swizzle_atom_elems(recipe["swizzle"], DType(dtype).bytes)
                 recipe = dict(recipe, modes=[0, 1], box=[min(box_rows, atom), box_cols])
             return with_group_mode(recipe, grouped)
 

@@ -27,6 +27,12 @@ def swizzle_bytes(swizzle: str) -> str:
     return table[swizzle]
 
 
+def swizzle_atom_elems(tma_swizzle: str, dtype_bytes: int) -> int:
+    """Elements of one swizzle atom's contiguous side (a TMA box along the contiguous dimension
+    spans at most this many): 128 bytes at "128B", 64 at "64B", 32 at "32B", else 16."""
+    return {"128B": 128, "64B": 64, "32B": 32}.get(tma_swizzle, 16) // dtype_bytes
+
+
 # ---- parameter-binding recipes (the manifest's `binding` of one kernel parameter) -------------
 
 
@@ -265,9 +271,8 @@ class GemmContract:
             # clusters exit at once. The tile fields feed the heuristic.
             units = f"G * {cluster_tiles}"
         else:
-            # With swapped operand roles the tiles' rows run along N and their columns along M.
-            extents = ("N", "M") if s.swaps_ab else ("M", "N")
-            return {"kind": "persistent_clusters", **tiles, "extent_m": extents[0], "extent_n": extents[1]}
+            extent_m, extent_n = s.tile_extents
+            return {"kind": "persistent_clusters", **tiles, "extent_m": extent_m, "extent_n": extent_n}
         clusters = f"max(min({units}, max_active_clusters), 1)"
         return {"kind": "blocks", **tiles, "blocks": [str(s.cluster_m), str(s.cluster_n), clusters]}
 

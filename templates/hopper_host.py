@@ -18,6 +18,7 @@ from cutegen.templates.gemm_contract import (
     plain_binding,
     scale_vector_tma_binding,
     shape_binding,
+    swizzle_atom_elems,
     tma_binding,
     with_group_mode,
 )
@@ -112,7 +113,7 @@ class HopperHost:
             recipe = tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
             # An MN-major operand's contiguous mode is its rows (M or N): TMA dimension 0, a box
             # as wide as the swizzle atom (64 bf16 at 128B), copied once per atom along the rows.
-            atom = {"128B": 128, "64B": 64, "32B": 32}.get(recipe["swizzle"], 16) // dtype.bytes
+            atom = swizzle_atom_elems(recipe["swizzle"], dtype.bytes)
             return dict(recipe, modes=[0, 1], box=[min(box_rows, atom), box_cols]) if mn_major else recipe
 
         shape = shape_binding
@@ -157,7 +158,7 @@ class HopperHost:
             # D [M, N] row-major holds the kernel's Dᵀ: an (en rows of M) x (em columns of N) box,
             # copied once per swizzle atom along N, the sub-tile's contiguous side.
             recipe = tma("d", s.c_dtype, en, em)
-            atom = {"128B": 128, "64B": 64, "32B": 32}.get(recipe["swizzle"], 16) // s.c_dtype.bytes
+            atom = swizzle_atom_elems(recipe["swizzle"], s.c_dtype.bytes)
             params += [
                 {"name": "tma_d", **dict(recipe, box=[min(em, atom), en])},
                 {"name": "extents_d", **shape("d", ["N", "M"])},

@@ -59,9 +59,7 @@ def manifest_from_name(name: str) -> KernelManifest:
         smem_bytes=s.smem_bytes,
         pdl=False,
         cooperative=False,
-        # Swapped operand roles: the tiles' rows run along N.
-        grid=GridRule("persistent_clusters", s.tile_m, s.tile_n, s.cluster_m, s.cluster_n,
-                      *(("N", "M") if s.swaps_ab else ("M", "N"))),
+        grid=GridRule("persistent_clusters", s.tile_m, s.tile_n, s.cluster_m, s.cluster_n, *s.tile_extents),
         operands=[
             OperandSpec("a", s.a_dtype.value, ["M", "K"], 1, 16),
             OperandSpec("sfa", "f32", ["M", "KB"], 0, 16),
