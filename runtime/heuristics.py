@@ -263,6 +263,14 @@ class Score:
     latency_bound: bool = False
     # Launched with the split-K workspace (per-stream scratch): among ties, the twin without wins.
     uses_workspace: bool = False
+    # Math warpgroups sharing the tile: among compute-bound ties, more of them win.
+    math_warpgroups: int = 1
+
+    @property
+    def idle_cluster_ctas(self) -> int:
+        """CTAs launched in clusters whose tiles lie past the problem's edge (a 2x1 cluster over
+        an odd count of tile rows): they run the main loop on nothing."""
+        return self.cluster_tiles * self.cluster_m * self.cluster_n - self.tiles
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -549,6 +557,7 @@ def _score(
         compute_bound=compute_bound,
         latency_bound=latency_bound,
         uses_workspace=splits_k(manifest),
+        math_warpgroups=int(manifest.schedule.get("math_warpgroups", 1)),
     )
 
 
@@ -567,6 +576,13 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     # clusters sharing A at the eight dense M = 4096 shapes and 0.99-1.02x (five of six faster)
     # on DeepGEMM's contiguous ones; 256x128 tiles in 1x2 clusters 1.005-1.02x faster than in
     # 2x1 (tests/data/2026-12-02-h200-fp8-kernel-timings.json, -contiguous-kernel-timings.json).
+    # Before the multicast, two preferences among tiles of one area. In one wave, the cluster
+    # with fewer idle CTAs (tiles past the problem's edge): the model counts a wave's time, which
+    # they do not lengthen, yet over the 849 one-wave pairs of the dense kernel timings in
+    # tests/data a 2x1 or 1x2 cluster with idle CTAs ran 1.03-1.11x the time of its 1x1 twin
+    # (geometric means per file; 1.3x for BF16 128x128 at M = 333 on an H200). Where compute
+    # bounds the tile, more math warpgroups: 128x128 of two ran 1.09-1.12x faster than 64x256 of
+    # one at 512x4096x7168, and 1.29x at 256x7168x2048 (tests/cpu/test_heuristic_calibration.py).
     def key(s: Score) -> tuple:
         tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
         area = s.tile_m * s.tile_n
@@ -574,6 +590,8 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             0 if tied else 1,
             s.estimated_us if not tied else 0.0,
             area if s.latency_bound else -area,
+            s.idle_cluster_ctas if s.waves == 1 else 0,
+            -s.math_warpgroups if s.compute_bound else 0,
             -(s.useful_multicast if s.compute_bound or s.shares_larger_operand else 1),
             0 if s.shares_larger_operand else 1,
             0 if s.multicasts_larger_box else 1,
