@@ -471,7 +471,7 @@ def _score(
     cluster_size = max(1, cm * cn)
     m, n, k = max(int(m), 1), max(int(n), 1), max(int(k), 1)
     # Swapped operand roles: the tiles' rows run along N (B's rows), their columns along M.
-    swapped = rule.extent_m == "N"
+    swapped = rule.rows_along_n
     a_name, b_name = ("b", "a") if swapped else ("a", "b")
     if swapped:
         m, n = n, m

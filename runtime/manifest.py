@@ -151,6 +151,12 @@ class GridRule:
         if self.kind == "blocks" and (not isinstance(self.blocks, list) or len(self.blocks) != 3):
             raise ManifestError(f"grid rule 'blocks' needs three expressions, got {self.blocks!r}")
 
+    @property
+    def rows_along_n(self) -> bool:
+        """The tiles' rows run along N and their columns along M (a kernel whose MMA takes B's
+        rows as its M side)."""
+        return self.extent_m == "N"
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelManifest:

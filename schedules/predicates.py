@@ -956,6 +956,10 @@ def whole_tile_epilogue_two_wave(s: Schedule) -> str | None:
 PER_WARPGROUP_EPILOGUE_OPS = frozenset({Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS})
 
 
+# What `_stores_plain_bf16_from_k_major` requires, as the rules that use it say it.
+PLAIN_BF16_STORE = "storing a bf16 D (epilogue=tma_store, no activation or bias) from K-major operands (layout=nt)"
+
+
 def _stores_plain_bf16_from_k_major(s: Schedule) -> bool:
     """The plain BF16 store: epilogue tma_store with no activation or bias, a bf16 D, K-major
     operands (what three math warpgroups and swapped operand roles have run with)."""
@@ -973,8 +977,7 @@ def three_math_warpgroups(s: Schedule) -> str | None:
         return None
     if s.op not in THREE_WARPGROUP_OPS or not _stores_plain_bf16_from_k_major(s):
         ops = ", ".join(sorted(o.value for o in THREE_WARPGROUP_OPS))
-        return (f"math_warpgroups=3: only ops {ops} storing a bf16 D (epilogue=tma_store, no activation or "
-                f"bias) from K-major operands (layout=nt), not op={s.op.value}, epilogue={s.epilogue.value}, "
+        return (f"math_warpgroups=3: only ops {ops} {PLAIN_BF16_STORE}, not op={s.op.value}, epilogue={s.epilogue.value}, "
                 f"activation={s.activation.value}, c_dtype={s.c_dtype.value}, layout={s.layout.value}")
     launch_regs = SM90_REGISTERS_PER_SM // s.threads_per_cta
     if s.accumulator_registers + THREE_WARPGROUP_LAUNCH_HEADROOM <= launch_regs:
@@ -1000,8 +1003,7 @@ def swapped_operand_roles(s: Schedule) -> str | None:
         return None
     if s.arch != Arch.SM90A or s.op not in SWAPPED_ROLES_OPS or not _stores_plain_bf16_from_k_major(s):
         ops = ", ".join(sorted(o.value for o in SWAPPED_ROLES_OPS))
-        return (f"operand_roles=ba: only ops {ops} on sm_90a storing a bf16 D (epilogue=tma_store, no "
-                f"activation or bias) from K-major operands (layout=nt), not arch={s.arch.value}, "
+        return (f"operand_roles=ba: only ops {ops} on sm_90a {PLAIN_BF16_STORE}, not arch={s.arch.value}, "
                 f"op={s.op.value}, epilogue={s.epilogue.value}, c_dtype={s.c_dtype.value}, layout={s.layout.value}")
     if s.tile_n % SWAPPED_TILE_N_STEP:
         return f"operand_roles=ba: tile_n={s.tile_n} must be a multiple of {SWAPPED_TILE_N_STEP}"
