@@ -1,4 +1,4 @@
-"""GPU tier: examples/new_shape_family/run.py runs the Qwen3-30B-A3B expert GEMMs and they match torch.
+"""GPU tier: the examples run and match their references: new_shape_family, torch_moe_layer, torch_moe_backward, expert_parallel (one NCCL rank; two where the host has two GPUs).
 
 Uses the build folder of the GPU tier ($CUTEGEN_BUILD_DIR or ./build): kernels built from the
 example's schedule file are used when present, the default ones otherwise (the heuristic chooses).
@@ -55,3 +55,30 @@ def test_torch_moe_backward_matches_autograd():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout and "dW2" in proc.stdout, proc.stdout
+
+
+EP_GPU = Path(__file__).resolve().parent.parent.parent / "examples" / "expert_parallel" / "ep_gpu.py"
+
+
+def test_expert_parallel_layer_on_one_gpu_matches_one_process_and_torch():
+    """A process group of one NCCL rank: prefill, and three CUDA-graph decode replays through
+    all_to_all and three through DeepEP's calls (the stand-in where deep_ep is not installed)."""
+    from cutegen.runtime.catalogue import resolve_build_dir
+
+    proc = subprocess.run([sys.executable, str(EP_GPU), "--build-dir", str(resolve_build_dir())],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "checks: OK" in proc.stdout and proc.stdout.count("replay") == 6, proc.stdout
+
+
+def test_expert_parallel_layer_on_two_gpus():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs in one host (NCCL over two ranks)")
+    from cutegen.runtime.catalogue import resolve_build_dir
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(EP_GPU),
+                           "--build-dir", str(resolve_build_dir())], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "checks: OK" in proc.stdout and proc.stdout.count("replay") == 12, proc.stdout
