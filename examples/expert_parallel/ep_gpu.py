@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N examples/expert_parallel/ep_gpu.py [--build-dir DIR] [--time ROUNDS]
         [--json-out FILE] [--experts 32] [--top-k 4] [--hidden 7168] [--intermediate 2048]
-        [--prefill-tokens 4096,16384,32768] [--decode-tokens 1,16,64,256]
+        [--prefill-tokens 4096,16384,32768] [--decode-tokens 1,16,64,256] [--chunks 2] [--reserve-sms 16]
     python examples/expert_parallel/ep_gpu.py ...      # one GPU: a process group of one rank
 
 Each rank holds E / W experts (FP8 weights, 128x128 block scales) and its own tokens. Its experts
@@ -19,12 +19,17 @@ run as cutegen kernels on the rows the exchange delivers:
   (`m_grouped_fp8_gemm_nt_masked_swiglu_quant`, then `m_grouped_fp8_gemm_nt_masked`), the whole
   step captured in one CUDA graph and replayed.
 
+* **overlap** (`overlapped_prefill`): prefill in micro-batches, each one's dispatch and combine on
+  a communication stream beside the experts of its neighbours, cutegen's kernels capped by
+  `set_num_sms` so that NCCL's kernels keep ``--reserve-sms`` SMs.
+
 Checks (always, on a small layer): each rank's prefill and decode outputs against the same layer
-in one process with every expert local (the same kernels; `calc_diff` ≤ 1e-5) and against the
-layer in fp32 torch on the unquantised weights (`calc_diff` < 5e-3, the bound of
-`examples/torch_moe_layer`). `--time ROUNDS` then times the layer at the given sizes (CUDA events,
-medians over rounds): prefill split into quantize, dispatch, experts and combine, and a decode
-step's graph replay; tokens per second per GPU. Rank 0 prints the tables (`--json-out` writes them).
+in one process with every expert local (the same kernels; `calc_diff` ≤ 1e-5), the overlapped
+prefill against the prefill in one piece (the same bound), and against the layer in fp32 torch on
+the unquantised weights (`calc_diff` < 5e-3, the bound of `examples/torch_moe_layer`). `--time
+ROUNDS` then times the layer at the given sizes (CUDA events, medians over rounds): prefill split
+into quantize, dispatch, experts and combine, the overlapped prefill, and a decode step's graph
+replay; tokens per second per GPU. Rank 0 prints the tables (`--json-out` writes them).
 """
 
 from __future__ import annotations
@@ -245,6 +250,59 @@ class Rank:
                                  ContiguousExperts(self.every_expert, self.fused), quantize=quantize).float()
 
 
+def overlapped_prefill(rank: Rank, x: torch.Tensor, logits: torch.Tensor, chunks: int, reserve_sms: int) -> torch.Tensor:
+    """Prefill in ``chunks`` micro-batches, each one's routing, quantize, dispatch and combine on a
+    communication stream beside the experts of its neighbours on the current stream: chunk i + 1
+    is dispatched while chunk i's experts run, chunk i is combined while chunk i + 1's run.
+    cutegen's persistent kernels leave ``reserve_sms`` SMs to NCCL's kernels meanwhile
+    (`set_num_sms`): a grid on every SM would hold them off until it ends. Outputs as `Rank.prefill`."""
+    from cutegen.runtime import set_num_sms
+
+    compute, comm = torch.cuda.current_stream(), torch.cuda.Stream()
+    ready = torch.cuda.Event()
+    ready.record(compute)  # the tokens and router logits exist
+    experts_fn = ContiguousExperts(rank.mine, rank.fused)
+    parts = list(zip(x.chunk(chunks), logits.chunk(chunks)))
+    top_k, shards = rank.layer.top_k, rank.shards
+
+    def dispatch(part):
+        with torch.cuda.stream(comm):
+            comm.wait_event(ready)
+            experts, weights_ = ep_moe.route(part[1], top_k)
+            q, sf = quantize(part[0])
+            plan = ep_moe.plan_dispatch(experts, shards)
+            received = ep_moe.dispatch(q, sf, experts, plan, shards)
+            done = torch.cuda.Event()
+            done.record(comm)
+        for t in received:
+            t.record_stream(compute)
+        return plan, weights_, received, done
+
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    set_num_sms(max(1, sms - reserve_sms))
+    outs = []
+    try:
+        pending = dispatch(parts[0])
+        for i in range(len(parts)):
+            plan, weights_, received, done = pending
+            if i + 1 < len(parts):
+                pending = dispatch(parts[i + 1])
+            compute.wait_event(done)
+            y = experts_fn(*received)
+            computed = torch.cuda.Event()
+            computed.record(compute)
+            y.record_stream(comm)
+            with torch.cuda.stream(comm):
+                comm.wait_event(computed)
+                outs.append(ep_moe.combine(y, plan, weights_))
+        compute.wait_stream(comm)
+        for out in outs:
+            out.record_stream(compute)
+        return torch.cat(outs).float()
+    finally:
+        set_num_sms(None)
+
+
 def check(rank: Rank, prefill_tokens: int, decode_tokens: int) -> list[str]:
     """The failed checks' descriptions (prefill, then three replays of a decode graph with new
     tokens each time, through all_to_all and through DeepEP's calls), each rank's lines printed
@@ -256,6 +314,10 @@ def check(rank: Rank, prefill_tokens: int, decode_tokens: int) -> list[str]:
     lines.append(f"rank {rank.rank}: prefill {x.shape[0]} tokens: calc_diff {same:.1e} from one process, {exact:.1e} from fp32 torch")
     if not (same <= SAME_LAYER_TOLERANCE and exact < LAYER_TOLERANCE):
         failures.append(f"rank {rank.rank} prefill")
+    chunked = calc_diff(overlapped_prefill(rank, x, logits, chunks=3, reserve_sms=16), got)
+    lines.append(f"rank {rank.rank}: prefill in 3 overlapped chunks: calc_diff {chunked:.1e} from the prefill in one piece")
+    if not chunked <= SAME_LAYER_TOLERANCE:
+        failures.append(f"rank {rank.rank} overlapped prefill")
     deepep = "DeepEP's low-latency buffer" if deepep_installed() else "DeepEP's calls through the stand-in"
     for exchange, label in (("nccl", "all_to_all"), ("deepep", deepep)):
         sx, slog, out, graph = rank.decode_graph(decode_tokens, exchange)
@@ -326,6 +388,22 @@ def time_stages(rank: Rank, count: int, rounds: int, decode: bool) -> dict[str, 
     return {name: statistics.median(v) for name, v in stages.items()}
 
 
+def time_overlapped(rank: Rank, count: int, rounds: int, chunks: int, reserve_sms: int) -> float:
+    """Median ms of `overlapped_prefill` for ``count`` tokens."""
+    x, logits = tokens(rank.layer, count, rank.rank, rank.device)
+    times = []
+    for round_ in range(rounds + 1):  # the first round warms up
+        dist.barrier()
+        start, end = _events()
+        start.record()
+        overlapped_prefill(rank, x, logits, chunks, reserve_sms)
+        end.record()
+        end.synchronize()
+        if round_:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def time_decode(rank: Rank, count: int, rounds: int) -> float:
     """Median ms of one decode step's graph replay (10 replays per round)."""
     _, _, _, graph = rank.decode_graph(count)
@@ -348,9 +426,12 @@ def _gather(value: dict) -> list[dict]:
     return out
 
 
-def timings(rank: Rank, prefill_counts: list[int], decode_counts: list[int], rounds: int) -> dict:
+def timings(rank: Rank, prefill_counts: list[int], decode_counts: list[int], rounds: int, chunks: int,
+            reserve_sms: int) -> dict:
     """Every rank's timings (rank 0 gets them all)."""
-    mine = {"prefill": {str(c): time_stages(rank, c, rounds, decode=False) for c in prefill_counts},
+    mine = {"prefill": {str(c): {**time_stages(rank, c, rounds, decode=False),
+                                 "overlapped": time_overlapped(rank, c, rounds, chunks, reserve_sms)}
+                        for c in prefill_counts},
             "decode": {str(c): {**time_stages(rank, c, rounds, decode=True), "graph": time_decode(rank, c, rounds)}
                        for c in decode_counts}}
     return {"ranks": _gather(mine)}
@@ -362,12 +443,14 @@ def render(result: dict) -> str:
     world = len(ranks)
     lines = [f"{result['device']}, {world} rank(s), NCCL; {result['layer']}; up-projection: {result['up_projection']}; "
              f"medians over {result['rounds']} rounds, the slowest rank's time.", "",
-             "| prefill tokens per rank | quantize ms | dispatch ms | experts ms | combine ms | layer ms | tokens/s per GPU |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"| prefill tokens per rank | quantize ms | dispatch ms | experts ms | combine ms | layer ms | tokens/s per GPU "
+             f"| overlapped layer ms ({result['chunks']} chunks, {result['reserve_sms']} SMs left to NCCL) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for count in ranks[0]["prefill"]:
         worst = {k: max(r["prefill"][count][k] for r in ranks) for k in ranks[0]["prefill"][count]}
         lines.append(f"| {count} | {worst['quantize']:.3f} | {worst['dispatch']:.3f} | {worst['experts']:.3f} | "
-                     f"{worst['combine']:.3f} | {worst['layer']:.3f} | {int(count) / worst['layer'] * 1e3:,.0f} |")
+                     f"{worst['combine']:.3f} | {worst['layer']:.3f} | {int(count) / worst['layer'] * 1e3:,.0f} | "
+                     f"{worst['overlapped']:.3f} |")
     lines += ["", "| decode tokens per rank | quantize µs | dispatch µs | experts µs | combine µs | eager step µs "
                   "| step µs (CUDA graph) | tokens/s per GPU |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for count in ranks[0]["decode"]:
@@ -399,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--up-projection", choices=("fused", "unfused"), default="fused",
                    help="the fused SwiGLU + quantize kernels (where they run on this GPU) or the separate ones")
     p.add_argument("--time", type=int, default=0, metavar="ROUNDS", help="time the layer over this many rounds")
+    p.add_argument("--chunks", type=int, default=2, help="micro-batches of the overlapped prefill")
+    p.add_argument("--reserve-sms", type=int, default=16,
+                   help="SMs cutegen's kernels leave to NCCL while the overlapped prefill runs (set_num_sms)")
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or not dist.is_nccl_available():
@@ -421,8 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.time > 0:
             layer = Layer(args.experts, args.top_k, args.hidden, args.intermediate)
             result = timings(Rank(layer, fused), [int(c) for c in args.prefill_tokens.split(",")],
-                             [int(c) for c in args.decode_tokens.split(",")], args.time)
-            result.update(device=torch.cuda.get_device_name(), rounds=args.time,
+                             [int(c) for c in args.decode_tokens.split(",")], args.time, args.chunks, args.reserve_sms)
+            result.update(device=torch.cuda.get_device_name(), rounds=args.time, chunks=args.chunks,
+                          reserve_sms=args.reserve_sms,
                           up_projection="fused SwiGLU + quantize" if fused else "GEMM, SwiGLU, quantize",
                           layer=f"{layer.experts} experts, top-{layer.top_k}, hidden {layer.hidden}, "
                                 f"intermediate {layer.intermediate}")
