@@ -99,3 +99,18 @@ def test_the_stand_in_returns_deepeps_layouts_and_refuses_what_it_does_not_do():
         buffer.low_latency_dispatch(x, torch.full_like(experts, -1), 8, 4)
     with pytest.raises(ValueError, match="synchronously"):
         buffer.low_latency_dispatch(x, experts, 8, 4, async_finish=True)
+
+
+def test_the_gpu_driver_imports_and_renders_its_committed_timings():
+    """examples/expert_parallel/ep_gpu.py needs GPUs to run; its tables come from its JSON alone."""
+    import json
+
+    import ep_gpu
+
+    report = Path(__file__).resolve().parents[2] / "docs" / "perf" / "ep" / "2026-12-06-nvidia-h100-80gb-hbm3.json"
+    result = json.loads(report.read_text())
+    text = ep_gpu.render(result)
+    assert "| 32768 |" in text and "step µs (CUDA graph)" in text and "overlapped layer ms" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    sizes = len(result["ranks"][0]["prefill"]) + len(result["ranks"][0]["decode"])
+    assert len(rows) == 2 * 2 + sizes  # two tables: a header and a rule each, then a row per size
