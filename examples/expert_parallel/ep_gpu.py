@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import statistics
@@ -51,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "torch_moe_layer"))
 import ep_moe  # noqa: E402
-from moe_layer import LAYER_TOLERANCE, Fp8Experts, calc_diff  # noqa: E402
+from moe_layer import LAYER_TOLERANCE, Fp8Experts, calc_diff, contiguous_layout, reference  # noqa: E402
 
 # A rank's output and the same layer's in one process run the same kernels on the same FP8 rows;
 # they differ where another tile or split order is chosen for another row count.
@@ -88,16 +89,8 @@ class ContiguousExperts:
         rows_in, hidden = q.shape
         if rows_in == 0:
             return torch.zeros((0, hidden), dtype=torch.bfloat16, device=q.device)
-        align = grouped_ops.contiguous_alignment()
-        order = torch.argsort(local, stable=True)
-        counts = torch.bincount(local, minlength=self.experts.experts)
-        spans = (counts + align - 1) // align * align
-        starts = torch.cumsum(spans, 0) - spans
-        total = int(spans.sum())
-        place = torch.arange(rows_in, device=q.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        rows = starts[local[order].long()] + place
-        m_indices = torch.full((total,), -1, dtype=torch.int32, device=q.device)
-        m_indices[rows] = local[order]
+        order, rows, m_indices = contiguous_layout(local, self.experts.experts)
+        total = m_indices.numel()
         a = torch.zeros((total, hidden), dtype=torch.uint8, device=q.device)
         a[rows] = q.view(torch.uint8)[order]
         s = torch.zeros((total, sf.shape[1]), dtype=torch.float32, device=q.device)
@@ -162,37 +155,25 @@ def tokens(layer: Layer, count: int, rank: int, device: torch.device, seed: int 
 
 
 def torch_reference(x, logits, top_k, w13, w2) -> torch.Tensor:
-    """The layer in fp32 torch on the unquantised weights (every expert)."""
-    experts, weights_ = ep_moe.route(logits, top_k)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    inter = w13.shape[1] // 2
-    for e in range(w13.shape[0]):
-        tok, slot = torch.nonzero(experts == e, as_tuple=True)
-        if tok.numel():
-            h = x[tok].float() @ w13[e].float().T
-            out.index_add_(0, tok, ((F.silu(h[:, :inter]) * h[:, inter:]) @ w2[e].float().T) * weights_[tok, slot, None])
-    return out
+    """The layer in fp32 torch on the unquantised weights (every expert), routed as `ep_moe.route`."""
+    return reference(x, *ep_moe.route(logits, top_k), w13, w2)
+
+
+def deepep_installed() -> bool:
+    return importlib.util.find_spec("deep_ep") is not None
 
 
 def low_latency_buffer(layer: Layer, max_tokens: int):
     """DeepEP's low-latency buffer for decode steps of at most ``max_tokens`` tokens per rank where
     `deep_ep` is installed, else `ep_moe.LowLatencyStandIn` (the same calls over all_to_all)."""
     world = dist.get_world_size()
-    try:
-        import deep_ep
-    except ImportError:
+    if not deepep_installed():
         return ep_moe.LowLatencyStandIn(None, world, quantize=quantize)
+    import deep_ep
+
     rdma_bytes = deep_ep.Buffer.get_low_latency_rdma_size_hint(max_tokens, layer.hidden, world, layer.experts)
     return deep_ep.Buffer(dist.group.WORLD, 0, rdma_bytes, low_latency_mode=True,
                           num_qps_per_rank=layer.experts // world)
-
-
-def deepep_installed() -> bool:
-    try:
-        import deep_ep  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Rank:

@@ -112,7 +112,7 @@ def plan_dispatch(experts: torch.Tensor, shards: Shards, group: dist.ProcessGrou
     flat = experts.reshape(-1)
     order = torch.sort(flat, stable=True).indices
     send = torch.bincount(shards.owner(flat), minlength=shards.world)
-    recv = _exchange(send, [1] * shards.world, [1] * shards.world, group)
+    recv = _exchange_equal(send, shards.world, group)
     return DispatchPlan(order, experts.shape[1], send.tolist(), recv.tolist())
 
 
@@ -242,15 +242,10 @@ def plan_decode(experts: torch.Tensor, shards: Shards, capacity: int,
 
 
 def _exchange_equal(t: torch.Tensor, world: int, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """``all_to_all_single`` of ``t`` cut into ``world`` equal blocks along dim 0 (no split sizes:
-    nothing leaves the GPU; ``t`` itself for one rank); FP8 travels as bytes."""
-    if world == 1:
-        return t
-    as_bytes = t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    send = t.contiguous().view(torch.uint8) if as_bytes else t.contiguous()
-    out = torch.empty_like(send)
-    dist.all_to_all_single(out, send, group=group)
-    return out.view(t.dtype) if as_bytes else out
+    """`_exchange` of ``t`` cut into ``world`` equal blocks along dim 0: the split sizes come from
+    its shape, so no count leaves the GPU."""
+    splits = [t.shape[0] // world] * world
+    return _exchange(t, splits, splits, group)
 
 
 def dispatch_decode(q: torch.Tensor, sf: torch.Tensor, plan: DecodePlan, shards: Shards,

@@ -66,26 +66,35 @@ def quantize_rows(x: torch.Tensor):
     return quant_ops.per_token_quant_fp8(x, scale_layout="mn-major-tma-aligned")
 
 
+def contiguous_layout(expert_of: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The contiguous layout of rows whose experts are ``expert_of`` [R]: (order, the rows sorted by
+    expert, stably; rows, where each sorted row goes; m_indices [total], its expert, -1 for
+    padding). Each expert's segment starts at a row aligned to `contiguous_alignment()`
+    (host-side planning: the total row count is read back)."""
+    from cutegen.runtime import grouped_ops
+
+    align = grouped_ops.contiguous_alignment()
+    expert_of = expert_of.long()
+    order = torch.argsort(expert_of, stable=True)
+    counts = torch.bincount(expert_of, minlength=experts)
+    spans = (counts + align - 1) // align * align
+    starts = torch.cumsum(spans, 0) - spans
+    rank_in_expert = torch.arange(expert_of.numel(), device=expert_of.device) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts
+    )
+    rows = starts[expert_of[order]] + rank_in_expert
+    m_indices = torch.full((int(spans.sum()),), -1, dtype=torch.int32, device=expert_of.device)
+    m_indices[rows] = expert_of[order].to(torch.int32)
+    return order, rows, m_indices
+
+
 def prefill(x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, experts: Fp8Experts, fused: bool = False) -> torch.Tensor:
     from cutegen.runtime import fused_ops, grouped_ops
 
     tokens, hidden = x.shape
     k = topk_ids.shape[1]
-    align = grouped_ops.contiguous_alignment()
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=experts.experts)
-    # Each expert's segment starts at an aligned row (host-side layout planning for prefill).
-    spans = (counts + align - 1) // align * align
-    starts = torch.cumsum(spans, 0) - spans
-    total = int(spans.sum())
-    rank_in_expert = torch.arange(flat.numel(), device=x.device) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts
-    )
-    rows = starts[flat[order]] + rank_in_expert
-    m_indices = torch.full((total,), -1, dtype=torch.int32, device=x.device)
-    m_indices[rows] = flat[order].to(torch.int32)
-    a = torch.zeros(total, hidden, dtype=x.dtype, device=x.device)
+    order, rows, m_indices = contiguous_layout(topk_ids.reshape(-1), experts.experts)
+    a = torch.zeros(m_indices.numel(), hidden, dtype=x.dtype, device=x.device)
     a[rows] = x[order // k]
 
     qa, sa = quantize_rows(a)
