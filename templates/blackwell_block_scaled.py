@@ -23,12 +23,11 @@ from cutegen.schedules.spec import (
     MX_ATOM_TMEM_COLUMNS,
     MX_SCALE_VECTOR,
     SM100_TMEM_COLUMNS,
-    DType,
     Raster,
     Schedule,
 )
 from cutegen.templates.dtypes import cute_dtype
-from cutegen.templates.gemm_contract import shape_binding, swizzle_atom_elems, tma_binding, with_group_mode
+from cutegen.templates.gemm_contract import shape_binding, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import (
     Fp8GemmNtMxEntry,
     Fp8WgradMxEntry,
@@ -131,12 +130,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         em, en = s.epi_tile
 
         def tma(operand: str, dtype: str, box_rows: int, box_cols: int, grouped: bool, mn_major: bool = False) -> dict:
-            recipe = tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand])
-            if mn_major:
-                # Contiguous along the rows (M or N): TMA dimension 0, a box as wide as the
-                # swizzle atom, copied once per atom along the rows.
-                atom = swizzle_atom_elems(recipe["swizzle"], DType(dtype).bytes)
-                recipe = dict(recipe, modes=[0, 1], box=[min(box_rows, atom), box_cols])
+            recipe = tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand], mn_major)
             return with_group_mode(recipe, grouped)
 
         k_extent = "KT" if self.k_grouped else "K"

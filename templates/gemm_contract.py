@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 
 from cutegen.schedules.contract import MANIFEST_FIRST, TENSORMAP_BYTES, Arg, op_contract
-from cutegen.schedules.spec import MX_ATOM_BYTES, MX_ATOM_ROWS, SCALE_BLOCK, ScaleFormat, Schedule
+from cutegen.schedules.spec import MX_ATOM_BYTES, MX_ATOM_ROWS, SCALE_BLOCK, DType, ScaleFormat, Schedule
 
 # The k-grouped kernels keep two TMA descriptors per CTA (A and B) in a global workspace, as 16
 # Int64 words each.
@@ -36,16 +36,25 @@ def swizzle_atom_elems(tma_swizzle: str, dtype_bytes: int) -> int:
 # ---- parameter-binding recipes (the manifest's `binding` of one kernel parameter) -------------
 
 
-def tma_binding(operand: str, dtype: str, box_rows: int, box_cols: int, smem_swizzle: str) -> dict:
+def tma_binding(
+    operand: str, dtype: str, box_rows: int, box_cols: int, smem_swizzle: str, mn_major: bool = False
+) -> dict:
     """A 2-D TMA descriptor of a K-major (or N-major, for D) operand: its contiguous mode is TMA
-    dimension 0; the box is one CTA's share; the swizzle is read off the shared-memory layout."""
+    dimension 0; the box is one CTA's share; the swizzle is read off the shared-memory layout.
+    With ``mn_major`` the operand is contiguous along its rows (M or N) instead: those are TMA
+    dimension 0, and a box spans at most one swizzle atom of them, copied once per atom."""
+    swizzle = swizzle_bytes(smem_swizzle)
+    if mn_major:
+        modes, box = [0, 1], [min(box_rows, swizzle_atom_elems(swizzle, DType(dtype).bytes)), box_cols]
+    else:
+        modes, box = [1, 0], [box_cols, box_rows]
     return {
         "kind": "tma",
         "operand": operand,
         "dtype": dtype,
-        "modes": [1, 0],
-        "box": [box_cols, box_rows],
-        "swizzle": swizzle_bytes(smem_swizzle),
+        "modes": modes,
+        "box": box,
+        "swizzle": swizzle,
         "interleave": "none",
         "l2_promotion": "128B",
         "oob_fill": "none",

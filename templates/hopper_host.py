@@ -110,11 +110,7 @@ class HopperHost:
         s = self.schedule
 
         def tma(operand: str, dtype: DType, box_rows: int, box_cols: int, mn_major: bool = False) -> dict:
-            recipe = tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand])
-            # An MN-major operand's contiguous mode is its rows (M or N): TMA dimension 0, a box
-            # as wide as the swizzle atom (64 bf16 at 128B), copied once per atom along the rows.
-            atom = swizzle_atom_elems(recipe["swizzle"], dtype.bytes)
-            return dict(recipe, modes=[0, 1], box=[min(box_rows, atom), box_cols]) if mn_major else recipe
+            return tma_binding(operand, dtype.value, box_rows, box_cols, self.smem_swizzles[operand], mn_major)
 
         shape = shape_binding
         scale_vector_tma = scale_vector_tma_binding
