@@ -375,21 +375,31 @@ def ue8m0_gemm_on_blackwell(s: Schedule) -> str | None:
     return f"scale={s.scale.value}: the {s.arch.value} GEMM templates take fp32 scales (scale=f32)"
 
 
-# The block-scaled MMA template: one CTA per MMA, tiles of one or two whole scale atoms wide.
+# The block-scaled MMA template: tiles of one or two whole scale atoms wide.
 MX_TILE_N = (128, 256)
+# The ops whose block-scaled template runs a CTA pair (the k-grouped layout's MN-major operands and
+# the contiguous layout's 128-row experts stay on one CTA per MMA).
+MX_CTA_PAIR_OPS = frozenset({Op.FP8_GEMM_NT, Op.FP8_WGRAD_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_MASKED})
 
 
 @_rule(archs=_SM100, ops=_SM100_OPS)
-def mx_single_cta_whole_atoms(s: Schedule) -> str | None:
-    """With scales applied by the MMA (scale=mx): a cluster of one CTA and tile_n one or two whole
-    128-column scale atoms (the template loads whole blocked atoms per K tile)."""
-    if not s.mma_applies_scales:
+def mx_whole_atoms(s: Schedule) -> str | None:
+    """With scales applied by the MMA (scale=mx): tile_n one or two whole 128-column scale atoms
+    (the template loads whole blocked atoms per K tile)."""
+    if not s.mma_applies_scales or s.tile_n in MX_TILE_N:
         return None
-    if (s.cluster_m, s.cluster_n) == (1, 1) and s.tile_n in MX_TILE_N:
+    return f"tile_n={s.tile_n}: the block-scaled MMA template takes tile_n in {list(MX_TILE_N)}"
+
+
+@_rule(archs=_SM100, ops=_SM100_OPS)
+def mx_cta_pair_ops(s: Schedule) -> str | None:
+    """With scales applied by the MMA, a CTA pair runs the dense GEMM, the weight gradient and the
+    masked layout only."""
+    if not s.mma_applies_scales or s.mma_ctas == 1 or s.op in MX_CTA_PAIR_OPS:
         return None
     return (
-        f"cluster {s.cluster_m}x{s.cluster_n}, tile_n={s.tile_n}: the block-scaled MMA template runs "
-        f"cluster 1x1 with tile_n in {list(MX_TILE_N)}"
+        f"cluster_m={s.cluster_m}: the block-scaled MMA template runs a CTA pair for "
+        f"{sorted(op.value for op in MX_CTA_PAIR_OPS)} only; use cluster 1x1"
     )
 
 

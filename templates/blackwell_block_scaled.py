@@ -12,6 +12,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled
+from cutlass._mlir.dialects.nvvm import MemScopeKind
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.memory import SmemAllocator
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
@@ -40,6 +41,7 @@ from cutegen.templates.blackwell_common import (
     EPILOGUE_WARPS,
     LOAD_WARP,
     MMA_WARP,
+    SCALE_RELAY_WARP,
     THREADS_PER_WARP,
     BlackwellRoles,
 )
@@ -48,7 +50,8 @@ from cutegen.templates.tile_order import TileOrder
 
 
 class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
-    """Persistent warp-specialised block-scaled tcgen05 FP8 GEMM, one CTA per MMA (cluster 1x1).
+    """Persistent warp-specialised block-scaled tcgen05 FP8 GEMM, one CTA per MMA (cluster 1x1) or
+    a CTA pair (cluster 2x1) issuing one 2-CTA MMA of 256 x tile_n.
 
     Operands: A [M, K] e4m3 and B [N, K] e4m3 or e2m1 (FP4, two per byte; the TMA unpacks each
     to a byte in shared memory, as `kind::mxf8f6f4` reads a narrower operand beside a wider one)
@@ -74,6 +77,21 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
     columns (4 for SFA's 128 rows, 4 per 128 columns of SFB), allocated as a power of two.
     The scales in tensor memory are single-buffered: the MMA warp's `tcgen05.cp` of the next K
     tile and its MMAs run in order in the tensor pipe.
+
+    A CTA pair (`mma_ctas` 2, DeepGEMM's and CUTLASS's 2-SM block-scaled form): each CTA loads its
+    own 128 rows of A, half of the tile's rows of B (both by 2-CTA TMA loads, whose bytes land on
+    the leader's full barrier), its own SFA atom and every SFB atom of the tile; the leader's MMA
+    warp issues `tcgen05.cp.cta_group::2` (each CTA's atoms from its own shared memory into its
+    own tensor memory) and the 2-CTA MMAs, whose commits free the stage and fill the accumulator
+    stage in both CTAs; each CTA's epilogue stores its own 128 rows and releases the stage on the
+    leader's barrier. The scale atoms come by bulk copies, which complete on a barrier of the CTA
+    they land in, so per stage:
+      - `scale_landed` (each CTA; one arrival + the atoms' bytes): the load warp's bulk copies;
+      - `scale_ready` (the leader's; two arrivals): warp 6 of each CTA — the **scale relay** —
+        waits for its CTA's `scale_landed` and arrives on the leader's `scale_ready` (release at
+        cluster scope); the leader's MMA warp waits for it beside the operands' full barrier.
+    The stage is reused only after the MMA's commit frees it, so the relay's phases follow the
+    operands'.
     """
 
     def __init__(self, schedule: Schedule):
@@ -88,12 +106,17 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         self.acc_dtype = cute_dtype(s.acc_dtype)
         self.sf_dtype = cutlass.Float8E8M0FNU
         self.tile_shape_mnk = (s.tile_m, s.tile_n, s.tile_k)
-        self.mma_tiler = (s.tile_m, s.tile_n, s.tile_k)
+        self.mma_ctas = s.mma_ctas
+        self.pair = s.mma_ctas == 2
+        self.cta_group = tcgen05.CtaGroup.TWO if self.pair else tcgen05.CtaGroup.ONE
+        # The MMA tile: a CTA pair's MMA covers both CTAs' rows.
+        self.mma_tiler = (s.tile_m * s.mma_ctas, s.tile_n, s.tile_k)
         self.cluster_shape_mn = (s.cluster_m, s.cluster_n)
         self.threads_per_cta = s.threads_per_cta
         self.group_size = s.group_size
         self.raster_along_m = s.raster == Raster.ALONG_M
-        self.masked_tile_rows = s.tile_m
+        # A scheduled tile of the masked layout is one MMA tile (a pair's 256 rows).
+        self.masked_tile_rows = s.tile_m * s.mma_ctas
         self.m_grouped = s.op.is_m_grouped
         self.masked = s.op.is_masked
         self.contiguous = self.m_grouped and not self.masked
@@ -116,7 +139,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
     def _make_tiled_mma(self):
         return sm100_utils.make_blockscaled_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.sf_dtype, MX_SCALE_VECTOR,
-            tcgen05.CtaGroup.ONE, self.mma_tiler[:2],
+            self.cta_group, self.mma_tiler[:2],
         )
 
     # ---- launch contract ----------------------------------------------------------------------
@@ -137,7 +160,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         params = [
             {"name": "tma_a", **tma("a", s.a_dtype.value, tm, tk, self.masked, s.layout.a_mn_major)},
             {"name": "extents_a", **shape_binding("a", ["M", k_extent], self.masked)},
-            {"name": "tma_b", **tma("b", s.b_dtype.value, tn, tk, self.m_grouped, s.layout.b_mn_major)},
+            {"name": "tma_b", **tma("b", s.b_dtype.value, tn // self.mma_ctas, tk, self.m_grouped, s.layout.b_mn_major)},
             {"name": "extents_b", **shape_binding("b", ["N", k_extent], self.m_grouped)},
             {"name": "sfa", "kind": "pointer", "operand": "sfa"},
             {"name": "sfb", "kind": "pointer", "operand": "sfb"},
@@ -163,7 +186,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                 masked_m=None, tail_split=None, group_sizes=None):
         s = self.schedule
         tiled_mma = self._make_tiled_mma()
-        cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
+        # (V, M, N, K) view of the cluster: V = the CTAs of one MMA.
+        cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((*self.cluster_shape_mn, 1)), (tiled_mma.thr_id.shape,))
         a_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, self.a_dtype, s.stages)
         b_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, self.b_smem_dtype, s.stages)
         sfa_staged = blockscaled.make_smem_layout_sfa(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
@@ -174,7 +198,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         self.smem_swizzles = {"a": str(a_staged.inner), "b": str(b_staged.inner), "d": str(epi_staged.inner)}
         a_one_stage = cute.slice_(a_staged, (None, None, None, 0))
         b_one_stage = cute.slice_(b_staged, (None, None, None, 0))
-        load_op = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+        load_op = cpasync.CopyBulkTensorTileG2SOp(self.cta_group)
         tma_atom_a, tma_tensor_a = cute.nvgpu.make_tiled_tma_atom_A(
             load_op, a, a_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape
         )
@@ -182,11 +206,19 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             load_op, b, b_one_stage, self.mma_tiler, tiled_mma, cluster_layout_vmnk.shape,
             internal_type=self.b_smem_dtype if self.b_unpacked else None,
         )
-        # The transaction counts the bytes read from global memory (FP4: half a byte each).
-        self.tma_bytes = (
-            cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
-            + MX_ATOM_BYTES * (self.sfa_atoms + self.sfb_atoms)
-        )
+        # The transaction counts the bytes read from global memory (FP4: half a byte each); a
+        # pair's A and B bytes of both CTAs land on the leader's barrier, its scale atoms on each
+        # CTA's own `scale_landed`.
+        self.scale_bytes = MX_ATOM_BYTES * (self.sfa_atoms + self.sfb_atoms)
+        if cutlass.const_expr(self.pair):
+            self.tma_bytes = (
+                cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
+            ) * self.mma_ctas
+        else:
+            self.tma_bytes = (
+                cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
+                + self.scale_bytes
+            )
         store_op = cpasync.CopyReduceBulkTensorTileS2GOp() if self.wgrad else cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
             store_op, c, cute.slice_(epi_staged, (None, None, 0)), s.epi_tile
@@ -209,8 +241,28 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             sSFA: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfa_staged)], 128]
             sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_staged)], 128]
 
-        self.shared_storage = SharedStorage
-        self.smem_bytes = SharedStorage.size_in_bytes()
+        @cute.struct
+        class PairSharedStorage:
+            operand_barriers: cute.struct.MemRange[cutlass.Int64, s.stages * 2]
+            accumulator_barriers: cute.struct.MemRange[cutlass.Int64, self.acc_stages * 2]
+            scale_landed: cute.struct.MemRange[cutlass.Int64, s.stages]
+            scale_ready: cute.struct.MemRange[cutlass.Int64, s.stages]
+            tmem_dealloc_barrier: cutlass.Int64
+            tmem_address: cutlass.Int32
+            sC: cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged.outer)], self.buffer_align_bytes
+            ]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged.outer)], self.buffer_align_bytes
+            ]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[self.b_smem_dtype, cute.cosize(b_staged.outer)], self.buffer_align_bytes
+            ]
+            sSFA: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfa_staged)], 128]
+            sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_staged)], 128]
+
+        self.shared_storage = PairSharedStorage if self.pair else SharedStorage
+        self.smem_bytes = self.shared_storage.size_in_bytes()
         persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters)
         if cutlass.const_expr(self.schedule.op.splits_last_wave):
             # The op's grid rule: with TAIL_SPLIT 1, every cluster the GPU holds; this kernel
@@ -321,9 +373,31 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
 
         tiled_mma = self._make_tiled_mma()
         storage = SmemAllocator().allocate(self.shared_storage)
-        operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
-            storage, s.stages, self.tma_bytes, self.acc_stages, EPILOGUE_WARPS, cluster_layout_vmnk
-        )
+        # One CTA leads its MMAs; in a pair, the leader (V coordinate 0) issues the pair's.
+        is_leader_cta = True
+        if cutlass.const_expr(self.pair):
+            bidx, _, _ = cute.arch.block_idx()
+            mma_coord_v = bidx % self.mma_ctas
+            is_leader_cta = mma_coord_v == 0
+            cluster_coord_vmnk = cluster_layout_vmnk.get_flat_coord(
+                cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            )
+            operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
+                storage, s.stages, self.tma_bytes, self.acc_stages, EPILOGUE_WARPS * self.mma_ctas,
+                cluster_layout_vmnk, True, storage.tmem_dealloc_barrier.ptr,
+            )
+            scale_landed = storage.scale_landed.data_ptr()
+            scale_ready = storage.scale_ready.data_ptr()
+            if warp_idx == LOAD_WARP:
+                with cute.arch.elect_one():
+                    for i in cutlass.range_constexpr(s.stages):
+                        cute.arch.mbarrier_init(scale_landed + i, 1)
+                        cute.arch.mbarrier_init(scale_ready + i, self.mma_ctas)
+                cute.arch.mbarrier_init_fence()
+        else:
+            operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
+                storage, s.stages, self.tma_bytes, self.acc_stages, EPILOGUE_WARPS, cluster_layout_vmnk
+            )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
         sA = storage.sA.get_tensor(a_staged.outer, swizzle=a_staged.inner)
@@ -340,17 +414,28 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), rest_a)
         gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), rest_b)
         gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), rest_c)
-        thr_mma = tiled_mma.get_slice(0)
+        thr_mma = tiled_mma.get_slice(mma_coord_v if self.pair else 0)
         tCgA = thr_mma.partition_A(gA)
         tCgB = thr_mma.partition_B(gB)
         tCgC = thr_mma.partition_C(gC)
-        one_cta = cute.make_layout(1)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
-        )
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
-        )
+        if cutlass.const_expr(self.pair):
+            # Each CTA's share of the pair's A (its rows) and B (half the tile's rows).
+            a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_atom_a, cluster_coord_vmnk[2], a_cta_layout, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
+            )
+            b_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape)
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_atom_b, cluster_coord_vmnk[1], b_cta_layout, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+            )
+        else:
+            one_cta = cute.make_layout(1)
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_atom_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
+            )
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_atom_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+            )
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
         acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
@@ -375,6 +460,12 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                 sSFB.iterator, cute.make_layout((MX_ATOM_BYTES, self.sfb_atoms, s.stages))
             )
             n_blocks = (mC.shape[1] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
+            a_mask = None
+            b_mask = None
+            if cutlass.const_expr(self.pair):
+                m_blocks = (mC.shape[0] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
+                a_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
+                b_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, s.stages)
             # A group's scale atoms come after the previous groups': the masked layout's SFA has
             # ⌈max_m/128⌉ row blocks per group, SFB ⌈N/128⌉ per group in both M-grouped layouts;
@@ -392,6 +483,12 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                     sfa_block = group * ct_m + tile_m
                 else:
                     tAgA_t = tAgA[(None, tile_m, None)]
+                if cutlass.const_expr(self.pair):
+                    # This CTA's 128 rows of the pair's tile; past the rows (loaded as zeros), the
+                    # last atom again, so no SFA read leaves the buffer.
+                    sfa_block = cutlass.min(tile_m * self.mma_ctas + mma_coord_v, m_blocks - 1)
+                    if cutlass.const_expr(self.masked):
+                        sfa_block = group * m_blocks + sfa_block
                 if cutlass.const_expr(self.m_grouped):
                     tBgB_t = tBgB[(None, tile_n, None, b_group)]
                 else:
@@ -401,9 +498,18 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                     operand_pipeline.producer_acquire(state)
                     barrier = operand_pipeline.producer_get_barrier(state)
                     k_tile = first_k + state.count
-                    cute.copy(tma_atom_a, tAgA_t[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier)
-                    cute.copy(tma_atom_b, tBgB_t[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier)
+                    cute.copy(
+                        tma_atom_a, tAgA_t[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=barrier,
+                        mcast_mask=a_mask,
+                    )
+                    cute.copy(
+                        tma_atom_b, tBgB_t[(None, k_tile)], tBsB[(None, state.index)], tma_bar_ptr=barrier,
+                        mcast_mask=b_mask,
+                    )
                     with cute.arch.elect_one():
+                        if cutlass.const_expr(self.pair):
+                            barrier = scale_landed + state.index
+                            cute.arch.mbarrier_arrive_and_expect_tx(barrier, self.scale_bytes)
                         cute.copy(
                             bulk, self._scale_atom(sfa_ptr, sfa_block, k_tile, k_tiles),
                             sfa_atoms[(None, state.index)], mbar_ptr=barrier,
@@ -419,6 +525,27 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                     state.advance()
                 t += tile_stride
             operand_pipeline.producer_tail(state)
+
+        # ---- scale relay (a CTA pair) ------------------------------------------------------
+        if cutlass.const_expr(self.pair):
+            if warp_idx == SCALE_RELAY_WARP:
+                mIdx, mMasked, mSizes, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr)
+                k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, mSizes, group_bounds)
+                relay_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, s.stages)
+                t = first_tile
+                while t < num_tiles:
+                    _, _, _, computes, _, tile_k_tiles = self._locate(
+                        t, ct_m, ct_n, k_tiles, mMasked, mIdx, mSizes, group_bounds
+                    )
+                    for _k in range(tile_k_tiles * computes):
+                        cute.arch.mbarrier_wait(scale_landed + relay_state.index, relay_state.phase)
+                        with cute.arch.elect_one():
+                            # Release at cluster scope: the leader's tcgen05.cp reads these atoms.
+                            cute.arch.mbarrier_arrive(
+                                scale_ready + relay_state.index, 0, scope=MemScopeKind.CLUSTER
+                            )
+                        relay_state.advance()
+                    t += tile_stride
 
         # ---- MMA -----------------------------------------------------------------------------
         if warp_idx == MMA_WARP:
@@ -442,24 +569,27 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                 _, _, _, computes, _, tile_k_tiles = self._locate(t, ct_m, ct_n, k_tiles, mMasked, mIdx, mSizes, group_bounds)
                 # Runs once, or not at all for a padding tile, which takes no accumulator stage.
                 for _tile in range(computes):
-                    accumulator_pipeline.producer_acquire(acc_state)
-                    acc = tCtAcc[(None, None, None, acc_state.index)]
-                    tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-                    for _k in range(tile_k_tiles):
-                        operand_pipeline.consumer_wait(operand_state)
-                        cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, operand_state.index)], tCtSFA_s2t)
-                        cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, operand_state.index)], tCtSFB_s2t)
-                        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                            cute.gemm(
-                                tiled_mma, acc,
-                                [tCrA[(None, None, kb, operand_state.index)], tCtSFA[(None, None, kb)]],
-                                [tCrB[(None, None, kb, operand_state.index)], tCtSFB[(None, None, kb)]],
-                                acc,
-                            )
-                            tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
-                        operand_pipeline.consumer_release(operand_state)
-                        operand_state.advance()
-                    accumulator_pipeline.producer_commit(acc_state)
+                    if is_leader_cta:
+                        accumulator_pipeline.producer_acquire(acc_state)
+                        acc = tCtAcc[(None, None, None, acc_state.index)]
+                        tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+                        for _k in range(tile_k_tiles):
+                            operand_pipeline.consumer_wait(operand_state)
+                            if cutlass.const_expr(self.pair):
+                                cute.arch.mbarrier_wait(scale_ready + operand_state.index, operand_state.phase)
+                            cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, operand_state.index)], tCtSFA_s2t)
+                            cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, operand_state.index)], tCtSFB_s2t)
+                            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                                cute.gemm(
+                                    tiled_mma, acc,
+                                    [tCrA[(None, None, kb, operand_state.index)], tCtSFA[(None, None, kb)]],
+                                    [tCrB[(None, None, kb, operand_state.index)], tCtSFB[(None, None, kb)]],
+                                    acc,
+                                )
+                                tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                            operand_pipeline.consumer_release(operand_state)
+                            operand_state.advance()
+                        accumulator_pipeline.producer_commit(acc_state)
                     acc_state.advance()
                 t += tile_stride
             accumulator_pipeline.producer_tail(acc_state)
@@ -474,7 +604,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             tidx, _, _ = cute.arch.thread_idx()
             tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
             tCtAcc = cute.make_tensor(tmem_ptr, tCtAcc_layout)
-            tiled_t2r, thr_t2r, tTR_tAcc = self._tmem_loads(tCtAcc, tidx)
+            tiled_t2r, thr_t2r, tTR_tAcc = self._tmem_loads(tCtAcc, tidx, self.pair)
             gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, *rest_c)], s.epi_tile)
             tTR_gC = thr_t2r.partition_D(gC_epi)
             first_tile_coord = (0,) * len(rest_c)
@@ -565,7 +695,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         (the tiled copy, its staged shared-memory source, its tensor-memory destination)."""
         compact_s = cute.filter_zeros(sSF)
         compact_t = cute.filter_zeros(tSF)
-        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), self.sf_dtype)
+        # A pair's copy (cta_group::2, issued by the leader) fills each CTA's tensor memory from
+        # its own shared memory.
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(self.cta_group), self.sf_dtype)
         tiled = tcgen05.make_s2t_copy(atom, compact_t)
         thr = tiled.get_slice(0)
         source = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(compact_s))

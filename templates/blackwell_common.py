@@ -20,10 +20,12 @@ TMEM_ALLOC_BARRIER_ID = 2
 THREADS_PER_WARP = 32
 # Warp roles: warps 0-3 are the epilogue warpgroup (warp w reads TMEM lanes 32w..32w+31, i.e. rows
 # of the CTA's accumulator; with promotion it also updates the accumulator); warpgroup 1 holds the
-# load (TMA) warp and the MMA warp (its warps 6 and 7 idle).
+# load (TMA) warp and the MMA warp; in a CTA pair the block-scaled template's warp 6 tells the
+# leader that this CTA's scale atoms have landed (warp 7 idles).
 EPILOGUE_WARPS = 4
 LOAD_WARP = 4
 MMA_WARP = 5
+SCALE_RELAY_WARP = 6
 
 
 class BlackwellRoles:

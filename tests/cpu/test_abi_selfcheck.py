@@ -61,6 +61,10 @@ SCHEDULES = (
     # ... and the weight gradient (fp32 D, TMA reduce-add).
     "cutegen_sm100a_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_128x256x128_c1x1_mc0_s4_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_kgfp8wgradtn_e4m3_e4m3_f32_f32_sfmx_128x128x128_c1x1_mc0_s6_wg1_r96x256_epitma_rm_g8_tn",
+    # ... and in CTA pairs (2-CTA MMAs; each CTA's TMA box half of the tile's B rows).
+    "cutegen_sm100a_fp8gemm_e4m3_e2m1_bf16_f32_sfmx_128x256x128_c2x1_mcb_s6_wg1_r96x256_epitma_rm_g8",
+    "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sfmx_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rn_g1",
+    "cutegen_sm100a_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
     # The SwiGLU + FP8 quantize epilogue (D e4m3 and its scales as plain tensors, eps by value).
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8_swiglu",

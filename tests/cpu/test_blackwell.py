@@ -33,6 +33,9 @@ def test_default_catalogue_has_every_sm100_op_on_one_cta_and_a_pair():
     assert {s.op for s in schedules} == SM100_OPS
     for op in (Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_MASKED):
         assert {s.mma_ctas for s in schedules if s.op == op} == {1, 2}
+        # ... and so does the block-scaled MMA, for the weight gradient as well.
+        assert {s.mma_ctas for s in schedules if s.op == op and s.mma_applies_scales} == {1, 2}
+    assert {s.mma_ctas for s in schedules if s.op == Op.FP8_WGRAD_GEMM_NT} == {1, 2}
     for s in schedules:
         assert violations(s) == [], procedural_name(s)
         assert arch_evidence(s.arch) == "compiled only"
@@ -48,14 +51,17 @@ def test_tensor_memory_budget_counts_accumulator_stages():
 
 def test_block_scaled_mma_budgets_its_scale_columns_and_atoms():
     """Scales applied by the MMA: 4 tensor-memory columns per blocked atom of a stage (SFA's one,
-    SFB's one per 128 columns) beside at most two accumulator stages; the atoms' 512 bytes each in
-    every pipeline stage."""
-    mx = {s.tile_n: s for s in sm100_schedules() if s.mma_applies_scales}
-    assert set(mx) == {128, 256}
-    assert (mx[128].tmem_accumulator_stages, mx[128].tmem_scale_columns, mx[128].tmem_columns) == (2, 8, 264)
-    assert (mx[256].tmem_accumulator_stages, mx[256].tmem_scale_columns, mx[256].tmem_columns) == (1, 12, 268)
-    for s in mx.values():
-        assert s.stage_bytes == 128 * 128 + s.tile_n * 128 + 512 * sum(s.mx_scale_atoms)
+    SFB's one per 128 columns) beside at most two accumulator stages, the same in each CTA of a
+    pair (each holds its own rows' SFA and every SFB atom of the tile); the atoms' 512 bytes each
+    in every pipeline stage, beside A and the CTA's share of B."""
+    all_mx = [s for s in sm100_schedules() if s.mma_applies_scales]
+    for ctas in (1, 2):
+        mx = {s.tile_n: s for s in all_mx if s.mma_ctas == ctas}
+        assert set(mx) == {128, 256}
+        assert (mx[128].tmem_accumulator_stages, mx[128].tmem_scale_columns, mx[128].tmem_columns) == (2, 8, 264)
+        assert (mx[256].tmem_accumulator_stages, mx[256].tmem_scale_columns, mx[256].tmem_columns) == (1, 12, 268)
+    for s in all_mx:
+        assert s.stage_bytes == 128 * 128 + s.tile_n // s.mma_ctas * 128 + 512 * sum(s.mx_scale_atoms)
         assert s.facts()["mma_applies_scales"] and s.accumulator_registers == 32
 
 
@@ -97,9 +103,10 @@ def test_every_sm100_kernel_has_tcgen05_mma_and_no_local_memory(built):
 @pytest.mark.slow
 def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
     """The MX kernels' PTX has the block-scaled MMA (kind::mxf8f6f4.block_scale, 32-element scale
-    vectors) and the shared → tensor memory copy of the scales; their SASS has UTCQMMA with the two
-    scale operands in tensor memory, UTCCP of 4x32 lanes x 128 bits, bulk copies of the atoms, and
-    no local memory."""
+    vectors) and the shared → tensor memory copy of the scales, both over a CTA pair where the
+    kernel runs one (whose scale relay arrives on the leader's barrier at cluster scope); their SASS
+    has UTCQMMA (2-CTA in a pair) with the two scale operands in tensor memory, UTCCP of 4x32 lanes
+    x 128 bits, bulk copies of the atoms, and no local memory."""
     import re
 
     from cutegen.gen.sass import disassemble
@@ -109,12 +116,16 @@ def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
     for s in mx:
         name = procedural_name(s)
         ptx = (built / name / "kernel.ptx").read_text()
-        assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx, name
-        assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in ptx, name
+        group = s.mma_ctas
+        assert f"tcgen05.mma.cta_group::{group}.kind::mxf8f6f4.block_scale.block32" in ptx, name
+        assert f"tcgen05.cp.cta_group::{group}.32x128b.warpx4" in ptx, name
+        assert ("mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx) == (group == 2), name
         sass, _ = disassemble((built / name / "kernel.cubin").read_bytes())
         mmas = [line for line in sass.splitlines() if "UTCQMMA" in line]
         assert mmas and all(len(re.findall(r"tmem\[", line)) == 3 for line in mmas), name
-        assert "UTCCP.T.S.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
+        assert all(("UTCQMMA.2CTA" in line) == (group == 2) for line in mmas), name
+        pair = ".2CTA" if group == 2 else ""
+        assert f"UTCCP.T.S{pair}.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
         assert not re.search(r"\bLDL|\bSTL", sass), name
         # The weight gradients add their tiles into D (TMA reduce-add; the k-grouped one's D has a
         # group mode); the others store them.

@@ -297,9 +297,10 @@ CRAFTED.update({
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.UE8M0, tile_k=128), "scale"),
         (bad(op=Op.FP8_GEMM_NT, a_dtype=DType.E4M3, b_dtype=DType.E4M3, scale=ScaleFormat.MX, tile_k=128), "scale"),
     ],
-    "mx_single_cta_whole_atoms": [
-        (bwbad(scale=ScaleFormat.MX, cluster_m=2, multicast=Multicast.B), "cluster"),
-        (bwbad(scale=ScaleFormat.MX, tile_n=64), "tile_n"),
+    "mx_whole_atoms": [(bwbad(scale=ScaleFormat.MX, tile_n=64), "tile_n")],
+    "mx_cta_pair_ops": [
+        (bwbad(op=Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS, scale=ScaleFormat.MX, cluster_m=2, multicast=Multicast.B,
+               layout=Layout.TN, c_dtype=DType.F32), "cluster_m"),
     ],
     "fp4_on_block_scaled_mma": [(bwbad(b_dtype=DType.E2M1), "scale")],
     "contiguous_single_cta_mma": [
@@ -984,7 +985,7 @@ def test_256_wide_block_scaled_tiles_run_in_column_waves():
 
 
 def test_column_scales_early_where_they_fit():
-    """Single-wave weight-gradient tiles in 2-CTA clusters read their column scales while the
+    """Single-wave Hopper weight-gradient tiles in 2-CTA clusters read their column scales while the
     WGMMAs run; 1x1 clusters and two-wave tiles do not, nor k-grouped tiles not a multiple of 128
     wide under the 240-register budget (`Schedule.column_scales_early`)."""
     early = {}
@@ -994,7 +995,7 @@ def test_column_scales_early_where_they_fit():
         crowded = (
             s.op.is_k_grouped and s.tile_n % SCALE_BLOCK != 0 and s.consumer_regs < K_GROUPED_EARLY_COLUMNS_MIN_REGS
         )
-        expected = s.tile_m == 128 and s.cluster_size == 2 and not crowded
+        expected = s.arch == Arch.SM90A and s.tile_m == 128 and s.cluster_size == 2 and not crowded
         assert s.column_scales_early == expected, procedural_name(s)
         early[(s.op.value, s.tile_m, s.tile_n, s.cluster_m, s.cluster_n, s.consumer_regs)] = s.column_scales_early
     assert early[("k_grouped_fp8_gemm_nt_contiguous", 128, 160, 2, 1, 240)]

@@ -118,13 +118,14 @@ def test_contiguous(ops, b_dtype):
 
 @pytest.mark.parametrize("b_dtype", ["e4m3", "e2m1"])
 def test_masked(ops, b_dtype):
-    """Three experts of max_m 256 rows with 0, 200 and 256 real rows: each real row against its
-    expert's product; group 0 of D untouched."""
+    """Three experts of max_m 384 rows with 0, 200 and 384 real rows: each real row against its
+    expert's product; group 0 of D untouched. 384 rows are three 128-row scale blocks, so a CTA
+    pair's second CTA has no rows in an expert's last 256-row tile."""
     from cutegen.runtime import grouped_ops
 
     names = mx_kernels(ops, MASKED, b_dtype)
-    g, max_m, n, k = 3, 256, 4096, 1024
-    masked_m = torch.tensor([0, 200, 256], dtype=torch.int32, device="cuda")
+    g, max_m, n, k = 3, 384, 4096, 1024
+    masked_m = torch.tensor([0, 200, 384], dtype=torch.int32, device="cuda")
     a, w = inputs(g, max_m, k, seed=5), inputs(g, n, k, seed=6)
     per_group = [fp8_rows(a[i]) for i in range(g)]
     qa = torch.stack([p[0] for p in per_group])
