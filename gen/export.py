@@ -89,6 +89,8 @@ TMA_DTYPE_ENUMS = {
     "e5m2": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     # CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B by value: cuda.h has the name from CUDA 12.8 only.
     "e2m1": "CUTEGEN_TMA_DTYPE_FP4_UNPACKED",
+    # CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B by value (packed in shared memory too: NVFP4).
+    "e2m1_packed": "CUTEGEN_TMA_DTYPE_FP4_PACKED",
     "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "i8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "u16": "CU_TENSOR_MAP_DATA_TYPE_UINT16",

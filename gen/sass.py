@@ -10,7 +10,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-MMA_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA", "HMMA")
+# UTCOMMA: the FP4 x FP4 block-scaled MMA (NVFP4, kind::mxf4nvf4).
+MMA_OPCODES = ("HGMMA", "QGMMA", "IGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCMMA", "HMMA")
 LOCAL_MEMORY_OPCODES = ("LDL", "STL")
 
 

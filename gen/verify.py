@@ -51,6 +51,7 @@ EXPECTED_MMA: dict[tuple[str, str], str] = {
     ("sm_100a", "m_grouped_fp8_gemm_nt_masked"): "UTCQMMA",
     ("sm_100a", "fp8_wgrad_gemm_nt"): "UTCQMMA",
     ("sm_100a", "k_grouped_fp8_gemm_tn_contiguous"): "UTCQMMA",
+    ("sm_100a", "nvfp4_gemm_nt"): "UTCOMMA",
     **{
         (arch, op): ""
         for arch in ("sm_90a", "sm_100a")

@@ -11,6 +11,7 @@ attribute:
 * ``m_grouped_bf16_gemm_nt_contiguous``, ``m_grouped_bf16_gemm_nt_masked`` (BF16 experts) and
   ``k_grouped_bf16_gemm_tn_contiguous`` (their weight gradient), `cutegen.runtime.bf16_grouped_ops`;
 * ``fp8_gemm_nt`` and ``to_mn_major_tma_aligned`` (torch-facing, `cutegen.runtime.fp8_ops`);
+* ``nvfp4_gemm_nt`` (NVFP4 operands, Blackwell only; `cutegen.runtime.nvfp4_ops`);
 * ``fp8_wgrad_gemm_nt`` (dense weight gradient, `fp8_ops`) and
   ``k_grouped_fp8_gemm_nt_contiguous`` (MoE weight gradient) and its tokens-first Blackwell form
   ``k_grouped_fp8_gemm_tn_contiguous``, `cutegen.runtime.k_grouped_ops`;
@@ -54,6 +55,7 @@ _LAZY = {
     "k_grouped_bf16_gemm_tn_contiguous": "bf16_grouped_ops",
     "fp8_gemm_nt": "fp8_ops",
     "fp8_wgrad_gemm_nt": "fp8_ops",
+    "nvfp4_gemm_nt": "nvfp4_ops",
     "k_grouped_fp8_gemm_nt_contiguous": "k_grouped_ops",
     "k_grouped_fp8_gemm_tn_contiguous": "k_grouped_ops",
     "m_grouped_fp8_gemm_nt_contiguous": "grouped_ops",
@@ -82,7 +84,8 @@ _LAZY = {
 
 # The modules that register torch.ops.cutegen ops (`torch_ops.TorchOp`).
 OP_MODULES = (
-    "bf16_ops", "bf16_grouped_ops", "epilogue_ops", "fp8_ops", "fused_ops", "grouped_ops", "k_grouped_ops", "quant_ops",
+    "bf16_ops", "bf16_grouped_ops", "epilogue_ops", "fp8_ops", "fused_ops", "grouped_ops", "k_grouped_ops",
+    "nvfp4_ops", "quant_ops",
 )
 
 

@@ -20,6 +20,10 @@ CPU and GPU tensors (torch only):
 
 `mx_gemm_ref` is the float64 product these define: D = Σ_k (a · sfa) (b · sfb). `quant_fp4_ref`
 quantises to FP4 with UE8M0 scales (round to nearest even, saturating), `dequant_fp4` inverts it.
+
+**NVFP4** (``kind::mxf4nvf4``): FP4 E2M1 elements with one E4M3 scale per 16 along K, in the same
+blocked layout, and an fp32 scale per tensor that the GEMM applies as alpha: `quant_nvfp4_ref`,
+`dequant_nvfp4`, `nvfp4_gemm_ref`.
 """
 
 from __future__ import annotations
@@ -277,3 +281,73 @@ def mx_scale_operands(sfa: torch.Tensor, sfb: torch.Tensor, m: int, n: int, k: i
     sfb_rows = sfb_bytes if sfb_per_row else sfb_bytes.repeat_interleave(ATOM_ROWS, dim=0)[:n]
     return (to_blocked(expand_scales(sfa_bytes, granularity)),
             to_blocked(expand_scales(sfb_rows, gran_b)))
+
+
+# ---- NVFP4: FP4 E2M1 with an E4M3 scale per 16 elements and an fp32 scale per tensor ----------
+# One E4M3 scale per NV_VEC consecutive elements along K (`kind::mxf4nvf4`), the MMA's blocked
+# layout as above; the tensor's fp32 scale is not the MMA's: the GEMM multiplies by alpha.
+NV_VEC = 16
+E4M3_MAX = 448.0
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4's per-tensor scale: 448 · 6 / amax(x), so that the largest 16-element block's scale
+    is E4M3's largest (448); 1 for a tensor of zeros. fp32, one element, on x's device."""
+    amax = x.detach().abs().amax().to(torch.float32)
+    return torch.where(amax > 0, (E4M3_MAX * E2M1_MAX) / amax, torch.ones_like(amax)).reshape(1)
+
+
+def quant_nvfp4_ref(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise x [M, K] (K a multiple of 16) to NVFP4 under ``global_scale`` (fp32, one element:
+    `nvfp4_global_scale`, or one calibrated elsewhere). Per 1x16 block along K: ``s`` = the E4M3
+    value nearest ``amax / 6 · global_scale`` (ties to even, saturating at 448); each element's
+    code is `float_to_e2m1` of ``x · (global_scale / s)`` (fp32; all codes 0 where ``s`` is 0). A
+    block holding NaN or ±Inf gets the NaN scale (E4M3 0x7F) and codes 7.
+
+    Returns ``(packed, scales)``: codes uint8 [M, K/2] (element 2i in the low nibble) and the
+    scales as ``torch.float8_e4m3fn`` [M, K/16] row-major; ``to_blocked(scales.view(torch.uint8))``
+    is the layout `nvfp4_gemm_nt` reads (what vLLM and FlashInfer call the swizzled 128x4 layout).
+    The dequantised value is ``e2m1 · s / global_scale`` (`dequant_nvfp4`). Engines' CUDA
+    quantizers divide with an approximate reciprocal, so an element within an ulp of a rounding
+    midpoint may take the neighbouring code there."""
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a 2-D floating-point tensor, got {tuple(x.shape)} {x.dtype}")
+    m, k = x.shape
+    if k % NV_VEC:
+        raise ValueError(f"NVFP4 scales blocks of {NV_VEC} elements along K: K ({k}) must be a multiple of {NV_VEC}")
+    gs = _global_scale_value(global_scale, x.device)
+    xg = x.float().view(m, k // NV_VEC, NV_VEC)
+    amax, bad = amax_and_bad(xg)
+    sf = (amax / E2M1_MAX * gs).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    sf = torch.where(bad, torch.full_like(sf, float("nan")), sf)
+    s = sf.float()
+    inv = torch.where(s > 0, gs / s, torch.zeros_like(s))
+    codes = float_to_e2m1(xg * inv.unsqueeze(-1))
+    codes = torch.where(bad.unsqueeze(-1), torch.full_like(codes, E2M1_MAX_CODE), codes)
+    return pack_e2m1(codes.view(m, k)), sf
+
+
+def dequant_nvfp4(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of `quant_nvfp4_ref`'s output: e2m1 · s / global_scale."""
+    values = e2m1_to_float(unpack_e2m1(packed))
+    s = scales.float().repeat_interleave(NV_VEC, dim=1)
+    return values * s / _global_scale_value(global_scale, packed.device)
+
+
+def nvfp4_gemm_ref(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                   alpha: torch.Tensor | float) -> torch.Tensor:
+    """D [M, N] = alpha · Σ_k (a[m, k] · sfa[m, k/16]) (b[n, k] · sfb[n, k/16]) in float64, from
+    packed codes and E4M3 scales [rows, K/16] (row-major): what `nvfp4_gemm_nt` computes before
+    its fp32 accumulation and bf16 rounding."""
+    def dequant(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
+        values = e2m1_to_float(unpack_e2m1(packed)).double()
+        return values * sf.double().repeat_interleave(NV_VEC, dim=1)
+
+    scale = float(alpha) if not isinstance(alpha, torch.Tensor) else float(alpha.reshape(-1)[0])
+    return dequant(a, sfa) @ dequant(b, sfb).T * scale
+
+
+def _global_scale_value(global_scale: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not isinstance(global_scale, torch.Tensor) or global_scale.numel() != 1:
+        raise ValueError("global_scale must be a tensor of one fp32 element (nvfp4_global_scale)")
+    return global_scale.to(device=device, dtype=torch.float32).reshape(())

@@ -1,7 +1,7 @@
 """The torch-facing runtime in one place: every op's entry point, and the catalogue and kernel choice they share.
 
 The ops live in modules of their own (`bf16_ops`, `bf16_grouped_ops`, `epilogue_ops`, `fp8_ops`, `fused_ops`,
-`grouped_ops`, `k_grouped_ops`, `quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
+`grouped_ops`, `k_grouped_ops`, `nvfp4_ops`, `quant_ops`) over shared services (`kernel_choice`: catalogue and choice; `checks`: input
 checks; `torch_ops`: registration, eager dispatch, streams; `call_cache` and `launch`: the
 remembered calls and their plans). Importing any op module registers its ``torch.ops.cutegen``
 ops; ``import cutegen.runtime`` registers all of them when torch is already imported.
@@ -33,6 +33,7 @@ from .kernel_choice import (
     runnable_kernels,
     set_build_dir,
 )
+from .nvfp4_ops import nvfp4_gemm_nt
 from .quant_ops import grouped_transposed_quant_fp8, per_block_quant_fp8, per_token_quant_fp4, per_token_quant_fp8
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous_swiglu_quant",
     "m_grouped_fp8_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_masked_swiglu_quant",
+    "nvfp4_gemm_nt",
     "per_block_quant_fp8",
     "per_token_quant_fp4",
     "per_token_quant_fp8",

@@ -59,11 +59,17 @@ DTYPE_BITS: dict[str, int] = {
 # Bytes per element of the whole-byte dtypes.
 DTYPE_BYTES: dict[str, int] = {name: bits // 8 for name, bits in DTYPE_BITS.items() if bits >= 8}
 
+# FP4 of an e2m1 operand that stays packed two per byte in shared memory too (16U4_ALIGN8B, what
+# NVFP4's kind::mxf4nvf4 reads); a ``tma`` binding's "e2m1" unpacks it to a byte each (16U4_ALIGN16B).
+TMA_FP4_PACKED = "e2m1_packed"
 # The data type names a ``tma`` binding may use (every manifest dtype but i16, which
-# cuTensorMapEncodeTiled has no type for), with their element bits.
-TMA_DTYPE_BITS: dict[str, int] = {name: bits for name, bits in DTYPE_BITS.items() if name != "i16"}
-# FP4 through TMA (16U4_ALIGN16B, unpacked to a byte each in shared memory): a 32-byte aligned
-# base and row strides, and rows a whole number of 128 elements.
+# cuTensorMapEncodeTiled has no type for, and packed FP4), with their element bits.
+TMA_DTYPE_BITS: dict[str, int] = {
+    **{name: bits for name, bits in DTYPE_BITS.items() if name != "i16"}, TMA_FP4_PACKED: 4,
+}
+# FP4 through TMA, either way: a 32-byte aligned base and row strides, and rows a whole number of
+# 128 elements.
+TMA_FP4_DTYPES = ("e2m1", TMA_FP4_PACKED)
 TMA_FP4_ALIGN = 32
 TMA_FP4_ROW_ELEMENTS = 128
 TMA_SWIZZLE_BYTES: dict[str, int] = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
@@ -518,13 +524,14 @@ def check_tma_recipe(binding: Mapping[str, Any], operand_rank: int, operand_elem
     swizzle = binding.get("swizzle", "none")
     if swizzle not in TMA_SWIZZLE_BYTES:
         raise ValueError(f"swizzle {swizzle!r} is not one of {list(TMA_SWIZZLE_BYTES)}")
-    if dtype == "e2m1" and (swizzle not in ("none", "128B") or int(box[0]) % TMA_FP4_ROW_ELEMENTS):
+    if dtype in TMA_FP4_DTYPES and (swizzle not in ("none", "128B") or int(box[0]) % TMA_FP4_ROW_ELEMENTS):
         raise ValueError(f"FP4 is loaded in boxes of whole {TMA_FP4_ROW_ELEMENTS}-element rows with no "
                          f"swizzle or 128B, got box {box}, swizzle {swizzle}")
-    # In shared memory: FP4 is unpacked to a byte per element.
-    inner = int(box[0]) * max(bits, 8) // 8
+    # In shared memory: FP4 is unpacked to a byte per element, unless it stays packed.
+    smem_bits = bits if dtype == TMA_FP4_PACKED else max(bits, 8)
+    inner = int(box[0]) * smem_bits // 8
     if inner % 16:
-        raise ValueError(f"inner box {box[0]} x {max(bits, 8) // 8} B = {inner} B is not a multiple of 16 bytes")
+        raise ValueError(f"inner box {box[0]} x {smem_bits} bits = {inner} B is not a multiple of 16 bytes")
     if TMA_SWIZZLE_BYTES[swizzle] and inner > TMA_SWIZZLE_BYTES[swizzle]:
         raise ValueError(f"inner box {inner} B exceeds the {swizzle} swizzle span")
     if binding.get("l2_promotion", "128B") not in TMA_L2_PROMOTIONS:
@@ -587,7 +594,7 @@ def tma_args_from_binding(
         raise KernelLoadError(f"TMA binding of {where}: {exc}") from None
     modes = [int(m) for m in binding["modes"]]
     dims = tuple(int(shape[m]) for m in modes)
-    fp4 = binding["dtype"] == "e2m1"
+    fp4 = binding["dtype"] in TMA_FP4_DTYPES
     base_align, stride_align = (TMA_FP4_ALIGN, TMA_FP4_ALIGN) if fp4 else (TMA_GLOBAL_ALIGN, TMA_GLOBAL_ALIGN)
     if ptr % base_align:
         raise InputError(

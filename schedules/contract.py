@@ -102,16 +102,16 @@ def op_contract(schedule: Schedule) -> list[Arg]:
     # An MN-major operand (`Schedule.layout`) is contiguous along its M (N) dimension.
     args = [Arg("a", a, (*grouped, "M", "K"), len(grouped) + (0 if s.layout.a_mn_major else 1))]
     if s.mma_applies_scales:
-        # The MMA's blocked UE8M0 scales, 512-byte atoms of 128 rows by 4 scales (one per 32
-        # elements), as bytes (`requires` gives their sizes).
+        # The MMA's blocked scales, 512-byte atoms of 128 rows by 4 scales (UE8M0 one per 32
+        # elements, NVFP4's E4M3 one per 16), as bytes (`requires` gives their sizes).
         args.append(Arg("sfa", "u8", ("SA",), 0, 16, pointer=True))
     elif s.block_scaled:
         # SFA [M, KB] MN-major with a 16-byte aligned column stride (align(M, 4)).
         args.append(Arg("sfa", scale, (*grouped, "M", kc), len(grouped)))
     b_grouped = ("G",) if op.is_m_grouped else ()
-    # FP4 is TMA-loaded unpacked (16U4_ALIGN16B), which needs a 32-byte aligned base.
+    # FP4 beside FP8 is TMA-loaded unpacked (16U4_ALIGN16B), which needs a 32-byte aligned base.
     args.append(Arg("b", b, (*b_grouped, "N", "K"), len(b_grouped) + (0 if s.layout.b_mn_major else 1),
-                    32 if b == "e2m1" else 16))
+                    32 if b == "e2m1" and not s.fp4_packed_in_smem else 16))
     if s.mma_applies_scales:
         args.append(Arg("sfb", "u8", ("SB",), 0, 16, pointer=True))
     elif s.block_scaled:
@@ -131,6 +131,9 @@ def op_contract(schedule: Schedule) -> list[Arg]:
         ]
     else:
         args.append(Arg("d", d, (*grouped, "M", "N"), len(grouped) + 1, written=True))
+    if op == Op.NVFP4_GEMM_NT:
+        # NVFP4's per-tensor scales folded into one fp32 factor of D, read on the GPU.
+        args.append(Arg("alpha", "f32", ("1",), 0, 4, pointer=True))
     if s.adds_bias:
         # One value per column of D, in D's type.
         args.append(Arg("bias", d, ("N",), 0))

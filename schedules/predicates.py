@@ -53,6 +53,7 @@ OP_ARCHS: dict[Op, frozenset[Arch]] = {
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({Arch.SM90A}),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({Arch.SM90A}),
     Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: frozenset({Arch.SM100A}),
+    Op.NVFP4_GEMM_NT: frozenset({Arch.SM100A}),
     # The quantize templates use no tensor-core or Hopper-only instruction: sm_100a too.
     Op.PER_TOKEN_QUANT_FP8: frozenset({Arch.SM90A, Arch.SM100A}),
     # FP4 weights are for Blackwell's block-scaled GEMMs; any GPU may quantize them.
@@ -82,6 +83,7 @@ OP_DTYPES: dict[Op, tuple[DType, DType, DType, DType] | frozenset[tuple[DType, D
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: (DType.BF16, DType.BF16, DType.BF16, DType.F32),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: (DType.BF16, DType.BF16, DType.F32, DType.F32),
     Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: (DType.E4M3, DType.E4M3, DType.F32, DType.F32),
+    Op.NVFP4_GEMM_NT: (DType.E2M1, DType.E2M1, DType.BF16, DType.F32),
     Op.PER_TOKEN_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
     Op.PER_TOKEN_QUANT_FP4: _QUANT_IN(DType.BF16, DType.F16, DType.F32, out=DType.E2M1),
     Op.PER_BLOCK_QUANT_FP8: _QUANT_IN(DType.BF16, DType.F16, DType.F32),
@@ -104,6 +106,8 @@ OP_SCALES: dict[Op, frozenset[ScaleFormat]] = {
     Op.M_GROUPED_BF16_GEMM_NT_MASKED: frozenset({ScaleFormat.NONE}),
     Op.K_GROUPED_BF16_GEMM_TN_CONTIGUOUS: frozenset({ScaleFormat.NONE}),
     Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS: frozenset({ScaleFormat.MX}),
+    # NVFP4: E4M3 scales per 16 elements, applied by the tensor cores.
+    Op.NVFP4_GEMM_NT: frozenset({ScaleFormat.NV}),
     # The per-token quantize also writes UE8M0 (packed four per int32) for Blackwell GEMMs.
     Op.PER_TOKEN_QUANT_FP8: frozenset({ScaleFormat.F32, ScaleFormat.UE8M0}),
     # FP4 scales are UE8M0, packed four per int32 (what the block-scaled GEMMs take for an FP4 B).
@@ -370,7 +374,7 @@ def scale_format_for_op(s: Schedule) -> str | None:
 def ue8m0_gemm_on_blackwell(s: Schedule) -> str | None:
     """GEMMs take UE8M0 scales (promoted, or applied by the MMA) on sm_100a only (the Hopper
     templates promote with fp32)."""
-    if s.scale not in (ScaleFormat.UE8M0, ScaleFormat.MX) or s.arch == Arch.SM100A:
+    if s.scale not in (ScaleFormat.UE8M0, ScaleFormat.MX, ScaleFormat.NV) or s.arch == Arch.SM100A:
         return None
     return f"scale={s.scale.value}: the {s.arch.value} GEMM templates take fp32 scales (scale=f32)"
 
@@ -379,7 +383,7 @@ def ue8m0_gemm_on_blackwell(s: Schedule) -> str | None:
 MX_TILE_N = (128, 256)
 # The ops whose block-scaled template runs a CTA pair (the k-grouped layout's MN-major operands and
 # the contiguous layout's 128-row experts stay on one CTA per MMA).
-MX_CTA_PAIR_OPS = frozenset({Op.FP8_GEMM_NT, Op.FP8_WGRAD_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_MASKED})
+MX_CTA_PAIR_OPS = frozenset({Op.FP8_GEMM_NT, Op.FP8_WGRAD_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.NVFP4_GEMM_NT})
 
 
 @_rule(archs=_SM100, ops=_SM100_OPS)
@@ -405,11 +409,11 @@ def mx_cta_pair_ops(s: Schedule) -> str | None:
 
 @_rule(ops=_GEMM_OPS)
 def fp4_on_block_scaled_mma(s: Schedule) -> str | None:
-    """FP4 (e2m1) operands only where the MMA applies the scales (scale=mx): the promoting
-    templates have no FP4 path, and FP4 needs the scale of each 32 elements."""
+    """FP4 (e2m1) operands only where the MMA applies the scales (scale=mx or nv): the promoting
+    templates have no FP4 path, and FP4 needs the scale of each 32 (or 16) elements."""
     if DType.E2M1 not in (s.a_dtype, s.b_dtype) or s.mma_applies_scales:
         return None
-    return f"scale={s.scale.value}: FP4 (e2m1) operands run on the block-scaled MMA only (scale=mx)"
+    return f"scale={s.scale.value}: FP4 (e2m1) operands run on the block-scaled MMA only (scale=mx or nv)"
 
 
 @_rule(ops=_GEMM_OPS)
@@ -440,13 +444,15 @@ def smem_fits(s: Schedule) -> str | None:
 
 @_rule(ops=_GEMM_OPS)
 def tile_k_matches_dtype(s: Schedule) -> str | None:
-    """tile_k spans exactly one 128-byte swizzle row of each operand (bf16: tile_k=64)."""
+    """tile_k spans exactly one 128-byte swizzle row of each operand (bf16: tile_k=64; FP4 packed
+    two per byte in shared memory, NVFP4: tile_k=256)."""
     for field, dt in (("a_dtype", s.a_dtype), ("b_dtype", s.b_dtype)):
-        if s.tile_k * dt.smem_bytes != SWIZZLE_ROW_BYTES:
+        bits = s.smem_bits(dt)
+        if s.tile_k * bits != 8 * SWIZZLE_ROW_BYTES:
             return (
                 f"tile_k={s.tile_k}: one K block must be one {SWIZZLE_ROW_BYTES}-byte swizzle "
-                f"row, so tile_k x {field} bytes in shared memory ({dt.value}: {dt.smem_bytes}) must be "
-                f"{SWIZZLE_ROW_BYTES} (tile_k={SWIZZLE_ROW_BYTES // dt.smem_bytes})"
+                f"row, so tile_k x {field} bits in shared memory ({dt.value}: {bits}) must be "
+                f"{8 * SWIZZLE_ROW_BYTES} (tile_k={8 * SWIZZLE_ROW_BYTES // bits})"
             )
     return None
 
@@ -658,9 +664,10 @@ def epilogue_tile_divides(s: Schedule) -> str | None:
 
 @_rule(ops=_GEMM_OPS)
 def scale_blocks_per_tile(s: Schedule) -> str | None:
-    """A block-scaled tile spans at most two 128-column blocks of SFB wherever it starts
-    (tile_n - gcd(tile_n, 128) <= 128), and tile_k is one 128-wide scale block."""
-    if not s.block_scaled:
+    """A promoted block-scaled tile spans at most two 128-column blocks of SFB wherever it starts
+    (tile_n - gcd(tile_n, 128) <= 128), and tile_k is one 128-wide scale block. (Scales the MMA
+    applies come in whole atoms: `mx_whole_atoms`, `tile_k_matches_dtype`.)"""
+    if not s.block_scaled or s.mma_applies_scales:
         return None
     if s.tile_k != SCALE_BLOCK:
         return f"tile_k={s.tile_k}: block-scaled ops promote per {SCALE_BLOCK}-wide K block, so tile_k must be {SCALE_BLOCK}"

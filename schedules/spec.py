@@ -45,6 +45,7 @@ class Op(str, enum.Enum):
     M_GROUPED_BF16_GEMM_NT_MASKED = "m_grouped_bf16_gemm_nt_masked"
     K_GROUPED_BF16_GEMM_TN_CONTIGUOUS = "k_grouped_bf16_gemm_tn_contiguous"
     K_GROUPED_FP8_GEMM_TN_CONTIGUOUS = "k_grouped_fp8_gemm_tn_contiguous"
+    NVFP4_GEMM_NT = "nvfp4_gemm_nt"
     PER_TOKEN_QUANT_FP8 = "per_token_quant_fp8"
     PER_TOKEN_QUANT_FP4 = "per_token_quant_fp4"
     PER_BLOCK_QUANT_FP8 = "per_block_quant_fp8"
@@ -63,6 +64,7 @@ class Op(str, enum.Enum):
             "m_grouped_bf16_gemm_nt_masked": "mgbf16gemmm",
             "k_grouped_bf16_gemm_tn_contiguous": "kgbf16wgrad",
             "k_grouped_fp8_gemm_tn_contiguous": "kgfp8wgradtn",
+            "nvfp4_gemm_nt": "nvfp4gemm",
             "per_token_quant_fp8": "ptquant",
             "per_token_quant_fp4": "ptquant4",
             "per_block_quant_fp8": "pbquant",
@@ -148,22 +150,35 @@ class DType(str, enum.Enum):
         return max(1, self.bits // 8)
 
 
+# The manifest's TMA dtype of FP4 kept packed two per byte in shared memory (the TMA's
+# 16U4_ALIGN8B type; `Schedule.fp4_packed_in_smem`), beside "e2m1", unpacked there.
+TMA_FP4_PACKED = "e2m1_packed"
+
+
 class ScaleFormat(str, enum.Enum):
     """How block scales of quantised operands are stored and applied (none for unscaled ops).
 
     ``f32`` and ``ue8m0`` (packed four per int32) scales are applied by promotion: each 128-wide K
     block's MMA result is scaled and summed on the CUDA cores. ``mx``: UE8M0 scales applied by the
     tensor cores (Blackwell's block-scaled MMA, one scale per 32 elements along K, in tensor
-    memory), read in the MMA's blocked layout (`cutegen.runtime.mx_reference.to_blocked`)."""
+    memory), read in the MMA's blocked layout (`cutegen.runtime.mx_reference.to_blocked`). ``nv``:
+    NVFP4's E4M3 scales, one per 16 elements along K, applied by the tensor cores in the same
+    layout (``kind::mxf4nvf4``), beside a per-tensor fp32 scale the epilogue applies."""
 
     NONE = "none"
     F32 = "f32"
     UE8M0 = "ue8m0"
     MX = "mx"
+    NV = "nv"
 
     @property
     def tag(self) -> str:
-        return {"none": "nosf", "f32": "sff32", "ue8m0": "sfue8m0", "mx": "sfmx"}[self.value]
+        return {"none": "nosf", "f32": "sff32", "ue8m0": "sfue8m0", "mx": "sfmx", "nv": "sfnv"}[self.value]
+
+    @property
+    def mma_vector(self) -> int:
+        """Elements along K one scale covers where the tensor cores apply the scales (0 elsewhere)."""
+        return {"mx": MX_SCALE_VECTOR, "nv": NV_SCALE_VECTOR}.get(self.value, 0)
 
 
 class Multicast(str, enum.Enum):
@@ -421,7 +436,10 @@ SM100_TMEM_COLUMNS = 512
 # atoms of 128 rows x 4 scales (a 128-wide K tile), 4 tensor-memory columns each; an accumulator stage per tile in
 # flight (two let the epilogue of one tile run beside the next tile's MMAs).
 MX_SCALE_VECTOR = 32
+# NVFP4 (`ScaleFormat.NV`): one E4M3 scale per 16 elements, in the same atoms.
+NV_SCALE_VECTOR = 16
 MX_ATOM_ROWS = 128
+MX_ATOM_SCALES = 4
 MX_ATOM_BYTES = 512
 MX_ATOM_TMEM_COLUMNS = 4
 MX_ACCUMULATOR_STAGES = 2
@@ -558,16 +576,33 @@ class Schedule:
 
     @property
     def mma_applies_scales(self) -> bool:
-        """The tensor cores apply the block scales (`ScaleFormat.MX`): no promotion."""
-        return self.scale == ScaleFormat.MX
+        """The tensor cores apply the block scales (`ScaleFormat.MX`, `ScaleFormat.NV`): no promotion."""
+        return self.scale.mma_vector > 0
+
+    @property
+    def mx_atoms_per_k_tile(self) -> int:
+        """Blocked scale atoms one 128-row block holds per K tile (each covers 4 scales along K):
+        1 for MX (128 elements), 4 for NVFP4 (256 elements in 16-element vectors); 0 unless the
+        MMA applies the scales."""
+        vector = self.scale.mma_vector
+        return self.tile_k // (MX_ATOM_SCALES * vector) if vector else 0
 
     @property
     def mx_scale_atoms(self) -> tuple[int, int]:
         """Blocked scale atoms (128 rows x 4 scales, MX_ATOM_BYTES) a stage of a tile holds: (SFA's,
         SFB's); (0, 0) unless the MMA applies the scales."""
-        if not self.mma_applies_scales:
-            return (0, 0)
-        return (-(-self.tile_m // MX_ATOM_ROWS), -(-self.tile_n // MX_ATOM_ROWS))
+        per_rows = self.mx_atoms_per_k_tile
+        return (-(-self.tile_m // MX_ATOM_ROWS) * per_rows, -(-self.tile_n // MX_ATOM_ROWS) * per_rows)
+
+    @property
+    def fp4_packed_in_smem(self) -> bool:
+        """Both operands FP4: shared memory holds them packed, two per byte (`kind::mxf4nvf4` reads
+        them so); FP4 beside FP8 is unpacked to a byte each (`DType.smem_bytes`)."""
+        return self.a_dtype == self.b_dtype == DType.E2M1
+
+    def smem_bits(self, dtype: DType) -> int:
+        """Bits one element of an operand of `dtype` takes in shared memory."""
+        return dtype.bits if self.fp4_packed_in_smem else 8 * dtype.smem_bytes
 
     @property
     def tmem_columns(self) -> int:
@@ -620,7 +655,7 @@ class Schedule:
             return 0
         # A Blackwell CTA pair loads half of B in each CTA.
         b_rows = self.tile_n // self.mma_ctas
-        ab = self.tile_k * (self.tile_m * self.a_dtype.smem_bytes + b_rows * self.b_dtype.smem_bytes)
+        ab = self.tile_k * (self.tile_m * self.smem_bits(self.a_dtype) + b_rows * self.smem_bits(self.b_dtype)) // 8
         if self.arch == Arch.SM100A:
             # Promotion reads the scales from global memory: stages hold A, B; the block-scaled
             # MMA's stages hold its blocked scale atoms too.

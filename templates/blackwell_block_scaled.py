@@ -1,6 +1,7 @@
-"""Blackwell (sm_100a) persistent FP8 GEMM whose UE8M0 scales the tensor cores apply: the block-scaled
-tcgen05 MMA (`kind::mxf8f6f4`, one scale per 32 elements along K, held in tensor memory), so the
-accumulator sums every K block in the MMA and no warp promotes.
+"""Blackwell (sm_100a) persistent FP8 / FP4 GEMM whose block scales the tensor cores apply: the
+block-scaled tcgen05 MMA (`kind::mxf8f6f4`, one UE8M0 scale per 32 elements along K; NVFP4's
+`kind::mxf4nvf4`, one E4M3 scale per 16), the scales held in tensor memory, so the accumulator sums
+every K block in the MMA and no warp promotes.
 
 Importing this module imports the CuTe DSL; only the generator does that.
 """
@@ -22,9 +23,10 @@ from cutegen.schedules.spec import (
     MX_ATOM_BYTES,
     MX_ATOM_ROWS,
     MX_ATOM_TMEM_COLUMNS,
-    MX_SCALE_VECTOR,
     SM100_TMEM_COLUMNS,
+    TMA_FP4_PACKED,
     Raster,
+    ScaleFormat,
     Schedule,
 )
 from cutegen.templates.dtypes import cute_dtype
@@ -35,6 +37,7 @@ from cutegen.templates.gemm_entries import (
     KGroupedTnMxEntry,
     MGroupedContiguousMxEntry,
     MGroupedMaskedMxEntry,
+    Nvfp4GemmNtEntry,
 )
 from cutegen.templates.blackwell_common import (
     EPILOGUE_BARRIER_ID,
@@ -59,6 +62,12 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
     first); D [M, N] bf16 through TMA stores (the weight gradients: fp32, reduce-added); the scales as the MMA reads them, in the blocked layout
     (`cutegen.runtime.mx_reference.to_blocked`): SFA [⌈M/128⌉ · ⌈K/128⌉ · 512] and SFB
     [⌈N/128⌉ · ⌈K/128⌉ · 512] bytes of UE8M0, one 512-byte atom per 128 rows and K tile.
+
+    NVFP4 (`nvfp4_gemm_nt`, scale nv): A and B FP4 both, packed two per byte in shared memory as
+    `kind::mxf4nvf4` reads them; K tiles of 256 elements (one 128-byte swizzle row), each with
+    four atoms of E4M3 scales per 128 rows (one per 16 elements), contiguous in the blocked layout
+    and loaded by one bulk copy of 2048 bytes; the epilogue multiplies by ``alpha`` (fp32, read
+    once per CTA).
 
     Roles:
       - warp 4 — **loads**: per K tile, waits for a free stage, loads A and B (TMA) and the tile's
@@ -99,12 +108,17 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         self.schedule = s
         self.a_dtype = cute_dtype(s.a_dtype)
         self.b_dtype = cute_dtype(s.b_dtype)
-        # FP4 weights beside FP8 activations: the TMA unpacks them to a byte each in shared memory.
-        self.b_unpacked = s.b_dtype.smem_bytes * 8 != s.b_dtype.bits
+        # FP4 weights beside FP8 activations: the TMA unpacks them to a byte each in shared memory
+        # (NVFP4's operands, both FP4, stay packed).
+        self.b_unpacked = s.smem_bits(s.b_dtype) != s.b_dtype.bits
         self.b_smem_dtype = cutlass.Int8 if self.b_unpacked else self.b_dtype
         self.c_dtype = cute_dtype(s.c_dtype)
         self.acc_dtype = cute_dtype(s.acc_dtype)
-        self.sf_dtype = cutlass.Float8E8M0FNU
+        self.nvfp4 = s.scale == ScaleFormat.NV
+        self.sf_dtype = cutlass.Float8E4M3FN if self.nvfp4 else cutlass.Float8E8M0FNU
+        self.sf_vector = s.scale.mma_vector
+        # The scale bytes of one 128-row block and K tile: its atoms along K, one after another.
+        self.row_block_scale_bytes = MX_ATOM_BYTES * s.mx_atoms_per_k_tile
         self.tile_shape_mnk = (s.tile_m, s.tile_n, s.tile_k)
         self.mma_ctas = s.mma_ctas
         self.pair = s.mma_ctas == 2
@@ -132,13 +146,14 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         # Scale atoms per stage (SFA's, SFB's) and the accumulator stages that fit beside their
         # tensor-memory columns.
         self.sfa_atoms, self.sfb_atoms = s.mx_scale_atoms
+        self.sfb_row_blocks = -(-s.tile_n // MX_ATOM_ROWS)
         self.acc_stages = s.tmem_accumulator_stages
         self.raster_divisors = None
         self.smem_bytes: int | None = None
 
     def _make_tiled_mma(self):
         return sm100_utils.make_blockscaled_trivial_tiled_mma(
-            self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.sf_dtype, MX_SCALE_VECTOR,
+            self.a_dtype, self.b_dtype, self.a_major, self.b_major, self.sf_dtype, self.sf_vector,
             self.cta_group, self.mma_tiler[:2],
         )
 
@@ -153,7 +168,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         em, en = s.epi_tile
 
         def tma(operand: str, dtype: str, box_rows: int, box_cols: int, grouped: bool, mn_major: bool = False) -> dict:
-            recipe = tma_binding(operand, dtype, box_rows, box_cols, self.smem_swizzles[operand], mn_major)
+            # FP4 stays packed in shared memory where both operands are FP4 (NVFP4).
+            tma_dtype = TMA_FP4_PACKED if dtype == "e2m1" and s.fp4_packed_in_smem else dtype
+            recipe = tma_binding(operand, tma_dtype, box_rows, box_cols, self.smem_swizzles[operand], mn_major)
             return with_group_mode(recipe, grouped)
 
         k_extent = "KT" if self.k_grouped else "K"
@@ -178,20 +195,22 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             ]
         elif s.op.splits_last_wave:
             params.append({"name": "tail_split", "kind": "scalar", "dtype": "i32", "expr": "TAIL_SPLIT"})
+        if self.nvfp4:
+            params.append({"name": "alpha", "kind": "pointer", "operand": "alpha"})
         return params
 
     # ---- host side --------------------------------------------------------------------------
     @cute.jit
     def _launch(self, a, b, c, sfa_ptr, sfb_ptr, max_active_clusters, stream, m_indices=None, zero_padding=None,
-                masked_m=None, tail_split=None, group_sizes=None):
+                masked_m=None, tail_split=None, group_sizes=None, alpha=None):
         s = self.schedule
         tiled_mma = self._make_tiled_mma()
         # (V, M, N, K) view of the cluster: V = the CTAs of one MMA.
         cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((*self.cluster_shape_mn, 1)), (tiled_mma.thr_id.shape,))
         a_staged = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, self.a_dtype, s.stages)
         b_staged = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, self.b_smem_dtype, s.stages)
-        sfa_staged = blockscaled.make_smem_layout_sfa(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
-        sfb_staged = blockscaled.make_smem_layout_sfb(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, s.stages)
+        sfa_staged = blockscaled.make_smem_layout_sfa(tiled_mma, self.mma_tiler, self.sf_vector, s.stages)
+        sfb_staged = blockscaled.make_smem_layout_sfb(tiled_mma, self.mma_tiler, self.sf_vector, s.stages)
         epi_staged = sm100_utils.make_smem_layout_epi(
             self.c_dtype, LayoutEnum.ROW_MAJOR, s.epi_tile, s.epilogue_stages
         )
@@ -224,44 +243,27 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             store_op, c, cute.slice_(epi_staged, (None, None, 0)), s.epi_tile
         )
 
-        @cute.struct
-        class SharedStorage:
-            operand_barriers: cute.struct.MemRange[cutlass.Int64, s.stages * 2]
-            accumulator_barriers: cute.struct.MemRange[cutlass.Int64, self.acc_stages * 2]
-            tmem_address: cutlass.Int32
-            sC: cute.struct.Align[
-                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged.outer)], self.buffer_align_bytes
-            ]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged.outer)], self.buffer_align_bytes
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_smem_dtype, cute.cosize(b_staged.outer)], self.buffer_align_bytes
-            ]
-            sSFA: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfa_staged)], 128]
-            sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_staged)], 128]
+        def aligned(dtype, layout, align):
+            return cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], align]
 
-        @cute.struct
-        class PairSharedStorage:
-            operand_barriers: cute.struct.MemRange[cutlass.Int64, s.stages * 2]
-            accumulator_barriers: cute.struct.MemRange[cutlass.Int64, self.acc_stages * 2]
-            scale_landed: cute.struct.MemRange[cutlass.Int64, s.stages]
-            scale_ready: cute.struct.MemRange[cutlass.Int64, s.stages]
-            tmem_dealloc_barrier: cutlass.Int64
-            tmem_address: cutlass.Int32
-            sC: cute.struct.Align[
-                cute.struct.MemRange[self.c_dtype, cute.cosize(epi_staged.outer)], self.buffer_align_bytes
-            ]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[self.a_dtype, cute.cosize(a_staged.outer)], self.buffer_align_bytes
-            ]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[self.b_smem_dtype, cute.cosize(b_staged.outer)], self.buffer_align_bytes
-            ]
-            sSFA: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfa_staged)], 128]
-            sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_staged)], 128]
-
-        self.shared_storage = PairSharedStorage if self.pair else SharedStorage
+        # A pair's CTAs also hold the scale relay's barriers and the TMEM free handshake.
+        pair_barriers = {
+            "scale_landed": cute.struct.MemRange[cutlass.Int64, s.stages],
+            "scale_ready": cute.struct.MemRange[cutlass.Int64, s.stages],
+            "tmem_dealloc_barrier": cutlass.Int64,
+        } if self.pair else {}
+        fields = {
+            "operand_barriers": cute.struct.MemRange[cutlass.Int64, s.stages * 2],
+            "accumulator_barriers": cute.struct.MemRange[cutlass.Int64, self.acc_stages * 2],
+            **pair_barriers,
+            "tmem_address": cutlass.Int32,
+            "sC": aligned(self.c_dtype, epi_staged.outer, self.buffer_align_bytes),
+            "sA": aligned(self.a_dtype, a_staged.outer, self.buffer_align_bytes),
+            "sB": aligned(self.b_smem_dtype, b_staged.outer, self.buffer_align_bytes),
+            "sSFA": aligned(self.sf_dtype, sfa_staged, 128),
+            "sSFB": aligned(self.sf_dtype, sfb_staged, 128),
+        }
+        self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
         self.smem_bytes = self.shared_storage.size_in_bytes()
         persistent = self._persistent_clusters(c, self.d_grouped, max_active_clusters)
         if cutlass.const_expr(self.schedule.op.splits_last_wave):
@@ -270,7 +272,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
             persistent = cutlass.min(persistent + tail_split * max_active_clusters, max_active_clusters)
         kernel_call = self.kernel(
             tma_atom_a, tma_tensor_a, tma_atom_b, tma_tensor_b, sfa_ptr, sfb_ptr, tma_atom_c, tma_tensor_c,
-            m_indices, zero_padding, masked_m, tail_split, group_sizes,
+            m_indices, zero_padding, masked_m, tail_split, group_sizes, alpha,
             a_staged, b_staged, sfa_staged, sfb_staged, epi_staged, cluster_layout_vmnk,
         )
         self._launch_persistent(kernel_call, persistent, stream)
@@ -334,11 +336,13 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
 
     @cute.jit
     def _scale_atom(self, ptr, row_block, k_tile, k_tiles):
-        """The 512-byte blocked scale atom of (128-row block, K tile) at byte pointer `ptr`, as a
-        global tensor of UE8M0 scales. A group's atoms follow the previous group's: its row
-        blocks are counted on from theirs."""
-        offset = (row_block * k_tiles + k_tile) * MX_ATOM_BYTES
-        return cute.make_tensor(cute.recast_ptr(ptr + offset, dtype=self.sf_dtype), cute.make_layout(MX_ATOM_BYTES))
+        """The blocked scale atoms of (128-row block, K tile) at byte pointer `ptr` (one 512-byte
+        atom, NVFP4's four), as a global tensor of scales. A group's atoms follow the previous
+        group's: its row blocks are counted on from theirs."""
+        offset = (row_block * k_tiles + k_tile) * self.row_block_scale_bytes
+        return cute.make_tensor(
+            cute.recast_ptr(ptr + offset, dtype=self.sf_dtype), cute.make_layout(self.row_block_scale_bytes)
+        )
 
     @cute.kernel
     def kernel(
@@ -356,6 +360,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         masked_m_ptr,
         tail_split,  # the weight gradient's: it sizes the grid only (see `_launch`)
         group_sizes_ptr,
+        alpha_ptr,
         a_staged: cute.ComposedLayout,
         b_staged: cute.ComposedLayout,
         sfa_staged: cute.Layout,
@@ -442,8 +447,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         tCtAcc_layout = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages)).layout
         sfa_stage = cute.slice_(sfa_staged, (None, None, None, 0))
         sfb_stage = cute.slice_(sfb_staged, (None, None, None, 0))
-        tCtSFA_layout = blockscaled.make_tmem_layout_sfa(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, sfa_stage)
-        tCtSFB_layout = blockscaled.make_tmem_layout_sfb(tiled_mma, self.mma_tiler, MX_SCALE_VECTOR, sfb_stage)
+        tCtSFA_layout = blockscaled.make_tmem_layout_sfa(tiled_mma, self.mma_tiler, self.sf_vector, sfa_stage)
+        tCtSFB_layout = blockscaled.make_tmem_layout_sfb(tiled_mma, self.mma_tiler, self.sf_vector, sfb_stage)
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
@@ -454,10 +459,11 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         if warp_idx == LOAD_WARP:
             mIdx, mMasked, mSizes, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr)
             k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, mSizes, group_bounds)
-            bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.sf_dtype, num_bits_per_copy=MX_ATOM_BYTES * 8)
-            sfa_atoms = cute.make_tensor(sSFA.iterator, cute.make_layout((MX_ATOM_BYTES, s.stages)))
+            chunk_bytes = self.row_block_scale_bytes
+            bulk = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.sf_dtype, num_bits_per_copy=chunk_bytes * 8)
+            sfa_atoms = cute.make_tensor(sSFA.iterator, cute.make_layout((chunk_bytes, s.stages)))
             sfb_atoms = cute.make_tensor(
-                sSFB.iterator, cute.make_layout((MX_ATOM_BYTES, self.sfb_atoms, s.stages))
+                sSFB.iterator, cute.make_layout((chunk_bytes, self.sfb_row_blocks, s.stages))
             )
             n_blocks = (mC.shape[1] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
             a_mask = None
@@ -514,9 +520,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                             bulk, self._scale_atom(sfa_ptr, sfa_block, k_tile, k_tiles),
                             sfa_atoms[(None, state.index)], mbar_ptr=barrier,
                         )
-                        for j in cutlass.range_constexpr(self.sfb_atoms):
+                        for j in cutlass.range_constexpr(self.sfb_row_blocks):
                             # Past N: the last atom again (its columns are clipped by the store).
-                            n_block = cutlass.min(tile_n * self.sfb_atoms + j, n_blocks - 1)
+                            n_block = cutlass.min(tile_n * self.sfb_row_blocks + j, n_blocks - 1)
                             cute.copy(
                                 bulk, self._scale_atom(sfb_ptr, sfb_group * n_blocks + n_block, k_tile, k_tiles),
                                 sfb_atoms[(None, j, state.index)], mbar_ptr=barrier,
@@ -597,6 +603,9 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         # ---- epilogue ------------------------------------------------------------------------
         if warp_idx < EPILOGUE_WARPS:
             cute.arch.setmaxregister_increase(s.consumer_regs)
+            if cutlass.const_expr(self.nvfp4):
+                # NVFP4's per-tensor scales, one fp32 factor of every element of D.
+                alpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))[0]
             mIdx, mMasked, mSizes, group_bounds = self._group_views(mB, mC, m_indices_ptr, masked_m_ptr, group_sizes_ptr)
             k_tiles, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, mSizes, group_bounds)
             tmem.allocate(self._tmem_allocation())
@@ -656,7 +665,10 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                         cute.copy(tiled_t2r, acc_t[(None, None, None, sub)], chunk)
                     # The tensor-memory load is asynchronous: wait for it before reading the chunk.
                     cute.arch.fence_view_async_tmem_load()
-                    out_chunk.store(chunk.load().to(self.c_dtype))
+                    if cutlass.const_expr(self.nvfp4):
+                        out_chunk.store((chunk.load() * alpha).to(self.c_dtype))
+                    else:
+                        out_chunk.store(chunk.load().to(self.c_dtype))
                     buffer = (sub_tiles_done + sub) % s.epilogue_stages
                     cute.copy(tiled_r2s, tRS_rC, tRS_sC[(None, None, None, buffer)])
                     # Make the shared-memory writes visible to the TMA unit before the store.
@@ -706,6 +718,11 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
 
 class BlackwellMxFp8GemmNtKernel(Fp8GemmNtMxEntry, BlackwellBlockScaledKernel):
     """`fp8_gemm_nt` on sm_100a with its UE8M0 scales applied by the MMA (scale = mx)."""
+
+
+class BlackwellNvfp4GemmNtKernel(Nvfp4GemmNtEntry, BlackwellBlockScaledKernel):
+    """`nvfp4_gemm_nt` on sm_100a: D = alpha · (A · sfa) · (B · sfb)ᵀ, FP4 A and B with NVFP4's E4M3
+    scales applied by the MMA (scale = nv)."""
 
 
 class BlackwellMxFp8WgradKernel(Fp8WgradMxEntry, BlackwellBlockScaledKernel):

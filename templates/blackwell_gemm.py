@@ -16,7 +16,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
-from cutegen.schedules.spec import SCALE_BLOCK, Raster, ScaleFormat, Schedule
+from cutegen.schedules.spec import SCALE_BLOCK, Op, Raster, ScaleFormat, Schedule
 from cutegen.templates.dtypes import cute_dtype
 from cutegen.templates.blackwell_block_scaled import (
     BlackwellMxFp8GemmNtKernel,
@@ -24,6 +24,7 @@ from cutegen.templates.blackwell_block_scaled import (
     BlackwellMxKGroupedTnKernel,
     BlackwellMxMGroupedContiguousKernel,
     BlackwellMxMGroupedMaskedKernel,
+    BlackwellNvfp4GemmNtKernel,
 )
 from cutegen.templates.gemm_contract import GemmContract, shape_binding, tma_binding, with_group_mode
 from cutegen.templates.gemm_entries import Fp8GemmNtEntry, MGroupedContiguousEntry, MGroupedMaskedEntry
@@ -615,7 +616,8 @@ class BlackwellGemmTemplate(GemmContract):
         super().__init__(schedule)
         if schedule.mma_applies_scales:
             self.kernel = (
-                BlackwellMxMGroupedMaskedKernel(schedule) if schedule.op.is_masked
+                BlackwellNvfp4GemmNtKernel(schedule) if schedule.op == Op.NVFP4_GEMM_NT
+                else BlackwellMxMGroupedMaskedKernel(schedule) if schedule.op.is_masked
                 else BlackwellMxMGroupedContiguousKernel(schedule) if schedule.op.is_m_grouped
                 else BlackwellMxKGroupedTnKernel(schedule) if schedule.op.is_k_grouped
                 else BlackwellMxFp8WgradKernel(schedule) if schedule.op.scales_b_per_row

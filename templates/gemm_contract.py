@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 
 from cutegen.schedules.contract import MANIFEST_FIRST, TENSORMAP_BYTES, Arg, op_contract
-from cutegen.schedules.spec import MX_ATOM_BYTES, MX_ATOM_ROWS, SCALE_BLOCK, DType, ScaleFormat, Schedule
+from cutegen.schedules.spec import MX_ATOM_BYTES, MX_ATOM_ROWS, MX_ATOM_SCALES, SCALE_BLOCK, DType, ScaleFormat, Schedule
 
 # The k-grouped kernels keep two TMA descriptors per CTA (A and B) in a global workspace, as 16
 # Int64 words each.
@@ -229,8 +229,9 @@ class GemmContract:
             # (stated before the relations that read N).
             out += [requirement("I", "==", f"IB * {SCALE_BLOCK}"), requirement("N", "==", "2 * I")]
         if self.schedule.mma_applies_scales:
-            # One blocked atom per 128 rows (of A, of B) and 128-wide K tile.
-            atoms_k = f"ceil_div(K, {SCALE_BLOCK})"
+            # One blocked atom per 128 rows (of A, of B) and 4 scales along K (128 elements of
+            # MX, 64 of NVFP4).
+            atoms_k = f"ceil_div(K, {MX_ATOM_SCALES * self.schedule.scale.mma_vector})"
             # Grouped: SFB's atoms for every group (and, masked, SFA's), one group after another.
             groups_a = "G * " if self.schedule.op.is_masked else ""
             groups_b = "G * " if self.schedule.op.is_m_grouped else ""

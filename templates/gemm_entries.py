@@ -47,6 +47,25 @@ class Fp8GemmNtMxEntry:
         self._launch(a, b, d, sfa, sfb, max_active_clusters, stream)
 
 
+class Nvfp4GemmNtEntry:
+    """`nvfp4_gemm_nt`: D = alpha · (A · sfa) · (B · sfb)ᵀ with FP4 A and B and NVFP4's E4M3 scales
+    in the MMA's blocked layout, taken as addresses, like ``alpha`` (fp32, one element)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        sfa: cute.Pointer,
+        b: cute.Tensor,
+        sfb: cute.Pointer,
+        d: cute.Tensor,
+        alpha: cute.Pointer,
+        max_active_clusters: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        self._launch(a, b, d, sfa, sfb, max_active_clusters, stream, alpha=alpha)
+
+
 class Fp8WgradMxEntry:
     """`fp8_wgrad_gemm_nt` with the scales applied by the MMA: D (fp32) += (A · sfa) · (B · sfb)ᵀ,
     SFA and SFB the blocked UE8M0 bytes of every row of A and of B; ``tail_split`` sizes the grid

@@ -26,6 +26,7 @@ _TEMPLATES: dict[tuple[Arch, Op], str] = {
     (Arch.SM100A, Op.M_GROUPED_FP8_GEMM_NT_MASKED): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
     (Arch.SM100A, Op.FP8_WGRAD_GEMM_NT): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
     (Arch.SM100A, Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
+    (Arch.SM100A, Op.NVFP4_GEMM_NT): "cutegen.templates.blackwell_gemm:BlackwellGemmTemplate",
     (Arch.SM90A, Op.PER_TOKEN_QUANT_FP8): "cutegen.templates.hopper_quant:PerTokenQuantTemplate",
     (Arch.SM90A, Op.PER_TOKEN_QUANT_FP4): "cutegen.templates.hopper_quant:PerTokenQuantTemplate",
     (Arch.SM90A, Op.PER_BLOCK_QUANT_FP8): "cutegen.templates.hopper_quant:PerBlockQuantTemplate",

@@ -68,6 +68,7 @@ HW_FORMATS: dict[int, tuple[str, int]] = {
     8: ("F32_FTZ", 4),
     9: ("F64", 8),
     10: ("BF16", 2),
+    11: ("16U4_ALIGN8B", 0),  # FP4 packed: sixteen 4-bit elements per 8 bytes in shared memory too
     12: ("16U4_ALIGN16B", 0),  # FP4, sixteen 4-bit elements per 16-byte shared-memory chunk
 }
 
@@ -88,12 +89,13 @@ CU_DTYPE_TO_HW: dict[int, tuple[int, int]] = {
     12: (8, 1),  # TFLOAT32_FTZ
     # 16U4_ALIGN16B: the code the CuTe DSL's own encoder writes (its dims in elements, strides in
     # bytes); not yet measured against a driver.
+    13: (11, 0),  # 16U4_ALIGN8B, likewise the DSL's code
     14: (12, 0),
 }
 _CU_NAMES = {
     0: "UINT8", 1: "UINT16", 2: "UINT32", 3: "INT32", 4: "UINT64", 5: "INT64", 6: "FLOAT16",
     7: "FLOAT32", 8: "FLOAT64", 9: "BFLOAT16", 10: "FLOAT32_FTZ", 11: "TFLOAT32", 12: "TFLOAT32_FTZ",
-    14: "16U4_ALIGN16B",
+    13: "16U4_ALIGN8B", 14: "16U4_ALIGN16B",
 }
 _HW_TO_CU = {v: k for k, v in CU_DTYPE_TO_HW.items()}
 

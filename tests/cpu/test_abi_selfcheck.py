@@ -65,6 +65,9 @@ SCHEDULES = (
     "cutegen_sm100a_fp8gemm_e4m3_e2m1_bf16_f32_sfmx_128x256x128_c2x1_mcb_s6_wg1_r96x256_epitma_rm_g8",
     "cutegen_sm100a_mgfp8gemmm_e4m3_e4m3_bf16_f32_sfmx_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rn_g1",
     "cutegen_sm100a_fp8wgrad_e4m3_e4m3_f32_f32_sfmx_128x128x128_c2x1_mcb_s8_wg1_r96x256_epitma_rm_g8",
+    # NVFP4: FP4 A and B packed in shared memory, E4M3 scales per 16, alpha by address.
+    "cutegen_sm100a_nvfp4gemm_e2m1_e2m1_bf16_f32_sfnv_128x128x256_c1x1_mc0_s5_wg1_r96x256_epitma_rm_g8",
+    "cutegen_sm100a_nvfp4gemm_e2m1_e2m1_bf16_f32_sfnv_128x256x256_c2x1_mcb_s5_wg1_r96x256_epitma_rm_g8",
     # The SwiGLU + FP8 quantize epilogue (D e4m3 and its scales as plain tensors, eps by value).
     "cutegen_sm90a_fp8gemm_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c2x1_mcb_s4_wg2_r40x232_epitma_rm_g8_swiglu",
     "cutegen_sm90a_mgfp8gemmc_e4m3_e4m3_e4m3_f32_sff32_128x256x128_c1x1_mc0_s4_wg2_r40x232_epitma_rm_g8_swiglu",
@@ -88,7 +91,7 @@ K_SPLITS = 3
 PROBLEMS = ((1000, 776, 640, 16, 66), (4096, 4096, 4096, 0, 132), (1, 128, 128, 64, 3))
 
 # cuTensorMapEncodeTiled's enum codes (CUtensorMapDataType / Swizzle / L2 promotion / ...).
-CU_DTYPE = {"bf16": 9, "f16": 6, "f32": 7, "e4m3": 0, "e2m1": 14}
+CU_DTYPE = {"bf16": 9, "f16": 6, "f32": 7, "e4m3": 0, "e2m1": 14, "e2m1_packed": 13}
 CU_SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 CU_L2 = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
 CU_INTERLEAVE = {"none": 0, "16B": 1, "32B": 2}
@@ -143,15 +146,19 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
     fused = schedule.stages_quantized_rows
     if fused:  # gate and up columns pair up: N = 2I with I a multiple of 128
         n = 256 * max(1, n // 256)
+    nvfp4 = schedule.scale.value == "nv"
+    if nvfp4:  # whole K tiles of 256
+        k = 256 * -(-k // 256)
     # FP4 rows: strides of whole 32 bytes (64 elements), as its TMA type needs.
     pad_b = -(-pad // 64) * 64 if b_dtype == "e2m1" else pad
+    pad_a = -(-pad // 64) * 64 if ab == "e2m1" else pad
     b_info = (
         OperandInfo(0x7F1000000000, (GROUPS, n, k), (n * (k + pad_b), k + pad_b, 1), b_dtype)
         if grouped
         else OperandInfo(0x7F1000000000, (n, k), (k + pad_b, 1), b_dtype)
     )
     operands = {
-        "a": OperandInfo(0x7F0000000000, (m, k), (k + pad, 1), ab),
+        "a": OperandInfo(0x7F0000000000, (m, k), (k + pad_a, 1), ab),
         "b": b_info,
         "d": OperandInfo(0x7F2000000000, (m, n), (n + pad, 1), schedule.c_dtype.value),
     }
@@ -196,8 +203,8 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
             return ap.ctensor_from_fake(fake, op.ptr, (x, y, g), (sx, sy, sg))
         return ap.ctensor_from_fake(fake, op.ptr, op.shape, op.strides)
 
-    if schedule.mma_applies_scales:  # blocked UE8M0 atoms of 128 rows x 128 K, by address
-        atoms_k = -(-k // 128)
+    if schedule.mma_applies_scales:  # blocked atoms of 128 rows x 4 scales along K, by address
+        atoms_k = -(-k // (4 * schedule.scale.mma_vector))
         # Grouped: every group's atoms of B (and, masked, of A), one group after another.
         sa = (GROUPS if masked else 1) * -(-m // 128) * atoms_k * 512
         sb = (GROUPS if grouped else 1) * -(-n // 128) * atoms_k * 512
@@ -218,6 +225,9 @@ def test_runtime_packing_equals_dsl_host_launch(compiled, problem, tmp_path):
         elif schedule.op.splits_last_wave:  # the weight gradient's tail-split switch, on
             args += [ap.CScalar(1)]
             extents.update(TAIL_SPLIT=1)
+        if nvfp4:  # alpha, one fp32 by address
+            operands["alpha"] = OperandInfo(0x7FC000000000, (1,), (1,), "f32")
+            args += [ap.CPointer(operands["alpha"].ptr)]
         if schedule.op.is_k_grouped:  # tokens first: A [Σk, M] and B [Σk, N] as MN-major views
             m16, n16 = -(-m // 16) * 16, -(-n // 16) * 16
             sa, sb = -(-m16 // 128) * (kt // 128) * 512, -(-n16 // 128) * (kt // 128) * 512

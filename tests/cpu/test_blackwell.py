@@ -17,10 +17,10 @@ from cutegen.schedules.loader import default_schedules
 from cutegen.schedules.naming import procedural_name
 from cutegen.schedules.predicates import violations
 from cutegen.schedules.evidence import arch_evidence
-from cutegen.schedules.spec import Arch, DType, Op
+from cutegen.schedules.spec import Arch, DType, Op, ScaleFormat
 
 SM100_OPS = {Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT,
-            Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS}
+            Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS, Op.NVFP4_GEMM_NT}
 
 
 def sm100_schedules():
@@ -54,7 +54,7 @@ def test_block_scaled_mma_budgets_its_scale_columns_and_atoms():
     SFB's one per 128 columns) beside at most two accumulator stages, the same in each CTA of a
     pair (each holds its own rows' SFA and every SFB atom of the tile); the atoms' 512 bytes each
     in every pipeline stage, beside A and the CTA's share of B."""
-    all_mx = [s for s in sm100_schedules() if s.mma_applies_scales]
+    all_mx = [s for s in sm100_schedules() if s.scale == ScaleFormat.MX]
     for ctas in (1, 2):
         mx = {s.tile_n: s for s in all_mx if s.mma_ctas == ctas}
         assert set(mx) == {128, 256}
@@ -63,6 +63,22 @@ def test_block_scaled_mma_budgets_its_scale_columns_and_atoms():
     for s in all_mx:
         assert s.stage_bytes == 128 * 128 + s.tile_n // s.mma_ctas * 128 + 512 * sum(s.mx_scale_atoms)
         assert s.facts()["mma_applies_scales"] and s.accumulator_registers == 32
+
+
+def test_nvfp4_budgets_four_scale_atoms_per_row_block_and_packed_operands():
+    """NVFP4 (scale nv): K tiles of 256 FP4 elements, 128 packed bytes a row in shared memory; four
+    atoms of E4M3 scales (one per 16 elements) per 128 rows and K tile, 4 tensor-memory columns
+    each."""
+    nv = [s for s in sm100_schedules() if s.scale == ScaleFormat.NV]
+    assert {(s.tile_n, s.mma_ctas) for s in nv} == {(128, 1), (256, 1), (128, 2), (256, 2)}
+    for s in nv:
+        assert s.op == Op.NVFP4_GEMM_NT and s.a_dtype == s.b_dtype == DType.E2M1 and s.tile_k == 256
+        assert s.fp4_packed_in_smem and s.mx_atoms_per_k_tile == 4
+        assert s.mx_scale_atoms == (4, 4 * s.tile_n // 128)
+        assert s.stage_bytes == (128 + s.tile_n // s.mma_ctas) * 256 // 2 + 512 * sum(s.mx_scale_atoms)
+    by_n = {s.tile_n: s for s in nv if s.mma_ctas == 1}
+    assert (by_n[128].tmem_accumulator_stages, by_n[128].tmem_scale_columns, by_n[128].tmem_columns) == (2, 32, 288)
+    assert (by_n[256].tmem_accumulator_stages, by_n[256].tmem_scale_columns, by_n[256].tmem_columns) == (1, 48, 304)
 
 
 # ---- compiled kernels ------------------------------------------------------------------------
@@ -91,7 +107,9 @@ def test_every_sm100_kernel_has_tcgen05_mma_and_no_local_memory(built):
     for s in sm100_schedules():
         name = procedural_name(s)
         summary = json.loads((built / name / "sass_summary.json").read_text())
-        assert summary["mma"].get("UTCQMMA", 0) > 0, (name, summary)
+        # FP8 (or FP8 x FP4) MMAs, or NVFP4's FP4 x FP4 ones.
+        mma = "UTCOMMA" if s.op == Op.NVFP4_GEMM_NT else "UTCQMMA"
+        assert summary["mma"].get(mma, 0) > 0, (name, summary)
         assert summary["local_loads"] == 0 and summary["local_stores"] == 0, (name, summary)
         assert summary["stack_bytes"] == 0, name
         sass, _ = disassemble((built / name / "kernel.cubin").read_bytes())
@@ -117,13 +135,15 @@ def test_block_scaled_kernels_apply_their_scales_in_the_mma(built):
         name = procedural_name(s)
         ptx = (built / name / "kernel.ptx").read_text()
         group = s.mma_ctas
-        assert f"tcgen05.mma.cta_group::{group}.kind::mxf8f6f4.block_scale.block32" in ptx, name
+        kind = "mxf4nvf4.block_scale.block16" if s.scale == ScaleFormat.NV else "mxf8f6f4.block_scale.block32"
+        assert f"tcgen05.mma.cta_group::{group}.kind::{kind}" in ptx, name
         assert f"tcgen05.cp.cta_group::{group}.32x128b.warpx4" in ptx, name
         assert ("mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx) == (group == 2), name
         sass, _ = disassemble((built / name / "kernel.cubin").read_bytes())
-        mmas = [line for line in sass.splitlines() if "UTCQMMA" in line]
+        opcode = "UTCOMMA" if s.scale == ScaleFormat.NV else "UTCQMMA"
+        mmas = [line for line in sass.splitlines() if opcode in line]
         assert mmas and all(len(re.findall(r"tmem\[", line)) == 3 for line in mmas), name
-        assert all(("UTCQMMA.2CTA" in line) == (group == 2) for line in mmas), name
+        assert all((f"{opcode}.2CTA" in line) == (group == 2) for line in mmas), name
         pair = ".2CTA" if group == 2 else ""
         assert f"UTCCP.T.S{pair}.4x32dp128bit" in sass and "UBLKCP.S.G" in sass, name
         assert not re.search(r"\bLDL|\bSTL", sass), name
@@ -144,7 +164,7 @@ def test_fp4_kernels_are_their_fp8_twins_with_b_in_e2m1(built):
     counts B at half a byte per element (tile_n x tile_k / 2 bytes fewer)."""
     import re
 
-    fp4 = [s for s in sm100_schedules() if s.b_dtype == DType.E2M1]
+    fp4 = [s for s in sm100_schedules() if s.b_dtype == DType.E2M1 and s.a_dtype == DType.E4M3]
     assert fp4 and all(s.mma_applies_scales for s in fp4)
     for s in fp4:
         twin = dataclasses.replace(s, b_dtype=DType.E4M3)
@@ -340,6 +360,20 @@ def test_grouped_packed_scales_run_on_the_block_scaled_kernels(on_gpu):
         grouped_ops._scale_for_call("m_grouped_fp8_gemm_nt_contiguous", grouped_ops._fail, True, "e4m3", 0, "")
     with pytest.raises(InputError, match="m_grouped_fp8_gemm_nt_masked: argument 'b' holds FP4"):
         grouped_ops._scale_for_call("m_grouped_fp8_gemm_nt_masked", grouped_ops._fail_masked, True, "e2m1", 0, "")
+
+
+@pytest.mark.slow
+def test_nvfp4_kernels_are_chosen_on_blackwell_only(on_gpu):
+    """`nvfp4_gemm_nt` chooses among its sm_100a kernels (scale nv) on a Blackwell GPU, one CTA or
+    a pair; a Hopper GPU has none, so the op refuses the call (tests/gpu/test_block_scaled.py)."""
+    ops = on_gpu(B200)
+    names = ops.runnable_kernels("nvfp4_gemm_nt", scale="nv")
+    assert len(names) == 4 and all("_nvfp4gemm_e2m1_e2m1_bf16_f32_sfnv_" in n for n in names)
+    for m, n, k in ((1, 2112, 7168), (128, 7168, 2048), (4096, 7168, 16384)):
+        chosen = ops.catalogue().manifest(ops.choose_kernel("nvfp4_gemm_nt", m, n, k, scale="nv"))
+        assert chosen.name in names and chosen.fact("mma_applies_scales")
+    on_gpu(H200)
+    assert ops.runnable_kernels("nvfp4_gemm_nt") == []
 
 
 @pytest.mark.slow

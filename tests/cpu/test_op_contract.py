@@ -51,7 +51,8 @@ def test_the_runtime_passes_each_op_its_contract_operands():
     supplies itself left out) are the contract's."""
     pytest.importorskip("torch")
     from cutegen.runtime import (
-        bf16_grouped_ops, bf16_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, quant_ops, split_k,
+        bf16_grouped_ops, bf16_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, nvfp4_ops, quant_ops,
+        split_k,
     )
     from cutegen.runtime.fused_reference import ACTIVATIONS
 
@@ -70,6 +71,7 @@ def test_the_runtime_passes_each_op_its_contract_operands():
         "m_grouped_fp8_gemm_nt_masked": grouped_ops._MASKED_OPERANDS,
         "k_grouped_fp8_gemm_nt_contiguous": k_grouped_ops._CALL_OPERANDS,
         "k_grouped_fp8_gemm_tn_contiguous": k_grouped_ops._TN_OPERANDS,
+        "nvfp4_gemm_nt": nvfp4_ops._CALL_OPERANDS,
         "m_grouped_bf16_gemm_nt_contiguous": bf16_grouped_ops._CONTIGUOUS_OPERANDS,
         "m_grouped_bf16_gemm_nt_masked": bf16_grouped_ops._MASKED_OPERANDS,
         "k_grouped_bf16_gemm_tn_contiguous": bf16_grouped_ops._K_GROUPED_OPERANDS,

@@ -175,7 +175,8 @@ def test_default_files_and_filters():
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
         Op.FP8_GEMM_NT, Op.M_GROUPED_FP8_GEMM_NT_CONTIGUOUS, Op.M_GROUPED_FP8_GEMM_NT_MASKED, Op.FP8_WGRAD_GEMM_NT,
-        Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS, Op.PER_TOKEN_QUANT_FP8, Op.PER_TOKEN_QUANT_FP4, Op.PER_BLOCK_QUANT_FP8,
+        Op.K_GROUPED_FP8_GEMM_TN_CONTIGUOUS, Op.NVFP4_GEMM_NT, Op.PER_TOKEN_QUANT_FP8, Op.PER_TOKEN_QUANT_FP4,
+        Op.PER_BLOCK_QUANT_FP8,
     }
     entries = all_expanded(op=Op.BF16_GEMM_NT)
     assert all(e.valid for e in entries)

@@ -1,6 +1,7 @@
 """GPU tests of the block-scaled kernels (sm_100a, ``scale = "mx"``: the tensor cores apply the UE8M0
-scales), for every op that has them: the dense FP8 and FP8 x FP4 GEMMs, the M-grouped GEMMs over
-both layouts with FP8 or FP4 experts, and the weight gradients (dense, and k-grouped tokens first).
+scales; ``"nv"``: NVFP4's E4M3 scales), for every op that has them: the dense FP8, FP8 x FP4 and
+NVFP4 GEMMs, the M-grouped GEMMs over both layouts with FP8 or FP4 experts, and the weight
+gradients (dense, and k-grouped tokens first).
 
 On a Blackwell GPU every such kernel runs, forced by name, against the fp32 product of its
 dequantised operands (what the MMA accumulates, up to summation order and the output rounding) and,
@@ -225,6 +226,58 @@ def test_refused_where_no_block_scaled_kernel_runs(ops):
         )
     torch.cuda.synchronize()
     assert bool((out == 3).all()) and bool((d == 3).all()) and bool((out3 == 3).all())
+
+
+NVFP4 = "nvfp4_gemm_nt"
+
+
+def nvfp4_rows(x: torch.Tensor):
+    """x [R, K] -> (packed e2m1 [R, K/2], E4M3 scales in the blocked layout, the global scale, fp32
+    dequantised), NVFP4's recipe (`mx_reference.quant_nvfp4_ref`)."""
+    from cutegen.runtime import mx_reference as mx
+
+    gs = mx.nvfp4_global_scale(x)
+    q, sf = mx.quant_nvfp4_ref(x, gs)
+    return q, mx.to_blocked(sf.view(torch.uint8)), gs, mx.dequant_nvfp4(q, sf, gs)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 2112, 7168), (128, 4096, 1024), (1000, 776, 1024), (4096, 7168, 2048)])
+def test_nvfp4(ops, m, n, k):
+    """D = alpha · A·Bᵀ from NVFP4 operands, every kernel forced by name, against the fp32 product of
+    the dequantised operands (and, loosely, of the unquantised inputs)."""
+    from cutegen.runtime import nvfp4_ops
+
+    names = ops.runnable_kernels(NVFP4, scale="nv")
+    if not names:
+        pytest.skip("no NVFP4 kernel runs on this GPU (they are sm_100a kernels)")
+    a, b = inputs(m, k, seed=21), inputs(n, k, seed=22)
+    qa, sfa, ga, da = nvfp4_rows(a)
+    qb, sfb, gb, db = nvfp4_rows(b)
+    alpha = (1.0 / (ga * gb)).to(torch.float32)
+    unquantised = a.float() @ b.float().T
+    for name in names:
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        nvfp4_ops.nvfp4_gemm_nt(qa, sfa, qb, sfb, alpha, out=out, kernel=name)
+        assert not torch.isnan(out).any(), f"{name}: NaN in the output (unwritten elements?)"
+        assert calc_diff(out.float(), da @ db.T) < 2e-5, f"{name}: differs from the dequantised product"
+        # FP4 keeps one mantissa bit (DeepGEMM's bound for FP4 x FP4 is 0.02).
+        assert calc_diff(out.float(), unquantised) < 0.02, f"{name}: calc_diff vs unquantised"
+
+
+def test_nvfp4_refused_where_no_kernel_runs(ops):
+    """On a GPU without NVFP4 kernels (Hopper), the op refuses the call before a launch, naming 'a';
+    the output is untouched."""
+    from cutegen.runtime import nvfp4_ops
+
+    if ops.runnable_kernels(NVFP4):
+        pytest.skip("this GPU runs the NVFP4 kernels (test_nvfp4 checks them)")
+    qa, sfa, ga, _ = nvfp4_rows(inputs(256, 512, seed=23))
+    qb, sfb, gb, _ = nvfp4_rows(inputs(256, 512, seed=24))
+    out = torch.full((256, 256), 3.0, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(InputError, match="nvfp4_gemm_nt: argument 'a' holds NVFP4.*catalogue has none"):
+        nvfp4_ops.nvfp4_gemm_nt(qa, sfa, qb, sfb, (1.0 / (ga * gb)).float(), out=out)
+    torch.cuda.synchronize()
+    assert bool((out == 3).all())
 
 
 KGROUPED_TN = "k_grouped_fp8_gemm_tn_contiguous"
