@@ -28,26 +28,22 @@ from typing import Any
 
 import torch
 
-from .checks import check_aligned, check_disjoint, check_kernel_name, check_matrix, check_not_overlapping_itself
+from .checks import (
+    PTR_ALIGN_BYTES, check_aligned, check_disjoint, check_kernel_name, check_matrix, check_not_overlapping_itself,
+)
 from .errors import InputError
+from .fp8_ops import FP4_ALIGN_BYTES, FP4_DTYPES
 from .kernel_choice import kernel_for, runnable_kernels
 from .launch import launch
+from .mx_reference import ATOM_ROWS, NV_VEC
 from .params import OperandInfo, ceil_div
-from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
+from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
 
 OP_NVFP4_GEMM_NT = "nvfp4_gemm_nt"
 SCALE_NV = "nv"
-# FP4 as torch holds it: two per byte.
-FP4_DTYPES = tuple(d for d in (torch.uint8, torch.int8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
 SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
-# The kernels' K tile (one 128-byte row of FP4 with four scale atoms per 128 rows), and the FP4
-# TMA type's alignment of bases and row strides.
+# The kernels' K tile: one 128-byte row of FP4 with four scale atoms per 128 rows.
 K_MULTIPLE = 256
-FP4_ALIGN_BYTES = 32
-SCALE_VECTOR = 16
-ATOM_ROWS = 128
-OUT_ROW_ALIGN_ELEMS = 8  # 16 bytes of bf16
-PTR_ALIGN_BYTES = 16
 
 
 def _fail(arg: str, what: str) -> InputError:
@@ -71,9 +67,9 @@ def _check_scales(arg: str, t: Any, a: torch.Tensor, rows: int, k: int) -> None:
     if t.dtype not in SCALE_DTYPES:
         raise _fail(arg, f"must be E4M3 scales (torch.float8_e4m3fn, or torch.uint8 bytes), got {t.dtype}")
     padded = ceil_div(rows, ATOM_ROWS) * ATOM_ROWS
-    if t.numel() != padded * (k // SCALE_VECTOR):
+    if t.numel() != padded * (k // NV_VEC):
         raise _fail(arg, f"must hold one scale per 16 elements of {rows} rows padded to {padded} in the blocked "
-                         f"layout: [{padded}, {k // SCALE_VECTOR}] ({padded * (k // SCALE_VECTOR)} bytes), got shape "
+                         f"layout: [{padded}, {k // NV_VEC}] ({padded * (k // NV_VEC)} bytes), got shape "
                          f"{list(t.shape)}")
     if not t.is_contiguous():
         raise _fail(arg, f"must be contiguous (the blocked layout's bytes in order), got strides {list(t.stride())}")
@@ -97,7 +93,7 @@ def _check_meta(a: Any, sfa: Any, b: Any, sfb: Any, alpha: Any, out: Any | None)
         raise _fail("alpha", f"must be one fp32 element on {a.device}, got {alpha.dtype} of shape {list(alpha.shape)} "
                              f"on {alpha.device}")
     if out is not None:
-        check_matrix(OP_NVFP4_GEMM_NT, "out", out, a.device, torch.bfloat16, OUT_ROW_ALIGN_ELEMS)
+        check_matrix(OP_NVFP4_GEMM_NT, "out", out, a.device, torch.bfloat16, ROW_ALIGN_ELEMS)
         if tuple(out.shape) != (m, n):
             raise _fail("out", f"must have shape [M, N] = [{m}, {n}], got {list(out.shape)}")
         check_not_overlapping_itself(OP_NVFP4_GEMM_NT, "out", out)

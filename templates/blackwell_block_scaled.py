@@ -229,15 +229,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         # pair's A and B bytes of both CTAs land on the leader's barrier, its scale atoms on each
         # CTA's own `scale_landed`.
         self.scale_bytes = MX_ATOM_BYTES * (self.sfa_atoms + self.sfb_atoms)
-        if cutlass.const_expr(self.pair):
-            self.tma_bytes = (
-                cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
-            ) * self.mma_ctas
-        else:
-            self.tma_bytes = (
-                cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
-                + self.scale_bytes
-            )
+        operand_bytes = cute.size_in_bytes(self.a_dtype, a_one_stage) + cute.size_in_bytes(self.b_dtype, b_one_stage)
+        self.tma_bytes = operand_bytes * self.mma_ctas if self.pair else operand_bytes + self.scale_bytes
         store_op = cpasync.CopyReduceBulkTensorTileS2GOp() if self.wgrad else cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_c, tma_tensor_c = cpasync.make_tiled_tma_atom(
             store_op, c, cute.slice_(epi_staged, (None, None, 0)), s.epi_tile
@@ -381,12 +374,7 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         # One CTA leads its MMAs; in a pair, the leader (V coordinate 0) issues the pair's.
         is_leader_cta = True
         if cutlass.const_expr(self.pair):
-            bidx, _, _ = cute.arch.block_idx()
-            mma_coord_v = bidx % self.mma_ctas
-            is_leader_cta = mma_coord_v == 0
-            cluster_coord_vmnk = cluster_layout_vmnk.get_flat_coord(
-                cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            )
+            mma_coord_v, is_leader_cta, cluster_coord_vmnk = self._cluster_coordinates(cluster_layout_vmnk)
             operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
                 storage, s.stages, self.tma_bytes, self.acc_stages, EPILOGUE_WARPS * self.mma_ctas,
                 cluster_layout_vmnk, True, storage.tmem_dealloc_barrier.ptr,
@@ -424,14 +412,8 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
         tCgB = thr_mma.partition_B(gB)
         tCgC = thr_mma.partition_C(gC)
         if cutlass.const_expr(self.pair):
-            # Each CTA's share of the pair's A (its rows) and B (half the tile's rows).
-            a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
-            tAsA, tAgA = cpasync.tma_partition(
-                tma_atom_a, cluster_coord_vmnk[2], a_cta_layout, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
-            )
-            b_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape)
-            tBsB, tBgB = cpasync.tma_partition(
-                tma_atom_b, cluster_coord_vmnk[1], b_cta_layout, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+            tAsA, tAgA, tBsB, tBgB = self._cluster_tma_partitions(
+                tma_atom_a, tma_atom_b, sA, sB, tCgA, tCgB, cluster_layout_vmnk, cluster_coord_vmnk
             )
         else:
             one_cta = cute.make_layout(1)
@@ -466,12 +448,10 @@ class BlackwellBlockScaledKernel(BlackwellRoles, KGroupedFamily, TileOrder):
                 sSFB.iterator, cute.make_layout((chunk_bytes, self.sfb_row_blocks, s.stages))
             )
             n_blocks = (mC.shape[1] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
-            a_mask = None
-            b_mask = None
+            a_mask, b_mask = None, None
             if cutlass.const_expr(self.pair):
                 m_blocks = (mC.shape[0] + MX_ATOM_ROWS - 1) // MX_ATOM_ROWS
-                a_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
-                b_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1)
+                a_mask, b_mask = self._pair_multicast_masks(cluster_layout_vmnk, cluster_coord_vmnk)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, s.stages)
             # A group's scale atoms come after the previous groups': the masked layout's SFA has
             # ⌈max_m/128⌉ row blocks per group, SFB ⌈N/128⌉ per group in both M-grouped layouts;

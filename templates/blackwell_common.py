@@ -6,10 +6,11 @@ Importing this module imports the CuTe DSL; only the generator does that.
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
-from cutlass.cute.nvgpu import tcgen05
+from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.memory import TmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
@@ -64,6 +65,40 @@ class BlackwellRoles:
             two_cta_tmem_dealloc_mbar_ptr=dealloc_barrier,
         )
         return operands, accumulators, tmem
+
+    @cute.jit
+    def _cluster_coordinates(self, cluster_layout_vmnk):
+        """(this CTA's V coordinate in its MMA, whether it leads the MMA, its (V, M, N, K)
+        coordinate in the cluster): in a CTA pair the leader (V 0) issues the pair's MMAs."""
+        bidx, _, _ = cute.arch.block_idx()
+        mma_coord_v = bidx % self.mma_ctas
+        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        return mma_coord_v, mma_coord_v == 0, cluster_layout_vmnk.get_flat_coord(cta_rank_in_cluster)
+
+    @cute.jit
+    def _cluster_tma_partitions(self, tma_atom_a, tma_atom_b, sA, sB, tCgA, tCgB, cluster_layout_vmnk,
+                                cluster_coord_vmnk):
+        """(tAsA, tAgA, tBsB, tBgB): this CTA's share of the cluster's A and B loads (a pair's
+        CTA: its own rows of A, half of the tile's rows of B)."""
+        a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, cluster_coord_vmnk[2], a_cta_layout, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
+        )
+        b_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape)
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, cluster_coord_vmnk[1], b_cta_layout, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+        )
+        return tAsA, tAgA, tBsB, tBgB
+
+    @cute.jit
+    def _pair_multicast_masks(self, cluster_layout_vmnk, cluster_coord_vmnk):
+        """(A's, B's) TMA multicast masks of a CTA pair's loads; (None, None) for one CTA."""
+        a_mask = None
+        b_mask = None
+        if cutlass.const_expr(self.mma_ctas == 2):
+            a_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
+            b_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1)
+        return a_mask, b_mask
 
     @cute.jit
     def _tmem_loads(self, tCtAcc, tidx, two_cta=False):

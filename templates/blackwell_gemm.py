@@ -359,11 +359,7 @@ class BlackwellFp8GemmKernel(BlackwellRoles, TileOrder):
 
         tiled_mma = self._make_tiled_mma()
         two_cta = self.mma_ctas == 2
-        bidx, _, _ = cute.arch.block_idx()
-        mma_coord_v = bidx % self.mma_ctas
-        is_leader_cta = mma_coord_v == 0
-        cta_rank_in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord_vmnk = cluster_layout_vmnk.get_flat_coord(cta_rank_in_cluster)
+        mma_coord_v, is_leader_cta, cluster_coord_vmnk = self._cluster_coordinates(cluster_layout_vmnk)
 
         storage = SmemAllocator().allocate(self.shared_storage)
         operand_pipeline, accumulator_pipeline, tmem = self._pipelines(
@@ -391,13 +387,8 @@ class BlackwellFp8GemmKernel(BlackwellRoles, TileOrder):
         tCgC = thr_mma.partition_C(gC)
         tCcC = thr_mma.partition_C(cC)
 
-        a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, cluster_coord_vmnk[2], a_cta_layout, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
-        )
-        b_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape)
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b, cluster_coord_vmnk[1], b_cta_layout, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+        tAsA, tAgA, tBsB, tBgB = self._cluster_tma_partitions(
+            tma_atom_a, tma_atom_b, sA, sB, tCgA, tCgB, cluster_layout_vmnk, cluster_coord_vmnk
         )
         tCrA = tiled_mma.make_fragment_A(sA)
         tCrB = tiled_mma.make_fragment_B(sB)
@@ -415,11 +406,7 @@ class BlackwellFp8GemmKernel(BlackwellRoles, TileOrder):
         if warp_idx == LOAD_WARP:
             mSFB, mIdx, mMasked, group_bounds = self._group_views(mSFA, sfb_ptr, mB, mC, m_indices_ptr, masked_m_ptr)
             k_tile_cnt, ct_m, ct_n, num_tiles, first_tile, tile_stride = self._tile_walk(gA, gC, mMasked, group_bounds)
-            a_mask = None
-            b_mask = None
-            if cutlass.const_expr(two_cta):
-                a_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=2)
-                b_mask = cpasync.create_tma_multicast_mask(cluster_layout_vmnk, cluster_coord_vmnk, mcast_mode=1)
+            a_mask, b_mask = self._pair_multicast_masks(cluster_layout_vmnk, cluster_coord_vmnk)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stage)
             t = first_tile
             while t < num_tiles:
