@@ -48,7 +48,7 @@ from cutegen.runtime.version import __version__ as CUTEGEN_VERSION
 from cutegen.runtime.catalogue import required_capability
 from cutegen.runtime.errors import ArtifactError, KernelLoadError
 from cutegen.runtime.manifest import Catalogue, KernelManifest, ManifestError
-from cutegen.runtime.params import DTYPE_BITS, check_manifest, compile_expr
+from cutegen.runtime.params import DTYPE_BITS, TMA_FP4_PACKED, check_manifest, compile_expr
 
 CATALOGUE_FILE = "catalogue.json"
 MANIFEST_FILE = "manifest.json"
@@ -90,7 +90,7 @@ TMA_DTYPE_ENUMS = {
     # CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B by value: cuda.h has the name from CUDA 12.8 only.
     "e2m1": "CUTEGEN_TMA_DTYPE_FP4_UNPACKED",
     # CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B by value (packed in shared memory too: NVFP4).
-    "e2m1_packed": "CUTEGEN_TMA_DTYPE_FP4_PACKED",
+    TMA_FP4_PACKED: "CUTEGEN_TMA_DTYPE_FP4_PACKED",
     "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "i8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
     "u16": "CU_TENSOR_MAP_DATA_TYPE_UINT16",

@@ -12,7 +12,7 @@ import ctypes
 import functools
 
 from .driver import check, cu
-from .params import TMA_DESCRIPTOR_BYTES, TmaArgs
+from .params import TMA_DESCRIPTOR_BYTES, TMA_FP4_PACKED, TmaArgs
 
 
 def _enum_tables() -> tuple[dict, dict, dict, dict, dict]:
@@ -28,7 +28,7 @@ def _enum_tables() -> tuple[dict, dict, dict, dict, dict]:
         # FP4, unpacked to a byte per element in shared memory (what kind::mxf8f6f4 reads).
         "e2m1": dt.CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B,
         # FP4 packed two per byte in shared memory too (NVFP4's operands).
-        "e2m1_packed": dt.CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B,
+        TMA_FP4_PACKED: dt.CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B,
         "u8": dt.CU_TENSOR_MAP_DATA_TYPE_UINT8,
         "i8": dt.CU_TENSOR_MAP_DATA_TYPE_UINT8,
         "u16": dt.CU_TENSOR_MAP_DATA_TYPE_UINT16,

@@ -92,10 +92,10 @@ class ContiguousExperts:
         order, rows, m_indices = contiguous_layout(local, self.experts.experts)
         total = m_indices.numel()
         a = torch.zeros((total, hidden), dtype=torch.uint8, device=q.device)
-        a[rows] = q.view(torch.uint8)[order]
+        a[rows] = ep_moe.as_bytes(q)[order]
         s = torch.zeros((total, sf.shape[1]), dtype=torch.float32, device=q.device)
         s[rows] = sf[order]
-        qa, sa = a.view(torch.float8_e4m3fn), to_mn_major_tma_aligned(s)
+        qa, sa = ep_moe.from_bytes(a, q.dtype), to_mn_major_tma_aligned(s)
         if self.fused:
             qh, sh = fused_ops.m_grouped_fp8_gemm_nt_contiguous_swiglu_quant(
                 qa, sa, self.experts.q13_fused, self.experts.s13_fused, m_indices

@@ -89,17 +89,31 @@ class DispatchPlan:
     recv: list[int]
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as bytes when it is FP8, else ``t``: FP8 rows are gathered, scattered and
+    exchanged as bytes, since indexing, index_put and the collectives have no FP8 kernels
+    everywhere."""
+    return t.view(torch.uint8) if t.dtype in FP8_DTYPES else t
+
+
+def from_bytes(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of `as_bytes` for a tensor that was ``dtype``."""
+    return t.view(dtype) if dtype in FP8_DTYPES else t
+
+
 def _exchange(t: torch.Tensor, out_splits: list[int], in_splits: list[int],
               group: dist.ProcessGroup | None) -> torch.Tensor:
     """``all_to_all_single`` of rows of ``t`` (``t`` itself where one rank holds every expert);
     FP8 travels as bytes."""
     if len(out_splits) == 1:
         return t
-    as_bytes = t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    send = t.contiguous().view(torch.uint8) if as_bytes else t.contiguous()
+    send = as_bytes(t.contiguous())
     out = send.new_empty((sum(out_splits), *send.shape[1:]))
     dist.all_to_all_single(out, send, out_splits, in_splits, group=group)
-    return out.view(t.dtype) if as_bytes else out
+    return from_bytes(out, t.dtype)
 
 
 def plan_dispatch(experts: torch.Tensor, shards: Shards, group: dist.ProcessGroup | None = None) -> DispatchPlan:
@@ -122,7 +136,7 @@ def dispatch(q: torch.Tensor, sf: torch.Tensor, experts: torch.Tensor, plan: Dis
     local expert; ``q`` [T, hidden] and ``sf`` [T, hidden / 128] are this rank's tokens."""
     tokens = torch.div(plan.order, plan.top_k, rounding_mode="floor")
     local = shards.local(experts.reshape(-1)[plan.order]).to(torch.int32)
-    rows = q.view(torch.uint8)[tokens].view(q.dtype) if q.dtype == torch.float8_e4m3fn else q[tokens]
+    rows = from_bytes(as_bytes(q)[tokens], q.dtype)
     return tuple(_exchange(t, plan.recv, plan.send, group) for t in (rows, sf[tokens], local))
 
 
@@ -257,14 +271,13 @@ def dispatch_decode(q: torch.Tensor, sf: torch.Tensor, plan: DecodePlan, shards:
     tokens = torch.div(torch.arange(plan.slot.numel(), device=q.device), plan.top_k, rounding_mode="floor")
     out = []
     for t in (q, sf):
-        # FP8 rows are moved as bytes (index_put has no FP8 kernels everywhere).
-        values = t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+        values = as_bytes(t)
         # Rows nobody fills travel too, and no packed row reads them: no need to clear them.
         send = values.new_empty((rows, values.shape[1]))
         send[plan.slot] = values[tokens]
         recv = _exchange_equal(send, shards.world, group)
         packed = recv[plan.pack_from].view(shards.per_rank, shards.world * plan.capacity, values.shape[1])
-        out.append(packed.view(t.dtype) if t.dtype == torch.float8_e4m3fn else packed)
+        out.append(from_bytes(packed, t.dtype))
     return out[0], out[1]
 
 

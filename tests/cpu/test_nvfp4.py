@@ -143,3 +143,13 @@ def test_valid_inputs_pass():
 def test_bad_inputs_are_refused_naming_the_argument(changes, arg, words):
     with pytest.raises(InputError, match=f"nvfp4_gemm_nt: argument '{arg}'.*{words}"):
         call(**changes)
+
+
+def test_generator_and_runtime_name_the_packed_fp4_tma_type_alike():
+    """The manifest's TMA dtype of FP4 packed in shared memory is written by the generator
+    (`cutegen.schedules.spec`) and read by the runtime, which imports nothing of the generator:
+    the two names must agree."""
+    from cutegen.runtime import params
+    from cutegen.schedules import spec
+
+    assert spec.TMA_FP4_PACKED == params.TMA_FP4_PACKED
