@@ -78,6 +78,12 @@ def b_is_fp4(b: Any) -> bool:
     return isinstance(b, torch.Tensor) and b.dtype in FP4_DTYPES
 
 
+def fp4_elements(t: torch.Tensor, k: int) -> OperandInfo:
+    """Packed FP4 ``t`` ([..., K/2] bytes) as the kernels address it: in elements, K per row, each
+    outer stride twice its bytes."""
+    return OperandInfo(t.data_ptr(), (*t.shape[:-1], k), (*(2 * s for s in t.stride()[:-1]), 1), "e2m1")
+
+
 def scale_format(sfa: torch.Tensor) -> str:
     """The schedule scale format of a scale tensor: "ue8m0" for packed int32 words, else "f32"."""
     return "ue8m0" if sfa.dtype == torch.int32 else "f32"
@@ -285,7 +291,7 @@ def _run(a, sfa, b, sfb, out, kernel: str, k_splits: int) -> Any:
                 sfa, sfb, m, n, k, sfb_per_row=per_row, sfb_granularity=FP4_SCALE_VEC if b_dtype == "e2m1" else SCALE_BLOCK
             )
             if b_dtype == "e2m1":  # the kernel counts FP4 elements: [N, K] with rows of 2x the bytes
-                operands["b"] = OperandInfo(b.data_ptr(), (n, k), (2 * b.stride(0), 1), "e2m1")
+                operands["b"] = fp4_elements(b, k)
             launch(loaded, operands, stream=stream)
             return None
         prepared = launch(loaded, operands, extents=extents, stream=stream)

@@ -55,7 +55,6 @@ from .heuristics import CONTIGUOUS_OP as OP
 from .kernel_choice import kernel_for, masked_rows_per_group, runnable_kernels
 from .launch import launch
 from .mx_reference import mx_grouped_scale_operands
-from .params import OperandInfo
 from .torch_ops import TorchOp, current_stream, device_ordinal, new_bf16_group_out, new_bf16_out
 
 # Rows per M block of the grouped kernels: every group's segment must start at a multiple of it.
@@ -165,8 +164,7 @@ def _mx_operands(operands: dict, sfa, b, sfb, k: int) -> None:
         sfa, sfb, k, fp8_ops.FP4_SCALE_VEC if fp4 else fp8_ops.SCALE_BLOCK, per_row
     )
     if fp4:
-        g, n, _ = b.shape
-        operands["b"] = OperandInfo(b.data_ptr(), (g, n, k), (2 * b.stride(0), 2 * b.stride(1), 1), "e2m1")
+        operands["b"] = fp8_ops.fp4_elements(b, k)
 
 
 def _check_meta(a, sfa, b, sfb, m_indices, out) -> tuple[int, int, int, int]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from .params import ceil_div
-from .quant_reference import DEFAULT_EPS, amax_and_bad, check_eps, group_scales, pack_ue8m0, unpack_ue8m0
+from .quant_reference import DEFAULT_EPS, E4M3_MAX, amax_and_bad, check_eps, group_scales, pack_ue8m0, unpack_ue8m0
 
 # Elements per MX scale along K.
 MX_VEC = 32
@@ -287,7 +287,6 @@ def mx_scale_operands(sfa: torch.Tensor, sfb: torch.Tensor, m: int, n: int, k: i
 # One E4M3 scale per NV_VEC consecutive elements along K (`kind::mxf4nvf4`), the MMA's blocked
 # layout as above; the tensor's fp32 scale is not the MMA's: the GEMM multiplies by alpha.
 NV_VEC = 16
-E4M3_MAX = 448.0
 
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:

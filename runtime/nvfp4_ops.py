@@ -32,11 +32,11 @@ from .checks import (
     PTR_ALIGN_BYTES, check_aligned, check_disjoint, check_kernel_name, check_matrix, check_not_overlapping_itself,
 )
 from .errors import InputError
-from .fp8_ops import FP4_ALIGN_BYTES, FP4_DTYPES
+from .fp8_ops import FP4_ALIGN_BYTES, FP4_DTYPES, fp4_elements
 from .kernel_choice import kernel_for, runnable_kernels
 from .launch import launch
 from .mx_reference import ATOM_ROWS, NV_VEC
-from .params import OperandInfo, ceil_div
+from .params import ceil_div
 from .torch_ops import ROW_ALIGN_ELEMS, TorchOp, current_stream, device_ordinal, new_bf16_out, nothing_to_launch
 
 OP_NVFP4_GEMM_NT = "nvfp4_gemm_nt"
@@ -106,11 +106,6 @@ def _check_pointers(**tensors: torch.Tensor | None) -> None:
                       else PTR_ALIGN_BYTES)
 
 
-def _fp4_operand(t: torch.Tensor, rows: int, k: int) -> OperandInfo:
-    """The kernel counts FP4 elements: [rows, K] with row strides of twice the bytes."""
-    return OperandInfo(t.data_ptr(), (rows, k), (2 * t.stride(0), 1), "e2m1")
-
-
 def _run(a, sfa, b, sfb, alpha, out, kernel: str) -> None:
     m, n = a.shape[0], b.shape[0]
     k = 2 * a.shape[1]
@@ -123,8 +118,8 @@ def _run(a, sfa, b, sfb, alpha, out, kernel: str) -> None:
                              "scale nv), and this GPU's catalogue has none")
         loaded = kernel_for(OP_NVFP4_GEMM_NT, m, n, k, device, kernel, SCALE_NV)
         operands = {
-            "a": _fp4_operand(a, m, k), "sfa": sfa.view(torch.uint8).reshape(-1),
-            "b": _fp4_operand(b, n, k), "sfb": sfb.view(torch.uint8).reshape(-1),
+            "a": fp4_elements(a, k), "sfa": sfa.view(torch.uint8).reshape(-1),
+            "b": fp4_elements(b, k), "sfb": sfb.view(torch.uint8).reshape(-1),
             "d": out, "alpha": alpha.reshape(1),
         }
         launch(loaded, operands, stream=current_stream(a))
