@@ -167,16 +167,15 @@ _calls = CallCache(OP_CONTIGUOUS)
 def _contiguous(a, b, m_indices, out, zero_padding: bool, kernel: str) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
     tensors = (a, b, m_indices) if out is None else (a, b, m_indices, out)
-    key = _calls.key(tensors, zero_padding, kernel)
-    call = _calls.get(key)
+    call, key = _calls.find(tensors, zero_padding, kernel)
     if call is not None:
-        d = out if out is not None else new_bf16_out(a, a.shape[0], b.shape[1])
+        d = out if out is not None else call.new_output()
         if call.relaunch((a, b, d, m_indices), current_stream(a)):
             return d
     m, n, _, _ = check_contiguous(a, b, m_indices, out)
     if out is None:
         d = new_bf16_out(a, m, n)
-        _calls.remember(key, _run_contiguous(a, b, m_indices, d, zero_padding, kernel))
+        _calls.remember(key, _run_contiguous(a, b, m_indices, d, zero_padding, kernel), new_output=d)
         return d
     check_disjoint(OP_CONTIGUOUS, {"out": out}, {"a": a, "b": b, "m_indices": m_indices})
     ran = _run_contiguous(a, b, m_indices, out, zero_padding, kernel)
@@ -277,16 +276,15 @@ _masked_calls = CallCache(OP_MASKED)
 def _masked(a, b, masked_m, expected_m: int, out, kernel: str) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
     tensors = (a, b, masked_m) if out is None else (a, b, masked_m, out)
-    key = _masked_calls.key(tensors, expected_m, kernel)
-    call = _masked_calls.get(key)
+    call, key = _masked_calls.find(tensors, expected_m, kernel)
     if call is not None:
-        d = out if out is not None else new_bf16_group_out(a, a.shape[0], a.shape[1], b.shape[1])
+        d = out if out is not None else call.new_output()
         if call.relaunch((a, b, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = check_masked(a, b, masked_m, out)
     if out is None:
         d = new_bf16_group_out(a, g, max_m, n)
-        _masked_calls.remember(key, _run_masked(a, b, masked_m, expected_m, d, kernel))
+        _masked_calls.remember(key, _run_masked(a, b, masked_m, expected_m, d, kernel), new_output=d)
         return d
     check_disjoint(OP_MASKED, {"out": out}, {"a": a, "b": b, "masked_m": masked_m})
     ran = _run_masked(a, b, masked_m, expected_m, out, kernel)
@@ -373,8 +371,7 @@ _k_calls = CallCache(OP_K_GROUPED, stream_scratch.capturing)
 
 def _k_grouped(a, b, d, group_sizes, c, expected_k: int | None, kernel: str) -> None:
     tensors = (a, b, d, group_sizes)
-    key = _k_calls.key(tensors if c is None else (*tensors, c), c is None, expected_k, kernel)
-    call = _k_calls.get(key)
+    call, key = _k_calls.find(tensors if c is None else (*tensors, c), c is None, expected_k, kernel)
     if call is None:
         g, m, n, tokens = check_k_grouped(a, b, d, group_sizes, c)
         check_disjoint(OP_K_GROUPED, {"d": d}, {"a": a, "b": b, "group_sizes": group_sizes})

@@ -304,16 +304,15 @@ _CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d")
 def _impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, kernel_name: str = "", k_splits: int = 0
 ) -> torch.Tensor:
-    key = _calls.key((a, sfa, b, sfb), kernel_name, k_splits)
-    call = _calls.get(key)
+    call, key = _calls.find((a, sfa, b, sfb), kernel_name, k_splits)
     if call is not None:
-        out = new_bf16_out(a, a.shape[0], b.shape[0])
+        out = call.new_output()
         if call.relaunch((a, sfa, b, sfb, out), current_stream(a)):
             return out
     m, n, _ = _check_meta(a, sfa, b, sfb, None)
     _check_pointers(a=a, sfa=sfa, b=b, sfb=sfb)
     out = new_bf16_out(a, m, n)
-    _calls.remember(key, _run(a, sfa, b, sfb, out, kernel_name, k_splits))
+    _calls.remember(key, _run(a, sfa, b, sfb, out, kernel_name, k_splits), new_output=out)
     return out
 
 
@@ -321,8 +320,7 @@ def _out_impl(
     a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, out: torch.Tensor, kernel_name: str = "",
     k_splits: int = 0,
 ) -> None:
-    key = _calls.key((a, sfa, b, sfb, out), kernel_name, k_splits)
-    call = _calls.get(key)
+    call, key = _calls.find((a, sfa, b, sfb, out), kernel_name, k_splits)
     if call is not None and call.relaunch((a, sfa, b, sfb, out), current_stream(a)):
         return
     _check_meta(a, sfa, b, sfb, out)
@@ -438,8 +436,7 @@ def _wgrad_impl(
     c: torch.Tensor | None = None, kernel_name: str = "",
 ) -> None:
     split = tail_split()
-    key = _wgrad_calls.key((a, sfa, b, sfb, d) if c is None else (a, sfa, b, sfb, d, c), kernel_name, split)
-    call = _wgrad_calls.get(key)
+    call, key = _wgrad_calls.find((a, sfa, b, sfb, d) if c is None else (a, sfa, b, sfb, d, c), kernel_name, split)
     if call is None:
         _check_wgrad(a, sfa, b, sfb, d, c)
         check_disjoint(OP_FP8_WGRAD, {"d": d}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb})

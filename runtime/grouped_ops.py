@@ -241,16 +241,15 @@ _CALL_OPERANDS = ("a", "sfa", "b", "sfb", "d", "m_indices")
 def _contiguous(a, sfa, b, sfb, m_indices, out, zero_padding: bool, kernel: str) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
     tensors = (a, sfa, b, sfb, m_indices) if out is None else (a, sfa, b, sfb, m_indices, out)
-    key = _calls.key(tensors, zero_padding, kernel)
-    call = _calls.get(key)
+    call, key = _calls.find(tensors, zero_padding, kernel)
     if call is not None:
-        d = out if out is not None else new_bf16_out(a, a.shape[0], b.shape[1])
+        d = out if out is not None else call.new_output()
         if call.relaunch((a, sfa, b, sfb, d, m_indices), current_stream(a)):
             return d
     m, n, _, _ = _check_meta(a, sfa, b, sfb, m_indices, out)
     if out is None:
         d = new_bf16_out(a, m, n)
-        _calls.remember(key, _run(a, sfa, b, sfb, m_indices, d, zero_padding, kernel))
+        _calls.remember(key, _run(a, sfa, b, sfb, m_indices, d, zero_padding, kernel), new_output=d)
         return d
     check_disjoint(OP, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "m_indices": m_indices})
     ran = _run(a, sfa, b, sfb, m_indices, out, zero_padding, kernel)
@@ -396,16 +395,15 @@ _MASKED_OPERANDS = ("a", "sfa", "b", "sfb", "d", "masked_m")
 def _masked(a, sfa, b, sfb, masked_m, expected_m: int, out, kernel: str, k_splits: int) -> torch.Tensor:
     """Check (once per call layout, `call_cache`), launch, return D."""
     tensors = (a, sfa, b, sfb, masked_m) if out is None else (a, sfa, b, sfb, masked_m, out)
-    key = _masked_calls.key(tensors, expected_m, kernel, k_splits)
-    call = _masked_calls.get(key)
+    call, key = _masked_calls.find(tensors, expected_m, kernel, k_splits)
     if call is not None:
-        d = out if out is not None else new_bf16_group_out(a, a.shape[0], a.shape[1], b.shape[1])
+        d = out if out is not None else call.new_output()
         if call.relaunch((a, sfa, b, sfb, d, masked_m), current_stream(a)):
             return d
     g, max_m, n, _ = _check_masked(a, sfa, b, sfb, masked_m, out)
     if out is None:
         d = new_bf16_group_out(a, g, max_m, n)
-        _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel, k_splits))
+        _masked_calls.remember(key, _run_masked(a, sfa, b, sfb, masked_m, expected_m, d, kernel, k_splits), new_output=d)
         return d
     check_disjoint(OP_MASKED, {"out": out}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "masked_m": masked_m})
     ran = _run_masked(a, sfa, b, sfb, masked_m, expected_m, out, kernel, k_splits)

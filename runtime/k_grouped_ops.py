@@ -180,8 +180,7 @@ def _kernel_operands(a, sfa, b, sfb, d, group_sizes) -> tuple:
 
 def _run(a, sfa, b, sfb, d, group_sizes, c, expected_k: int | None, kernel: str) -> None:
     tensors = (a, sfa, b, sfb, d, group_sizes)
-    key = _calls.key(tensors if c is None else (*tensors, c), c is None, expected_k, kernel)
-    call = _calls.get(key)
+    call, key = _calls.find(tensors if c is None else (*tensors, c), c is None, expected_k, kernel)
     if call is None:
         g, m, n, s = _check(a, sfa, b, sfb, d, group_sizes, c)
         check_disjoint(OP, {"d": d}, {"a": a, "sfa": sfa, "b": b, "sfb": sfb, "group_sizes": group_sizes})

@@ -342,16 +342,14 @@ def _per_token_impl(
     x: torch.Tensor, group: int = GROUP, scale_format: str = "fp32", scale_layout: str = "k-major",
     eps: float = DEFAULT_EPS, kernel_name: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    key = _per_token_calls.key((x,), group, scale_format, scale_layout, eps, kernel_name)
-    call = _per_token_calls.get(key)
+    call, key = _per_token_calls.find((x,), group, scale_format, scale_layout, eps, kernel_name)
     if call is not None:
-        m, k = x.shape
-        q, sf = _per_token_outputs(x, m, k, call.extra, scale_format, scale_layout)
+        q, sf = call.new_output()
         if call.relaunch((x, q, sf), current_stream(x)):
             return q, sf
     m, k, cols, eps = _per_token_meta(x, group, scale_format, scale_layout, eps, None, None)
     q, sf = _per_token_outputs(x, m, k, cols, scale_format, scale_layout)
-    _per_token_calls.remember(key, _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel_name))
+    _per_token_calls.remember(key, _per_token_run(x, scale_format, scale_layout, eps, q, sf, kernel_name), new_output=(q, sf))
     return q, sf
 
 
@@ -372,8 +370,7 @@ def _per_token_out_impl(
     x: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, group: int = GROUP, scale_format: str = "fp32",
     scale_layout: str = "k-major", eps: float = DEFAULT_EPS, kernel_name: str = "",
 ) -> None:
-    key = _per_token_calls.key((x, out, out_scales), group, scale_format, scale_layout, eps, kernel_name)
-    call = _per_token_calls.get(key)
+    call, key = _per_token_calls.find((x, out, out_scales), group, scale_format, scale_layout, eps, kernel_name)
     if call is not None:
         m = x.shape[0]
         if m % TMA_ALIGN_ROWS and scale_layout == "mn-major-tma-aligned":
@@ -456,22 +453,21 @@ def _per_block_run(w, eps, q, sf, kernel) -> Launched | None:
     _check_ptr(OP_PER_BLOCK, "out", q)
     _check_ptr(OP_PER_BLOCK, "out_scales", sf, 4)
     loaded, prepared = _launch(OP_PER_BLOCK, IN_DTYPES[w.dtype], "fp32", kernel, w, {"w": w, "q": q, "sf": sf}, eps)
-    return Launched(loaded, prepared, _PER_BLOCK_OPERANDS, extra=tuple(sf.shape))
+    return Launched(loaded, prepared, _PER_BLOCK_OPERANDS)
 
 
 _per_block_calls = CallCache(OP_PER_BLOCK)
 
 
 def _per_block_impl(w: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    key = _per_block_calls.key((w,), eps, kernel_name)
-    call = _per_block_calls.get(key)
+    call, key = _per_block_calls.find((w,), eps, kernel_name)
     if call is not None:
-        q, sf = _per_block_outputs(w, call.extra)
+        q, sf = call.new_output()
         if call.relaunch((w, q, sf), current_stream(w)):
             return q, sf
     _, _, shape_s, eps = _per_block_meta(w, eps, None, None)
     q, sf = _per_block_outputs(w, shape_s)
-    _per_block_calls.remember(key, _per_block_run(w, eps, q, sf, kernel_name))
+    _per_block_calls.remember(key, _per_block_run(w, eps, q, sf, kernel_name), new_output=(q, sf))
     return q, sf
 
 
@@ -489,8 +485,7 @@ def _per_block_fake(w, eps=DEFAULT_EPS, kernel_name=""):
 def _per_block_out_impl(
     w: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float = DEFAULT_EPS, kernel_name: str = ""
 ) -> None:
-    key = _per_block_calls.key((w, out, out_scales), eps, kernel_name)
-    call = _per_block_calls.get(key)
+    call, key = _per_block_calls.find((w, out, out_scales), eps, kernel_name)
     if call is not None and call.relaunch((w, out, out_scales), current_stream(w)):
         return
     _, _, _, eps = _per_block_meta(w, eps, out, out_scales)
@@ -558,16 +553,16 @@ def _per_token_fp4_impl(
     x: torch.Tensor, group: int = FP4_GROUP, scale_layout: str = "k-major", eps: float = DEFAULT_EPS,
     kernel_name: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    key = _per_token_fp4_calls.key((x,), group, scale_layout, eps, kernel_name)
-    call = _per_token_fp4_calls.get(key)
+    call, key = _per_token_fp4_calls.find((x,), group, scale_layout, eps, kernel_name)
     if call is not None:
-        m, k = x.shape
-        q, sf = _per_token_fp4_outputs(x, m, k, call.extra, scale_layout)
+        q, sf = call.new_output()
         if call.relaunch((x, q, sf), current_stream(x)):
             return q, sf
     m, k, cols, eps = _per_token_fp4_meta(x, group, scale_layout, eps, None, None)
     q, sf = _per_token_fp4_outputs(x, m, k, cols, scale_layout)
-    _per_token_fp4_calls.remember(key, _per_token_run(x, "ue8m0", scale_layout, eps, q, sf, kernel_name, OP_PER_TOKEN_FP4))
+    _per_token_fp4_calls.remember(
+        key, _per_token_run(x, "ue8m0", scale_layout, eps, q, sf, kernel_name, OP_PER_TOKEN_FP4), new_output=(q, sf)
+    )
     return q, sf
 
 
@@ -580,8 +575,7 @@ def _per_token_fp4_out_impl(
     x: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, group: int = FP4_GROUP,
     scale_layout: str = "k-major", eps: float = DEFAULT_EPS, kernel_name: str = "",
 ) -> None:
-    key = _per_token_fp4_calls.key((x, out, out_scales), group, scale_layout, eps, kernel_name)
-    call = _per_token_fp4_calls.get(key)
+    call, key = _per_token_fp4_calls.find((x, out, out_scales), group, scale_layout, eps, kernel_name)
     if call is not None:
         m = x.shape[0]
         if m % TMA_ALIGN_ROWS and scale_layout == "mn-major-tma-aligned":
@@ -686,7 +680,7 @@ def _grouped_run(x, group_sizes, eps, q, sf, kernel) -> Launched | None:
     counter = grouped_tile_counter(x.device, current_stream(x))
     operands = {"x": x, "group_sizes": group_sizes, "q": q, "sf": sf, "tile_counter": counter}
     loaded, prepared = _launch(OP_GROUPED, "bf16", "fp32", kernel, x, operands, eps)
-    return Launched(loaded, prepared, _GROUPED_OPERANDS, extra=(s, h), fixed={"tile_counter": counter})
+    return Launched(loaded, prepared, _GROUPED_OPERANDS, fixed={"tile_counter": counter})
 
 
 # Calls are remembered with their stream's tile counter.
@@ -698,15 +692,14 @@ _PER_BLOCK_OPERANDS = ("w", "q", "sf")
 
 
 def _grouped_impl(x, group_sizes, eps, num_blocks, kernel):
-    key = _grouped_calls.key((x, group_sizes), eps, num_blocks, kernel)
-    call = _grouped_calls.get(key)
+    call, key = _grouped_calls.find((x, group_sizes), eps, num_blocks, kernel)
     if call is not None:
-        q, sf = _grouped_outputs(x, *call.extra)
+        q, sf = call.new_output()
         if call.relaunch((x, group_sizes, q, sf), current_stream(x)):
             return q, sf
     _, h, _, s, eps = _grouped_meta(x, group_sizes, eps, num_blocks, None, None)
     q, sf = _grouped_outputs(x, s, h)
-    _grouped_calls.remember(key, _grouped_run(x, group_sizes, eps, q, sf, kernel))
+    _grouped_calls.remember(key, _grouped_run(x, group_sizes, eps, q, sf, kernel), new_output=(q, sf))
     return q, sf
 
 
@@ -731,8 +724,7 @@ def _grouped_out_impl(
     x: torch.Tensor, group_sizes: torch.Tensor, out: torch.Tensor, out_scales: torch.Tensor, eps: float = DEFAULT_EPS,
     kernel_name: str = "",
 ) -> None:
-    key = _grouped_calls.key((x, group_sizes, out, out_scales), eps, kernel_name)
-    call = _grouped_calls.get(key)
+    call, key = _grouped_calls.find((x, group_sizes, out, out_scales), eps, kernel_name)
     if call is not None and call.relaunch((x, group_sizes, out, out_scales), current_stream(x)):
         return
     _, _, _, _, eps = _grouped_meta(x, group_sizes, eps, out_scales.shape[0], out, out_scales)

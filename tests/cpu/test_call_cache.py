@@ -55,6 +55,74 @@ def test_layout_key_covers_every_arity():
         assert cache.key(tensors[:n], "extra") == (*layout, ("extra",), sm_budget.budget(), threading.get_ident())
 
 
+def test_find_is_the_key_lookup_and_guards_what_it_found(monkeypatch):
+    assert call_cache._guard is not None, "torch's tensor guards are missing: every call builds its layout key"
+    cache = call_cache.CallCache("test_op")
+    x, y = torch.zeros(4, 8), torch.zeros(8)
+    assert cache.find((x, y), "kernel") == (None, cache.key((x, y), "kernel"))  # nothing remembered
+    key = cache.key((x, y), "kernel")
+    cache.remember(key, call_cache.Launched(object(), _plan(), ("a", "d")))
+    call = cache.get(key)
+    assert cache.find((x, y), "kernel") == (call, key)  # found by its key, and guarded from now on
+    keys = []
+    monkeypatch.setattr(cache, "key", lambda *args: keys.append(args) or call_cache.CallCache.key(*args))
+    assert cache.find((x.clone(), y.clone()), "kernel") == (call, key) and not keys  # the guard alone
+    # Each layout the key tells apart misses the guard and is looked up by its key.
+    for other in ((x.t().contiguous().t(), y), (x.double(), y), (x, y.double()), (x, torch.zeros(8, 4)[:, 0])):
+        found, other_key = cache.find(other, "kernel")
+        assert found is None and other_key == call_cache.CallCache.key(other, "kernel") != key
+    for extra in (("another kernel",), ("kernel", 1)):
+        assert cache.find((x, y), *extra)[0] is None
+    assert cache.find((x, None), "kernel") == (None, None) and cache.find(([1, 2],), "kernel") == (None, None)
+    sm_budget.set_num_sms(8)
+    try:
+        assert cache.find((x, y), "kernel")[0] is None  # the budget changes the grid and the choice
+    finally:
+        sm_budget.set_num_sms(None)
+    keys.clear()
+    cache.remember(key, call_cache.Launched(object(), _plan(), ("a", "d")))  # replaces the call
+    assert cache.find((x, y), "kernel")[0] is cache.get(key) is not call and keys  # no guard keeps the old one
+    call_cache.forget_all()
+    assert cache.find((x, y), "kernel") == (None, key)
+
+
+def test_find_keeps_the_newest_guards_of_layouts_one_hint_covers():
+    cache = call_cache.CallCache("test_op")
+    x = torch.zeros(4, 8)
+    # The hint reads the first and last tensors' shapes: these differ in the middle one's dtype.
+    layouts = [(x, torch.zeros(3, dtype=dtype), x) for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.int16)]
+    for tensors in layouts:
+        cache.remember(cache.key(tensors), call_cache.Launched(object(), _plan(("a", "b", "c")), ("a", "b", "c")))
+    for tensors in layouts:
+        assert cache.find(tensors) == (cache.get(cache.key(tensors)), cache.key(tensors))
+    (guarded,) = cache._guarded.values()
+    assert len(guarded) == call_cache.GUARDS_PER_HINT
+    assert [call for _, call in guarded] == [cache.get(cache.key(t)) for t in layouts[1:]]
+
+
+def test_a_remembered_new_output_is_allocated_again_in_its_layout():
+    cache = call_cache.CallCache("test_op")
+    a = torch.zeros(3, 8)
+    made = torch.empty_strided((3, 5), (8, 1), dtype=torch.bfloat16)  # rows padded to 16 bytes
+    key = cache.key((a,))
+    cache.remember(key, call_cache.Launched(object(), _plan(), ("a", "d")), new_output=made)
+    again = cache.get(key).new_output()
+    assert (again.shape, again.stride(), again.dtype, again.device) == (made.shape, made.stride(), made.dtype, made.device)
+    assert again.data_ptr() != made.data_ptr()
+    other = cache.key((a.double(),))
+    cache.remember(other, call_cache.Launched(object(), _plan(), ("a", "d")))
+    assert cache.get(other).new_output is None  # the caller gave its output
+    # Scales MN-major in a buffer padded to whole TMA rows: the kernel writes the padding too.
+    q, sf = torch.empty(3, 8), torch.empty(2 * 4).as_strided((3, 2), (1, 4))
+    third = cache.key((a.int(),))
+    cache.remember(third, call_cache.Launched(object(), _plan(), ("a", "d")), new_output=(q, sf))
+    q2, sf2 = cache.get(third).new_output()
+    for made, again in ((q, q2), (sf, sf2)):
+        assert (again.shape, again.stride(), again.dtype) == (made.shape, made.stride(), made.dtype)
+        assert again.untyped_storage().nbytes() == made.untyped_storage().nbytes()
+        assert again.data_ptr() != made.data_ptr()
+
+
 def _plan(order=("a", "d"), stream=7):
     return PreparedLaunch(grid=(1, 1, 1), skip=False, operand_order=order, current=[16] * len(order), stream=stream)
 

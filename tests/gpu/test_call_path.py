@@ -39,8 +39,10 @@ def fp8_set(m: int, n: int, k: int, seed: int, groups: int | None = None):
 
 
 def same_as_checked(rt, call, first, second, what: str):
-    """call(first) remembers the layout; call(second) relaunches at new addresses; the checked
-    path on `second` (every remembered call forgotten first) must give the same bytes."""
+    """call(first) remembers the layout, and again finds it by its key and guards it; call(second)
+    is found by the guard and relaunches at new addresses; the checked path on `second` (every
+    remembered call forgotten first) must give the same bytes and outputs of the same layout."""
+    call(*first)
     call(*first)
     fast = call(*second)
     torch.cuda.synchronize()
@@ -49,8 +51,24 @@ def same_as_checked(rt, call, first, second, what: str):
     checked = call(*second)
     torch.cuda.synchronize()
     for f, c in zip(fast, checked):
+        assert (f.shape, f.stride(), f.dtype) == (c.shape, c.stride(), c.dtype), what
         assert torch.equal(f.view(torch.uint8) if f.dtype == torch.float8_e4m3fn else f,
                            c.view(torch.uint8) if c.dtype == torch.float8_e4m3fn else c), what
+
+
+def test_a_layout_seen_twice_is_found_by_its_guard(rt, monkeypatch):
+    fp8 = rt["fp8"]
+    assert rt["cache"]._guard is not None, "torch's tensor guards are missing: every call builds its layout key"
+    rt["cache"].forget_all()
+    sets = [fp8_set(128, 3072, 4096, seed) for seed in (11, 12, 13)]
+    fp8.fp8_gemm_nt(*sets[0])  # checked and remembered
+    fp8.fp8_gemm_nt(*sets[1])  # found by its key, and guarded
+    monkeypatch.setattr(fp8._calls, "key", lambda *args: pytest.fail("the layout key was built"))
+    fast = fp8.fp8_gemm_nt(*sets[2])
+    monkeypatch.undo()
+    fast = fast.clone()
+    rt["cache"].forget_all()
+    assert torch.equal(fast, fp8.fp8_gemm_nt(*sets[2]))
 
 
 def test_fp8_and_bf16_relaunch_at_new_addresses(rt):
