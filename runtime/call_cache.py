@@ -33,6 +33,9 @@ from .params import byte_span
 CALLS_PER_OP = 1024
 MAX_TENSORS = 10
 GUARDS_PER_HINT = 4  # layouts told apart by their guards alone: strides, dtypes, devices
+# A call of fewer tensors is looked up by its key: one tensor's key costs no more than the hint
+# and guard (0.99 against 1.11 µs on an H100's host, NOTES N104).
+GUARDED_FROM_TENSORS = 2
 
 _caches: list["CallCache"] = []
 _get_ident = threading.get_ident
@@ -215,11 +218,14 @@ class CallCache:
 
     def find(self, tensors: Sequence[Any], *extra: Any) -> tuple[RememberedCall | None, tuple | None]:
         """``(call, key)``: the call remembered for the layout of ``tensors`` and ``extra`` (None if
-        none) and its `key`; a layout guarded before is found without building the key (about
-        1 µs less per call)."""
+        none) and its `key`; a layout of `GUARDED_FROM_TENSORS` or more tensors guarded before is
+        found without building the key (1.2 µs less per call for four tensors on an H100's host)."""
+        if len(tensors) < GUARDED_FROM_TENSORS:
+            key = self.key(tensors, *extra)
+            return self._calls.get(key), key
         try:
             hint = (len(tensors), tensors[0].shape, tensors[-1].shape, extra, _budget(), _get_ident())
-        except (AttributeError, TypeError, IndexError):
+        except (AttributeError, TypeError):
             return None, None  # not tensors: no key either, and the op's checks name the argument
         guarded = self._guarded.get(hint, ())
         for check, call in guarded:

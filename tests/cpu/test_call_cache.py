@@ -74,6 +74,7 @@ def test_find_is_the_key_lookup_and_guards_what_it_found(monkeypatch):
     for extra in (("another kernel",), ("kernel", 1)):
         assert cache.find((x, y), *extra)[0] is None
     assert cache.find((x, None), "kernel") == (None, None) and cache.find(([1, 2],), "kernel") == (None, None)
+    assert cache.find(([1, 2], x), "kernel") == (None, None)
     sm_budget.set_num_sms(8)
     try:
         assert cache.find((x, y), "kernel")[0] is None  # the budget changes the grid and the choice
@@ -98,6 +99,16 @@ def test_find_keeps_the_newest_guards_of_layouts_one_hint_covers():
     (guarded,) = cache._guarded.values()
     assert len(guarded) == call_cache.GUARDS_PER_HINT
     assert [call for _, call in guarded] == [cache.get(cache.key(t)) for t in layouts[1:]]
+
+
+def test_a_call_of_one_tensor_is_found_by_its_key():
+    cache = call_cache.CallCache("test_op")
+    x = torch.zeros(4, 8)
+    key = cache.key((x,), "kernel")
+    cache.remember(key, call_cache.Launched(object(), _plan(), ("a", "d")))
+    for _ in range(2):
+        assert cache.find((x.clone(),), "kernel") == (cache.get(key), key)
+    assert not cache._guarded
 
 
 def test_a_remembered_new_output_is_allocated_again_in_its_layout():

@@ -46,12 +46,13 @@ def same_as_checked(rt, call, first, second, what: str):
     call(*first)
     fast = call(*second)
     torch.cuda.synchronize()
+    layouts = [(t.shape, t.stride(), t.dtype, t.untyped_storage().nbytes()) for t in fast]
     fast = [t.clone() for t in fast]
     rt["cache"].forget_all()
     checked = call(*second)
     torch.cuda.synchronize()
+    assert layouts == [(t.shape, t.stride(), t.dtype, t.untyped_storage().nbytes()) for t in checked], what
     for f, c in zip(fast, checked):
-        assert (f.shape, f.stride(), f.dtype) == (c.shape, c.stride(), c.dtype), what
         assert torch.equal(f.view(torch.uint8) if f.dtype == torch.float8_e4m3fn else f,
                            c.view(torch.uint8) if c.dtype == torch.float8_e4m3fn else c), what
 
