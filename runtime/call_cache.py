@@ -102,6 +102,14 @@ def _allocator(t: Any) -> Callable[[], Any]:
     return lambda: torch.empty(elements, dtype=dtype, device=device).as_strided(shape, strides, offset)
 
 
+def _allocating(outputs: Any) -> Callable[[], Any] | None:
+    """What `RememberedCall.new_output` calls for ``outputs`` (a tensor, a tuple of them, or None)."""
+    if isinstance(outputs, tuple):
+        allocators = tuple(_allocator(t) for t in outputs)
+        return lambda: tuple([allocate() for allocate in allocators])
+    return None if outputs is None else _allocator(outputs)
+
+
 class Launched(NamedTuple):
     """What a checked call launched, for `CallCache.remember`."""
 
@@ -128,11 +136,12 @@ class RememberedCall:
         self, op: str, kernel: Any, prepared: PreparedLaunch, positions: tuple[int, ...], fixed: tuple,
         stream: int | None, extra: Any, disjoint: tuple[tuple[int, int], ...] = (), spans: tuple[int, ...] = (),
         labels: tuple[str, ...] = (), capturing: Callable[[], bool] = lambda: False, key: tuple | None = None,
+        new_output: Callable[[], Any] | None = None,
     ) -> None:
         self.op = op
         self.key = key  # the layout key it is remembered under
-        # new_output(): a new tensor laid out as the output the op allocated for the call (`remember`).
-        self.new_output: Callable[[], Any] | None = None
+        # new_output(): new tensors laid out as the outputs the op allocated for the call (`remember`).
+        self.new_output = new_output
         self.kernel = kernel
         self.prepared = prepared
         self.positions = positions
@@ -285,13 +294,8 @@ class CallCache:
                              if other != out and not (other in written and other < out) and spans[out] and spans[other])
         self._calls[key] = RememberedCall(
             self.op, launched.kernel, prepared, positions, tuple(fixed.values()), prepared.stream, launched.extra,
-            disjoint, spans, labels, self._capturing, key,
+            disjoint, spans, labels, self._capturing, key, _allocating(new_output),
         )
-        if isinstance(new_output, tuple):
-            allocators = tuple(_allocator(t) for t in new_output)
-            self._calls[key].new_output = lambda: tuple([allocate() for allocate in allocators])
-        elif new_output is not None:
-            self._calls[key].new_output = _allocator(new_output)
 
     def __contains__(self, key: tuple | None) -> bool:
         return key in self._calls
