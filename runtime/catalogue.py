@@ -27,7 +27,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from .errors import ArchMismatchError, ArtifactError
 from .manifest import Catalogue, CatalogueEntry, KernelManifest, ManifestError
@@ -255,21 +255,30 @@ class KernelCatalogue:
                 f"kernel {name}: manifest {path} describes {manifest.name} ({manifest.op}, "
                 f"{manifest.arch}) but the catalogue lists {entry.name} ({entry.op}, {entry.arch})"
             )
+        if manifest.schedule != entry.schedule:  # `compatible` chooses by the catalogue's line
+            raise ArtifactError(
+                f"kernel {name}: manifest {path} has another schedule than its line in the catalogue; rebuild "
+                "it with `cutegen build`"
+            )
         self._manifests[name] = manifest
         return manifest
 
     def manifests(self, op: str | None = None, arch: str | None = None) -> list[KernelManifest]:
         return [self.manifest(n) for n in self.names(op, arch)]
 
-    def compatible(self, op: str, capability: tuple[int, int]) -> list[KernelManifest]:
-        """Manifests of ``op`` whose architecture runs on a GPU of ``capability``."""
+    def compatible(
+        self, op: str, capability: tuple[int, int], schedule_wanted: Callable[[dict], bool] | None = None
+    ) -> list[KernelManifest]:
+        """Manifests of ``op`` whose architecture runs on a GPU of ``capability`` and, with
+        ``schedule_wanted``, whose schedule it accepts: told by the catalogue's lines, so that only
+        those manifests are read (about 0.15 ms each on a CPU machine: most of a first call)."""
         out = []
         for entry in self.entries(op):
             try:
                 ok = arch_compatible(entry.arch, capability)
             except ArtifactError:
                 ok = False
-            if ok:
+            if ok and (schedule_wanted is None or schedule_wanted(entry.schedule)):
                 out.append(self.manifest(entry.name))
         return out
 

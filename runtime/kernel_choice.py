@@ -55,20 +55,32 @@ STORE_ADD_EPILOGUE = "tma_store_add"
 def _filters(
     scale: str | None, b_dtype: str | None, d_dtype: str | None, adds: bool | None, layout: str | None = None,
 ) -> list[tuple]:
-    """(what a kernel must take, how a manifest says what it takes, the value wanted) for each
+    """(what a kernel must take, how its schedule says what it takes, the value wanted) for each
     requested kernel property."""
     out = []
     if layout is not None:
-        out.append(("layout", lambda m: m.schedule.get("layout", "nt"), layout))
+        out.append(("layout", lambda s: s.get("layout", "nt"), layout))
     if scale is not None:
-        out.append(("scales", lambda m: m.schedule.get("scale", "none"), scale))
+        out.append(("scales", lambda s: s.get("scale", "none"), scale))
     if b_dtype is not None:
-        out.append(("B", lambda m: m.schedule.get("b_dtype", "?"), b_dtype))
+        out.append(("B", lambda s: s.get("b_dtype", "?"), b_dtype))
     if d_dtype is not None:
-        out.append(("D", lambda m: m.schedule.get("c_dtype", "?"), d_dtype))
+        out.append(("D", lambda s: s.get("c_dtype", "?"), d_dtype))
     if adds is not None:
-        out.append(("adding into D", lambda m: m.schedule.get("epilogue") == STORE_ADD_EPILOGUE, adds))
+        out.append(("adding into D", lambda s: s.get("epilogue") == STORE_ADD_EPILOGUE, adds))
     return out
+
+
+def _runnable(op: str, ordinal: int, filters: list[tuple]) -> list[Any]:
+    """The manifests of the catalogue's ``op`` kernels that run on GPU ``ordinal`` and pass
+    ``filters`` (`_filters`), which are applied to the catalogue's lines: only those kernels'
+    manifests are read."""
+    info = driver.device_info(ordinal)
+
+    def wanted(schedule: dict) -> bool:
+        return all(value_of(schedule) == value for _, value_of, value in filters)
+
+    return [m for m in catalogue().compatible(op, info.capability, wanted) if m.smem_bytes <= info.smem_optin]
 
 
 def candidates(
@@ -81,9 +93,13 @@ def candidates(
     those writing D of that type; with ``adds``, only those that add their tiles into D (True)
     or store them (False); with ``layout`` ("nt", "nn", "tn", "tt"), only those reading A and B
     with that majorness."""
+    runnable = _runnable(op, ordinal, _filters(scale, b_dtype, d_dtype, adds, layout))
+    if runnable:
+        return runnable
+    # None: the errors below say what the catalogue has instead, from every manifest of the op.
     cat = catalogue()
     info = driver.device_info(ordinal)
-    runnable = [m for m in cat.compatible(op, info.capability) if m.smem_bytes <= info.smem_optin]
+    runnable = _runnable(op, ordinal, [])
     if not runnable:
         built = sorted({f"{e.arch}" for e in cat.entries(op)}) or ["none"]
         raise ArtifactError(
@@ -92,8 +108,8 @@ def candidates(
         )
     wanted = []
     for what, value_of, value in _filters(scale, b_dtype, d_dtype, adds, layout):
-        found = sorted({str(value_of(m)) for m in runnable})
-        runnable = [m for m in runnable if value_of(m) == value]
+        found = sorted({str(value_of(m.schedule)) for m in runnable})
+        runnable = [m for m in runnable if value_of(m.schedule) == value]
         wanted.append(f"{what} {value}")
         if not runnable:
             raise ArtifactError(
@@ -112,7 +128,7 @@ def runnable_kernels(
     built for other architectures, e.g. sm_100a on a Hopper GPU, are left out. Empty when none
     run there."""
     try:
-        return [m.name for m in candidates(op, device, scale, b_dtype, d_dtype=d_dtype, adds=adds, layout=layout)]
+        return [m.name for m in _runnable(op, device, _filters(scale, b_dtype, d_dtype, adds, layout))]
     except ArtifactError:
         return []
 

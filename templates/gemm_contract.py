@@ -19,18 +19,22 @@ from cutegen.schedules.spec import MX_ATOM_BYTES, MX_ATOM_ROWS, MX_ATOM_SCALES, 
 TENSORMAP_WORDS = TENSORMAP_BYTES // 8
 
 
-def swizzle_bytes(swizzle: str) -> str:
-    """Map a CuTe swizzle functor as printed ("S<3,4,3>") to the TMA swizzle mode."""
-    table = {"S<3,4,3>": "128B", "S<2,4,3>": "64B", "S<1,4,3>": "32B", "S<0,4,3>": "none"}
-    if swizzle not in table:
+# Each shared-memory swizzle functor as CuTe prints it, with its TMA swizzle mode and the bytes of
+# one swizzle atom's contiguous side (a TMA box along that side spans at most one atom).
+_SWIZZLES = {"S<3,4,3>": ("128B", 128), "S<2,4,3>": ("64B", 64), "S<1,4,3>": ("32B", 32), "S<0,4,3>": ("none", 16)}
+_ATOM_BYTES = dict(_SWIZZLES.values())
+
+
+def tma_swizzle_mode(swizzle: str) -> str:
+    """The TMA swizzle mode of a CuTe swizzle functor as printed ("S<3,4,3>" -> "128B")."""
+    if swizzle not in _SWIZZLES:
         raise ValueError(f"shared-memory swizzle {swizzle} has no TMA swizzle mode")
-    return table[swizzle]
+    return _SWIZZLES[swizzle][0]
 
 
 def swizzle_atom_elems(tma_swizzle: str, dtype_bytes: int) -> int:
-    """Elements of one swizzle atom's contiguous side (a TMA box along the contiguous dimension
-    spans at most this many): 128 bytes at "128B", 64 at "64B", 32 at "32B", else 16."""
-    return {"128B": 128, "64B": 64, "32B": 32}.get(tma_swizzle, 16) // dtype_bytes
+    """Elements of one swizzle atom's contiguous side at TMA swizzle mode ``tma_swizzle``."""
+    return _ATOM_BYTES[tma_swizzle] // dtype_bytes
 
 
 # ---- parameter-binding recipes (the manifest's `binding` of one kernel parameter) -------------
@@ -43,7 +47,7 @@ def tma_binding(
     dimension 0; the box is one CTA's share; the swizzle is read off the shared-memory layout.
     With ``mn_major`` the operand is contiguous along its rows (M or N) instead: those are TMA
     dimension 0, and a box spans at most one swizzle atom of them, copied once per atom."""
-    swizzle = swizzle_bytes(smem_swizzle)
+    swizzle = tma_swizzle_mode(smem_swizzle)
     if mn_major:
         modes, box = [0, 1], [min(box_rows, swizzle_atom_elems(swizzle, DType(dtype).bytes)), box_cols]
     else:

@@ -607,6 +607,25 @@ def test_catalogue_lists_and_verifies_cubins(tmp_path, monkeypatch):
         KernelCatalogue.open(build).manifest("k100")
 
 
+def test_catalogue_reads_only_the_manifests_of_kernels_whose_schedule_is_wanted(tmp_path):
+    wide, narrow = make_manifest("wide", tile_n=256), make_manifest("narrow", tile_n=128)
+    build = write_build(tmp_path, [wide, narrow], {"wide": b"\x7fELF-w", "narrow": b"\x7fELF-n"})
+    (build / "wide" / "manifest.json").write_text("{")  # read, it would be refused
+    cat = KernelCatalogue.open(build)
+    assert [m.name for m in cat.compatible("bf16_gemm_nt", (9, 0), lambda s: s["tile_n"] == 128)] == ["narrow"]
+    with pytest.raises(ArtifactError, match="wide.*not valid JSON"):
+        cat.compatible("bf16_gemm_nt", (9, 0))
+
+
+def test_catalogue_refuses_a_manifest_whose_schedule_is_not_its_line(tmp_path):
+    build = write_build(tmp_path, [make_manifest("k90", tile_n=256)], {"k90": b"\x7fELF-90"})
+    index = Catalogue.from_json((build / "catalogue.json").read_text())
+    line = dataclasses.replace(index.kernels[0], schedule={**index.kernels[0].schedule, "tile_n": 128})
+    (build / "catalogue.json").write_text(dataclasses.replace(index, kernels=[line]).to_json())
+    with pytest.raises(ArtifactError, match="k90.*another schedule than its line in the catalogue"):
+        KernelCatalogue.open(build).manifest("k90")
+
+
 def test_catalogue_refuses_edited_manifests_paths_out_of_the_folder_and_wrong_shapes(tmp_path):
     m = make_manifest("k90")
     build = write_build(tmp_path, [m], {"k90": b"\x7fELF-90"})
