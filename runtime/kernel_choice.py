@@ -93,7 +93,8 @@ def candidates(
     those writing D of that type; with ``adds``, only those that add their tiles into D (True)
     or store them (False); with ``layout`` ("nt", "nn", "tn", "tt"), only those reading A and B
     with that majorness."""
-    runnable = _runnable(op, ordinal, _filters(scale, b_dtype, d_dtype, adds, layout))
+    filters = _filters(scale, b_dtype, d_dtype, adds, layout)
+    runnable = _runnable(op, ordinal, filters)
     if runnable:
         return runnable
     # None: the errors below say what the catalogue has instead, from every manifest of the op.
@@ -107,7 +108,7 @@ def candidates(
             f"({info.name}); kernels of this op are built for: {', '.join(built)}"
         )
     wanted = []
-    for what, value_of, value in _filters(scale, b_dtype, d_dtype, adds, layout):
+    for what, value_of, value in filters:
         found = sorted({str(value_of(m.schedule)) for m in runnable})
         runnable = [m for m in runnable if value_of(m.schedule) == value]
         wanted.append(f"{what} {value}")
