@@ -62,7 +62,9 @@ in a 2x1 cluster against 17.9 unclustered and 18.3 in a 1x2 cluster (the 64-row 
 ran 0-10% slower with A multicast than without). Among compute-bound tiles, the cluster whose
 multicast shares the larger of the tile's two boxes goes first, as it saves the more L2 traffic:
 A for 256x128 (4096x7168x16384: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one), B for
-128x192 (2x1 clusters 1.01-1.09x faster than 1x2 at the dense M = 4096 shapes).
+128x192 (2x1 clusters 1.01-1.09x faster than 1x2 at the dense M = 4096 shapes); where the boxes
+are equal, the operand with more bytes in all, as for memory-bound tiles (BF16 256x4096x7168,
+128x128 split two ways: 31.9 µs in a 2x1 cluster against 35.2 in a 1x2 one, an H100).
 
 The constants in `CostModel` are the H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16
 dense, 4.3 TB/s copy) with an assumed L2 reuse factor for operand traffic; they rank candidates,
@@ -519,7 +521,8 @@ def _score(
     latency_bound = waves == 1 and latency > max(compute, memory)
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
-    larger_box = (mc_b > 1 and tn > tm) or (mc_a > 1 and tm > tn)
+    # The larger of the tile's boxes (A's tm rows, B's tn); of equal boxes, the larger operand's.
+    larger_box = (mc_b > 1 and (tn > tm or (tn == tm and n >= m))) or (mc_a > 1 and (tm > tn or (tm == tn and m > n)))
     tile_overhead = model.grouped_tile_overhead_s if manifest.schedule.get("op") in CONTIGUOUS_OPS else 0.0
     # A tail split spreads a last (or only) partial wave over every cluster where it pays: it
     # costs its fraction of a wave.

@@ -33,7 +33,8 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     wave along K (epilogue `split_k_last_wave_tma_store`: BF16 dense, FP8 masked; NOTES N90); and
     the FP4 per-token quantizers (2026-12-06, NOTES N93); and the masked kernels that walk each
     group's tiles down their columns (FP8 and BF16, 2026-12-06, NOTES N95), and the BF16 kernels
-    whose MMA takes B's rows as its M side (2026-12-06, NOTES N96)."""
+    whose MMA takes B's rows as its M side (2026-12-06, NOTES N96), and its split-K kernels in 2x1
+    clusters sharing B (2026-12-07, NOTES N106)."""
     if s.op == Op.PER_TOKEN_QUANT_FP4:
         return True
     if (s.op.is_masked and s.raster == Raster.ALONG_M) or s.swaps_ab:
@@ -51,7 +52,8 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     if s.op == Op.BF16_GEMM_NT:
         widths_adding = s.epilogue == Epilogue.TMA_STORE_ADD and s.tile_n in _BF16_WIDTHS
         mn_major_split = s.epilogue == Epilogue.SPLIT_K_TMA_STORE and s.layout != Layout.NT
-        return widths_adding or mn_major_split
+        shared_b_split = s.epilogue == Epilogue.SPLIT_K_TMA_STORE and s.cluster_m == 2
+        return widths_adding or mn_major_split or shared_b_split
     return False
 
 
