@@ -64,7 +64,7 @@ multicast shares the larger of the tile's two boxes goes first, as it saves the 
 A for 256x128 (4096x7168x16384: 687.3 µs in a 1x2 cluster against 703.7 in a 2x1 one), B for
 128x192 (2x1 clusters 1.01-1.09x faster than 1x2 at the dense M = 4096 shapes); where the boxes
 are equal, the operand with more bytes in all, as for memory-bound tiles (BF16 256x4096x7168,
-128x128 split two ways: 31.9 µs in a 2x1 cluster against 35.2 in a 1x2 one, an H100).
+128x128 split two ways: 31.9 µs in a 2x1 cluster against 34.1 in a 1x2 one, an H100).
 
 The constants in `CostModel` are the H200's measured rates (KINDS.md / anchors: ~790 TFLOP/s bf16
 dense, 4.3 TB/s copy) with an assumed L2 reuse factor for operand traffic; they rank candidates,
