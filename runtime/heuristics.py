@@ -522,7 +522,7 @@ def _score(
     # The multicast shares the operand with more bytes in all (B where N >= M, else A).
     shares_larger = (mc_b > 1 and n >= m) or (mc_a > 1 and m > n)
     # The larger of the tile's boxes (A's tm rows, B's tn); of equal boxes, the larger operand's.
-    larger_box = (mc_b > 1 and (tn > tm or (tn == tm and n >= m))) or (mc_a > 1 and (tm > tn or (tm == tn and m > n)))
+    larger_box = (mc_b > 1 and tn > tm) or (mc_a > 1 and tm > tn) or (tn == tm and shares_larger)
     tile_overhead = model.grouped_tile_overhead_s if manifest.schedule.get("op") in CONTIGUOUS_OPS else 0.0
     # A tail split spreads a last (or only) partial wave over every cluster where it pays: it
     # costs its fraction of a wave.
