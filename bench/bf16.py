@@ -19,10 +19,13 @@ DENSE_M = [1, 16, 64, 128, 256, 333, 512, 1024, 2048, 4096, 8192]
 # fp32 D: DeepGEMM's fp32-output shapes (a router and an LM head at K 7168).
 FP32_NK = [(256, 7168), (129280, 7168)]
 FP32_M = [1, 128, 4096]
-# MN-major operands (DeepGEMM's backward: a data gradient nn, a weight gradient tn adding into an
-# fp32 D): (layout, M, N, K, D type, adds into D).
-MN_MAJOR = [("nn", 4096, 7168, 2112), ("nn", 4096, 2048, 7168), ("tn", 7168, 2112, 4096, "f32", True),
-            ("tn", 2048, 7168, 4096, "f32", True), ("tt", 4096, 4096, 4096)]
+# The other forms of the call: MN-major operands (DeepGEMM's backward: a data gradient nn, a weight
+# gradient tn adding into an fp32 D) and D = C + A·Bᵀ at small M (DeepGEMM's BF16 test shapes):
+# (layout, M, N, K, D type, adds into D).
+OTHER_FORMS = [("nn", 4096, 7168, 2112), ("nn", 4096, 2048, 7168), ("tn", 7168, 2112, 4096, "f32", True),
+               ("tn", 2048, 7168, 4096, "f32", True), ("tt", 4096, 4096, 4096),
+               ("nt", 1, 576, 7168, "bf16", True), ("nt", 128, 4096, 7168, "bf16", True),
+               ("tn", 576, 4096, 7168), ("tn", 576, 4096, 7168, "f32", True), ("tn", 256, 4096, 7168, "f32", True)]
 # DeepGEMM's grouped benchmark shapes: contiguous (groups, expected rows), masked (groups, expected
 # rows) in max_m 4096 buffers, each over its N, K list.
 GROUPED_NK = [(6144, 7168), (7168, 3072), (4096, 4096), (4096, 2048)]
@@ -76,7 +79,7 @@ def bench_dense() -> list[dict]:
                     "torch_tflops": flops / t["torch"] / 1e6, "ratio": t["torch"] / t["ours"],
                 })
                 del a, b, out, ref
-    for layout, m, n, k, *rest in MN_MAJOR:
+    for layout, m, n, k, *rest in OTHER_FORMS:
         d_dtype, adds = rest if rest else ("bf16", False)
         if not ops.runnable_kernels("bf16_gemm_nt", d_dtype=d_dtype, adds=adds, layout=layout):
             continue
@@ -88,9 +91,9 @@ def bench_dense() -> list[dict]:
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16).t() if layout in ("nn", "tn") else \
             torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         out = torch.zeros(m, n, device="cuda", dtype=dtype)
-        if adds:  # D += A·Bᵀ in place; torch: the product in D's type, then the addition
+        if adds:  # D += A·Bᵀ in place; torch: one GEMM reading C (cuBLASLt's beta = 1)
             ours = lambda: ops.bf16_gemm_nt(a, b, out=out, c=out)  # noqa: E731
-            anchor = lambda: out.add_(torch.mm(a, b.t(), out_dtype=dtype))  # noqa: E731
+            anchor = _adding_anchor(torch, a, b, out)
         else:
             ours = lambda: ops.bf16_gemm_nt(a, b, out=out)  # noqa: E731
             anchor = lambda: torch.matmul(a, b.t(), out=out)  # noqa: E731
@@ -104,6 +107,18 @@ def bench_dense() -> list[dict]:
         })
         del a, b, out
     return rows
+
+
+def _adding_anchor(torch, a, b, c) -> Callable[[], object]:
+    """torch's D = C + A·Bᵀ in C's type: `torch.addmm` (one cuBLAS GEMM reading C), or where this
+    torch has no addmm into an fp32 D from bf16 operands, the product and then the addition."""
+    if c.dtype == torch.bfloat16:
+        return lambda: torch.addmm(c, a, b.t())
+    try:
+        torch.addmm(c, a, b.t(), out_dtype=c.dtype)
+        return lambda: torch.addmm(c, a, b.t(), out_dtype=c.dtype)
+    except (RuntimeError, TypeError):
+        return lambda: torch.add(c, torch.mm(a, b.t(), out_dtype=c.dtype))
 
 
 def _grouped_mm(a, b_t, offs=None):
@@ -191,10 +206,10 @@ def summary(results: dict) -> list[str]:
         if ratios:
             out.append(f"bf16_gemm_nt, {d} D: {_geomean(ratios):.3f}x torch.matmul (geometric mean over {len(ratios)} "
                        f"shapes; worst {min(ratios):.2f}x; targets {DENSE_GEOMEAN_TARGET:.2f}x and {DENSE_FLOOR:.2f}x)")
-    transposed = [r["ratio"] for r in results.get("dense", []) if r["d"] not in ("bf16", "f32")]
-    if transposed:
-        out.append(f"bf16_gemm_nt, MN-major operands: {_geomean(transposed):.3f}x torch on the same views "
-                   f"(geometric mean over {len(transposed)} shapes; worst {min(transposed):.2f}x)")
+    other_forms = [r["ratio"] for r in results.get("dense", []) if r["d"] not in ("bf16", "f32")]
+    if other_forms:
+        out.append(f"bf16_gemm_nt, MN-major operands and D = C + A·Bᵀ: {_geomean(other_forms):.3f}x torch on the same views "
+                   f"(geometric mean over {len(other_forms)} shapes; worst {min(other_forms):.2f}x)")
     for layout in ("contiguous", "masked"):
         ratios = [r["ratio"] for r in results.get("grouped", []) if r["layout"] == layout]
         if ratios:

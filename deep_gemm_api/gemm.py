@@ -616,10 +616,14 @@ def k_grouped_bf16_gemm_tn_contiguous(
 
 
 def _cublaslt(function: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> None:
-    """D = C + A·Bᵀ on cuBLASLt through torch (FP8 without scales: `torch._scaled_mm` at scale 1)."""
+    """D = C + A·Bᵀ on cuBLASLt through torch (FP8 without scales: `torch._scaled_mm` at scale 1;
+    BF16 with C: one GEMM reading C, as DeepGEMM's cuBLASLt call with beta = 1)."""
     if a.dtype == torch.float8_e4m3fn:
         one = torch.ones((), dtype=torch.float32, device=a.device)
         product = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=d.dtype)
+    elif a.dtype == torch.bfloat16 and c is not None:
+        d.copy_(torch.addmm(c, a, b.t()) if d.dtype == torch.bfloat16 else torch.addmm(c, a, b.t(), out_dtype=d.dtype))
+        return
     elif a.dtype == torch.bfloat16:
         product = torch.mm(a, b.t()) if d.dtype == torch.bfloat16 else torch.mm(a, b.t(), out_dtype=d.dtype)
     else:

@@ -47,7 +47,7 @@ from typing import Any, Iterable, Sequence
 from cutegen.runtime.version import __version__ as CUTEGEN_VERSION
 from cutegen.runtime.catalogue import required_capability
 from cutegen.runtime.errors import ArtifactError, KernelLoadError
-from cutegen.runtime.manifest import Catalogue, KernelManifest, ManifestError
+from cutegen.runtime.manifest import Catalogue, KernelManifest, ManifestError, adds_into_d
 from cutegen.runtime.params import DTYPE_BITS, TMA_FP4_PACKED, check_manifest, compile_expr
 
 CATALOGUE_FILE = "catalogue.json"
@@ -414,7 +414,7 @@ def kernel_view(manifest: KernelManifest, cubin_bytes: int = 0) -> KernelView:
         signature_key=(
             *((a.ctype, a.name) for a in args),
             *((f"operand {spec.name}", f"{spec.dtype}, contiguous mode {spec.contiguous_mode}") for spec in manifest.operands),
-            ("adds into d", str(manifest.schedule.get("epilogue") == "tma_store_add")),
+            ("adds into d", str(adds_into_d(manifest.schedule))),
         ),
         grid_exprs=grid_exprs,
         int_scalars=[n for n, t in scalars.items() if t == "int64_t"],

@@ -23,9 +23,10 @@ plus C when given, with fp32 accumulation (DeepGEMM's ``nt`` convention and its
   launched.
 * ``kernel``: force a kernel of the catalogue by name (else the heuristic chooses; see
   `cutegen.runtime.heuristics`); it must write D's type, and add into D exactly when C is given.
-* ``k_splits``: the split count of a split-K kernel (epilogue ``split_k_tma_store``: each tile's
-  128-wide K blocks shared among that many CTAs, the fp32 partial sums added in split order by the
-  last; by default the heuristic's count); refused for other kernels and with ``c``.
+* ``k_splits``: the split count of a split-K kernel (epilogues ``split_k_tma_store`` and, with
+  ``c``, ``split_k_tma_store_add``: each tile's 128-wide K blocks shared among that many CTAs, the
+  fp32 partial sums added in split order by the last, which stores the tile or adds it into D; by
+  default the heuristic's count); refused for other kernels.
 
 The fp32-D and accumulating kernels ran on an H200 on 2026-12-05 (`cutegen list bf16_gemm_nt`
 says what ran per kernel).
@@ -188,20 +189,20 @@ def _out_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: 
     check_meta(a, b, out)
 
 
-def _accumulate_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
+def _accumulate_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> None:
     check_meta(a, b, out)
 
 
-_accumulations = CallCache(f"{OP_BF16_GEMM_NT}_accumulate")
+_accumulations = CallCache(f"{OP_BF16_GEMM_NT}_accumulate", stream_scratch.capturing)
 
 
-def _accumulate_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "") -> None:
-    call, key = _accumulations.find((a, b, out), kernel_name)
+def _accumulate_impl(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, kernel_name: str = "", k_splits: int = 0) -> None:
+    call, key = _accumulations.find((a, b, out), kernel_name, k_splits)
     if call is not None and call.relaunch((a, b, out), current_stream(a)):
         return
     check_meta(a, b, out)
     check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"a": a, "b": b})
-    ran = _run(a, b, out, kernel_name, adds=True)
+    ran = _run(a, b, out, kernel_name, adds=True, k_splits=k_splits)
     _accumulations.remember(key, ran and ran._replace(outputs={"d": "out"}), (a, b, out))
 
 
@@ -237,8 +238,6 @@ def bf16_gemm_nt(
             return BF16_GEMM_NT.call(a, b, kernel or "", k_splits or 0)
         BF16_GEMM_NT_OUT.call(a, b, out, kernel or "", k_splits or 0)
         return out
-    if k_splits is not None and k_splits > 1:
-        raise _fail("k_splits", f"is {k_splits}, but D = C + A·Bᵀ (c given) is computed by kernels that do not split K")
     if not isinstance(c, torch.Tensor):
         raise _fail("c", f"must be a torch.Tensor or None, got {type(c).__name__}")
     if out is None:
@@ -249,7 +248,7 @@ def bf16_gemm_nt(
         check_meta(a, b, out, c)
         check_disjoint(OP_BF16_GEMM_NT, {"out": out}, {"c": c})
         out.copy_(c)
-    BF16_GEMM_NT_ACCUMULATE.call(a, b, out, kernel or "")
+    BF16_GEMM_NT_ACCUMULATE.call(a, b, out, kernel or "", k_splits or 0)
     return out
 
 

@@ -41,12 +41,13 @@ multicast:
   split a last (or only) partial wave over every cluster the GPU holds where it pays (the dense
   weight gradient's `tail_split`; `tail_split_pays`), waves is fractional there:
   ``cluster_tiles / clusters per wave``.
-* Split-K kernels (epilogue ``split_k_tma_store``) are scored for every split count S from 2 to
-  `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS` K blocks: S work units per
-  tile, each with K/S, plus per wave of units `CostModel.split_fixup_s` and the partial tiles'
-  traffic; the best S is the kernel's score (`Score.k_splits`) and what the runtime launches with
-  (`split_k_count`). Where K is too short to split, S = 1 still pays the fixup (the kernel runs
-  it whatever the count), so the same tile without split K always ranks first.
+* Split-K kernels (epilogues ``split_k_tma_store`` and ``split_k_tma_store_add``) are scored for
+  every split count S from 2 to `MAX_K_SPLITS` that leaves each split at least `MIN_SPLIT_BLOCKS`
+  K blocks: S work units per tile, each with K/S, plus per wave of units `CostModel.split_fixup_s`
+  and the partial tiles' traffic; the best S is the kernel's score (`Score.k_splits`) and what the
+  runtime launches with (`split_k_count`). Where K is too short to split, S = 1 still pays the
+  fixup (the kernel runs it whatever the count), so the same tile without split K always ranks
+  first.
 * Last-wave split-K kernels (epilogue ``split_k_last_wave_tma_store``) split only the r cluster
   tiles of a partial last wave, each into S = min(split count, clusters // r) units: the whole
   waves at the tile's time, then one unit of K/S plus the fix-up of S partial tiles
@@ -267,6 +268,9 @@ class Score:
     uses_workspace: bool = False
     # Math warpgroups sharing the tile: among compute-bound ties, more of them win.
     math_warpgroups: int = 1
+    # A or B MN-major (layouts nn, tn, tt): ties are not broken by idle cluster CTAs or math
+    # warpgroups there (`_rank`).
+    reads_mn_major: bool = False
 
     @property
     def idle_cluster_ctas(self) -> int:
@@ -561,6 +565,7 @@ def _score(
         latency_bound=latency_bound,
         uses_workspace=splits_k(manifest),
         math_warpgroups=int(manifest.schedule.get("math_warpgroups", 1)),
+        reads_mn_major=manifest.schedule.get("layout", "nt") != "nt",
     )
 
 
@@ -586,6 +591,9 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     # (geometric means per file; 1.3x for BF16 128x128 at M = 333 on an H200). Where compute
     # bounds the tile, more math warpgroups: 128x128 of two ran 1.09-1.12x faster than 64x256 of
     # one at 512x4096x7168, and 1.29x at 256x7168x2048 (tests/cpu/test_heuristic_calibration.py).
+    # Neither preference holds for MN-major operands: 128x192 tn tiles ran 1.12-1.17x faster in
+    # 2x1 clusters with idle CTAs than in 1x1 at M = 576, and 192-row tiles 0.82-1.13x their 128-row
+    # ties (tests/data/2026-12-07-h100-bf16-mn-major-timings.json).
     def key(s: Score) -> tuple:
         tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
         area = s.tile_m * s.tile_n
@@ -593,8 +601,8 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
             0 if tied else 1,
             s.estimated_us if not tied else 0.0,
             area if s.latency_bound else -area,
-            s.idle_cluster_ctas if s.waves == 1 else 0,
-            -s.math_warpgroups if s.compute_bound else 0,
+            s.idle_cluster_ctas if s.waves == 1 and not s.reads_mn_major else 0,
+            -s.math_warpgroups if s.compute_bound and not s.reads_mn_major else 0,
             -(s.useful_multicast if s.compute_bound or s.shares_larger_operand else 1),
             0 if s.shares_larger_operand else 1,
             0 if s.multicasts_larger_box else 1,

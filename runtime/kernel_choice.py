@@ -16,6 +16,7 @@ from . import driver, heuristics, sm_budget
 from .call_cache import forget_all
 from .catalogue import KernelCatalogue, load_catalogue
 from .errors import ArtifactError, InputError
+from .manifest import adds_into_d
 
 _CHOICE_CACHE_SIZE = 4096
 
@@ -48,10 +49,6 @@ def catalogue() -> KernelCatalogue:
     return cat
 
 
-# The epilogue whose kernels add their tiles into D (D = C + A·Bᵀ with D holding C).
-STORE_ADD_EPILOGUE = "tma_store_add"
-
-
 def _filters(
     scale: str | None, b_dtype: str | None, d_dtype: str | None, adds: bool | None, layout: str | None = None,
 ) -> list[tuple]:
@@ -67,7 +64,7 @@ def _filters(
     if d_dtype is not None:
         out.append(("D", lambda s: s.get("c_dtype", "?"), d_dtype))
     if adds is not None:
-        out.append(("adding into D", lambda s: s.get("epilogue") == STORE_ADD_EPILOGUE, adds))
+        out.append(("adding into D", adds_into_d, adds))
     return out
 
 
@@ -217,7 +214,7 @@ def forced_manifest(
             f"{op}: argument 'kernel' names {forced!r}, which reads layout {manifest.schedule.get('layout', 'nt')}, "
             f"but the operands passed are {layout}"
         )
-    if adds is not None and (manifest.schedule.get("epilogue") == STORE_ADD_EPILOGUE) != adds:
+    if adds is not None and adds_into_d(manifest.schedule) != adds:
         does = "adds its tiles into D" if not adds else "stores its tiles"
         wants = "C is given" if adds else "no C is given"
         raise InputError(f"{op}: argument 'kernel' names {forced!r}, which {does}, but {wants}")

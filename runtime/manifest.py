@@ -57,6 +57,17 @@ BINDING_KINDS = ("tma", "shape", "zeros", "scalar", "pointer", "tensor")
 GRID_RULES = ("persistent_clusters", "blocks")
 
 
+# The schedule epilogues (``schedule["epilogue"]``) whose kernels add their tiles into D (D = C +
+# A·Bᵀ with D holding C): whole tiles, or split along K with the last CTA of a tile adding the sum
+# (the generator's `Epilogue.adds_into_d`, checked equal by the CPU tests).
+ADDING_EPILOGUES = frozenset({"tma_store_add", "split_k_tma_store_add"})
+
+
+def adds_into_d(schedule: dict[str, Any]) -> bool:
+    """Whether a manifest's schedule adds its tiles into D (`ADDING_EPILOGUES`)."""
+    return schedule.get("epilogue") in ADDING_EPILOGUES
+
+
 class ManifestError(ValueError):
     """A manifest or catalogue that cannot be used: missing, malformed or of another schema."""
 

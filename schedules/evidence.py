@@ -34,7 +34,8 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     the FP4 per-token quantizers (2026-12-06, NOTES N93); and the masked kernels that walk each
     group's tiles down their columns (FP8 and BF16, 2026-12-06, NOTES N95), and the BF16 kernels
     whose MMA takes B's rows as its M side (2026-12-06, NOTES N96), and its split-K kernels in 2x1
-    clusters sharing B (2026-12-07, NOTES N106)."""
+    clusters sharing B (2026-12-07, NOTES N106), adding into D (2026-12-07, NOTES N107) and its
+    128x192 tiles over MN-major operands (2026-12-07, NOTES N107)."""
     if s.op == Op.PER_TOKEN_QUANT_FP4:
         return True
     if (s.op.is_masked and s.raster == Raster.ALONG_M) or s.swaps_ab:
@@ -53,7 +54,9 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
         widths_adding = s.epilogue == Epilogue.TMA_STORE_ADD and s.tile_n in _BF16_WIDTHS
         mn_major_split = s.epilogue == Epilogue.SPLIT_K_TMA_STORE and s.layout != Layout.NT
         shared_b_split = s.epilogue == Epilogue.SPLIT_K_TMA_STORE and s.cluster_m == 2
-        return widths_adding or mn_major_split or shared_b_split
+        adding_split = s.epilogue == Epilogue.SPLIT_K_TMA_STORE_ADD
+        mn_major_192 = s.layout != Layout.NT and s.tile_n == 192
+        return widths_adding or mn_major_split or shared_b_split or adding_split or mn_major_192
     return False
 
 

@@ -121,6 +121,7 @@ ARCH_EPILOGUES: dict[Arch, frozenset[Epilogue]] = {
     Arch.SM90A: frozenset({
         Epilogue.TMA_STORE, Epilogue.TMA_STORE_WHOLE_TILE, Epilogue.TMA_STORE_PER_WARPGROUP,
         Epilogue.SPLIT_K_TMA_STORE, Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE, Epilogue.TMA_STORE_ADD,
+        Epilogue.SPLIT_K_TMA_STORE_ADD,
     }),
     Arch.SM100A: frozenset({Epilogue.TMA_STORE}),
 }
@@ -929,16 +930,16 @@ def mn_major_operands(s: Schedule) -> str | None:
             f"{', '.join(sorted(x.value for x in allowed))}")
 
 
-# Ops whose kernels take the tma_store_add epilogue (D = C + A·Bᵀ with D holding C): the BF16
-# GEMM, and the FP8 GEMM's fused epilogues (a residual; DeepGEMM's FP8 GEMM takes no C into bf16).
+# Ops whose kernels take the adding epilogues (D = C + A·Bᵀ with D holding C): the BF16 GEMM, and
+# the FP8 GEMM's fused epilogues (a residual; DeepGEMM's FP8 GEMM takes no C into bf16).
 STORE_ADD_OPS = frozenset({Op.BF16_GEMM_NT, Op.FP8_GEMM_NT})
 
 
 @_rule()
 def store_add_ops(s: Schedule) -> str | None:
-    """The tma_store_add epilogue serves the ops that take C (`STORE_ADD_OPS`); the weight
-    gradients add into D whatever their epilogue."""
-    if s.epilogue != Epilogue.TMA_STORE_ADD or s.op in STORE_ADD_OPS:
+    """The adding epilogues (`Epilogue.adds_into_d`) serve the ops that take C (`STORE_ADD_OPS`);
+    the weight gradients add into D whatever their epilogue."""
+    if not s.epilogue.adds_into_d or s.op in STORE_ADD_OPS:
         return None
     ops = ", ".join(sorted(o.value for o in STORE_ADD_OPS))
     return f"epilogue={s.epilogue.value}: only ops {ops} add their tiles into D, not op={s.op.value}"

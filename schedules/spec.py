@@ -239,6 +239,10 @@ class Epilogue(str, enum.Enum):
     clusters that would otherwise idle (at most ``K_SPLITS`` ways, as many as the idle clusters
     allow), so the last wave costs about 1/splits of a tile instead of a whole one. With fewer
     tiles than clusters every tile is in the last wave.
+
+    ``split_k_tma_store_add``: split K as ``split_k_tma_store``, the last CTA of a tile adding its
+    whole fp32 sum into D with the TMA's reduce-add as ``tma_store_add`` does (D = C + A·Bᵀ with D
+    holding C, one addition per element in D's type): small-M problems that take C.
     """
 
     TMA_STORE = "tma_store"
@@ -247,19 +251,26 @@ class Epilogue(str, enum.Enum):
     SPLIT_K_TMA_STORE = "split_k_tma_store"
     SPLIT_K_LAST_WAVE_TMA_STORE = "split_k_last_wave_tma_store"
     TMA_STORE_ADD = "tma_store_add"
+    SPLIT_K_TMA_STORE_ADD = "split_k_tma_store_add"
 
     @property
     def tag(self) -> str:
         return {
             "tma_store": "epitma", "tma_store_whole_tile": "epitmaw", "tma_store_per_warpgroup": "epiwg",
             "split_k_tma_store": "episk", "split_k_last_wave_tma_store": "episkw", "tma_store_add": "epiadd",
+            "split_k_tma_store_add": "episkadd",
         }[self.value]
 
     @property
     def splits_k(self) -> bool:
         """Tiles' K blocks split over CTAs through the split-K workspace (every tile, or the last
         wave's only)."""
-        return self in (Epilogue.SPLIT_K_TMA_STORE, Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE)
+        return self in (Epilogue.SPLIT_K_TMA_STORE, Epilogue.SPLIT_K_LAST_WAVE_TMA_STORE, Epilogue.SPLIT_K_TMA_STORE_ADD)
+
+    @property
+    def adds_into_d(self) -> bool:
+        """Each tile's sum is added into D by the TMA's reduce-add (D = C + A·Bᵀ with D holding C)."""
+        return self in (Epilogue.TMA_STORE_ADD, Epilogue.SPLIT_K_TMA_STORE_ADD)
 
     @property
     def splits_last_wave_only(self) -> bool:
@@ -628,8 +639,8 @@ class Schedule:
     @property
     def adds_into_d(self) -> bool:
         """Tiles are added into D by the TMA's reduce-add instead of stored: the weight
-        gradients (`Op.accumulates`) and the ``tma_store_add`` epilogue."""
-        return self.op.accumulates or self.epilogue == Epilogue.TMA_STORE_ADD
+        gradients (`Op.accumulates`) and the adding epilogues (`Epilogue.adds_into_d`)."""
+        return self.op.accumulates or self.epilogue.adds_into_d
 
     @property
     def block_scaled(self) -> bool:

@@ -692,7 +692,7 @@ def test_bf16_family_section(tmp_path):
     assert "## The BF16 family beside torch (`bf16_family`)" in text
     assert "bf16_gemm_nt, bf16 D: 0.995x torch.matmul (geometric mean over 2 shapes; worst 0.90x" in text
     assert "bf16_gemm_nt, f32 D: 1.000x" in text
-    assert "bf16_gemm_nt, MN-major operands: 1.200x torch on the same views (geometric mean over 1 shapes" in text
+    assert "bf16_gemm_nt, MN-major operands and D = C + A·Bᵀ: 1.200x torch on the same views (geometric mean over 1 shapes" in text
     assert "| f32 tn += | 7168, 2112, 4096 | `k4` |" in text
     assert "m_grouped_bf16_gemm_nt_masked: 1.500x the best torch alternative" in text
     assert "| bf16 | 333, 12288, 5120 | `k2` | 100.0 | 420 | 90.0 | 466 | 0.90 |" in text

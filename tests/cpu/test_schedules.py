@@ -94,6 +94,25 @@ EXPECTED_DEFAULT_NAMES = sorted(
         f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_c2x1_mcb_s{stages}_wg{wg}_r40x232_episk_rm_g8"
         for tile, stages, wg in (("128x128x64", 6, 2), ("64x128x64", 8, 1), ("64x64x64", 8, 1))
     ]
+    # Split K adding into D: bf16 or fp32 D in 1x1, 1x2 and 2x1 clusters, and tokens first (tn) into fp32.
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_episkadd_rm_g8"
+        for tile, stages, wg in (("128x128x64", 6, 2), ("64x128x64", 8, 1), ("64x64x64", 8, 1))
+        for cluster in ("c1x1_mc0", "c1x2_mca", "c2x1_mcb")
+        for d in ("bf16", "f32")
+    ]
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_f32_f32_nosf_{tile}_{cluster}_s{stages}_wg{wg}_r40x232_episkadd_rm_g8_tn"
+        for tile, stages, wg in (("128x128x64", 6, 2), ("64x128x64", 8, 1))
+        for cluster in ("c1x1_mc0", "c1x2_mca")
+    ]
+    # MN-major B in 128x192 tiles: storing a bf16 D (nn, tn) and adding into fp32 (tn).
+    + [
+        f"cutegen_sm90a_gemm_bf16_bf16_{d}_f32_nosf_128x192x64_{cluster}_s{stages}_wg2_r40x232_{epilogue}_rm_g8_{layout}"
+        for cluster in ("c1x1_mc0", "c2x1_mcb")
+        for d, stages, epilogue, layouts in (("bf16", 4, "epitma", ("nn", "tn")), ("f32", 5, "epiadd", ("tn",)))
+        for layout in layouts
+    ]
     # Split K for the last, partial wave only, bf16 D, 128-row tiles 128 to 256 wide.
     + [
         f"cutegen_sm90a_gemm_bf16_bf16_bf16_f32_nosf_{tile}_{cluster}_s{stages}_wg2_r40x232_episkw_rm_g8"
@@ -175,7 +194,7 @@ def test_default_files_and_filters():
     files = default_schedule_files()
     assert any(p.name == "hopper_bf16_gemm.toml" for p in files)
     bf16 = default_schedules(arch=Arch.SM90A, op=Op.BF16_GEMM_NT)
-    assert len(bf16) == 162 and sum(not s.fused_epilogue for s in bf16) == 151
+    assert len(bf16) == 190 and sum(not s.fused_epilogue for s in bf16) == 179
     assert all(s.op == Op.FP8_GEMM_NT for s in default_schedules(op="fp8_gemm_nt"))
     assert len(default_schedules(arch="sm_90a")) >= 8
     assert {s.op for s in default_schedules(arch="sm_100a")} == {
@@ -190,7 +209,8 @@ def test_default_files_and_filters():
     assert {e.family for e in entries} == {
         "hopper_bf16_gemm", "hopper_bf16_gemm_f32_out", "hopper_bf16_gemm_accumulate", "hopper_bf16_gemm_mn_major",
         "hopper_bf16_gemm_mn_major_accumulate", "hopper_bf16_gemm_split_k", "hopper_bf16_gemm_split_k_shared_b",
-        "hopper_bf16_gemm_tile_widths",
+        "hopper_bf16_gemm_split_k_accumulate", "hopper_bf16_gemm_mn_major_split_k_accumulate", "hopper_bf16_gemm_tile_widths",
+        "hopper_bf16_gemm_mn_major_widths",
         "hopper_bf16_gemm_bias_activation", "hopper_bf16_gemm_gelu", "hopper_bf16_gemm_bias_residual",
         "hopper_bf16_gemm_mn_major_split_k", "hopper_bf16_gemm_split_k_last_wave", "hopper_bf16_gemm_192_rows",
         "hopper_bf16_gemm_narrow_widths", "hopper_bf16_gemm_swapped_roles", "hopper_bf16_gemm_swapped_roles_192_rows",

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from cutegen.runtime.manifest import adds_into_d
+
 _HERE = Path(__file__).resolve().parent
 
 
@@ -62,7 +64,7 @@ def gemm_kernels(ops, device_info):
     cat = ops.catalogue()
     names = [
         m.name for m in cat.compatible(ops.OP_BF16_GEMM_NT, device_info.capability)
-        if m.schedule.get("c_dtype") == "bf16" and m.schedule.get("epilogue") != "tma_store_add"
+        if m.schedule.get("c_dtype") == "bf16" and not adds_into_d(m.schedule)
         and m.schedule.get("layout", "nt") == "nt"
     ]
     if not names:

@@ -28,6 +28,7 @@ import torch
 from cutegen.runtime import (
     bf16_grouped_ops, epilogue_ops, fp8_ops, fused_ops, grouped_ops, k_grouped_ops, ops, quant_ops, sm_budget,
 )
+from cutegen.runtime.manifest import adds_into_d
 
 
 def _fp8(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,8 +59,8 @@ def run_bf16(name: str) -> None:
         if layout in ("nn", "tn"):
             b = b.t().contiguous().t()
         out = torch.empty(m, 456, device="cuda", dtype=torch.float32 if schedule["c_dtype"] == "f32" else torch.bfloat16)
-        c = torch.randn_like(out) if schedule["epilogue"] == "tma_store_add" else None
-        ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name, k_splits=3 if "_episk_" in name else None)
+        c = torch.randn_like(out) if adds_into_d(schedule) else None
+        ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name, k_splits=3 if ("_episk_" in name or "_episkadd_" in name) else None)
         if "_episkw_" in name:
             # Ten SMs: whole waves, then a last wave of a tile or two split three ways.
             sm_budget.set_num_sms(10)
@@ -201,7 +202,7 @@ def _epilogue_of(name: str) -> tuple[bool, str, bool]:
     """(adds a bias, activation, adds into D) of a bias/activation kernel, from its schedule."""
     schedule = ops.catalogue().manifest(name).schedule
     return (schedule.get("bias", "none") != "none", schedule.get("activation", "none"),
-            schedule["epilogue"] == "tma_store_add")
+            adds_into_d(schedule))
 
 
 def run_fp8_epilogue(name: str) -> None:

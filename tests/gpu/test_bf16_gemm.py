@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cutegen.runtime.errors import ArchMismatchError, InputError  # noqa: E402
+from cutegen.runtime.manifest import adds_into_d  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -315,21 +316,25 @@ def test_every_fp32_and_accumulating_kernel_runs(ops, d_dtype, k):
         ops.bf16_gemm_nt(a, b, out=out, kernel=name)
         assert calc_diff(out, ref) < 1e-9, name
     for name in kernels_of(ops, d_dtype, True):
+        # Split kernels at three splits (K = 64: one), as their storing twins.
+        splits = 3 if "_episkadd_" in name else None
         out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-        ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name)
+        ops.bf16_gemm_nt(a, b, out=out, c=c, kernel=name, k_splits=splits)
         # One addition per element in D's type: C + what the storing twin (same tile, cluster
         # and stages) writes, fp32(C + tile) or bf16(C + bf16(tile)).
         twin = storing_twin(ops, name)
         if twin is not None:
-            tile = ops.bf16_gemm_nt(a, b, out=torch.empty(m, n, device="cuda", dtype=dtype), kernel=twin)
+            tile = ops.bf16_gemm_nt(a, b, out=torch.empty(m, n, device="cuda", dtype=dtype), kernel=twin, k_splits=splits)
             assert torch.equal(out, (c.float() + tile.float()).to(dtype)), name
         assert calc_diff(out, c.double() + ref) < (1e-9 if dtype == torch.float32 else 1e-5), name
 
 
 def storing_twin(ops, name: str) -> str | None:
-    """The catalogue's storing kernel of an adding kernel's tile, cluster and D type (any stage
-    count: stages do not change the sums' order), None where it has none (fp32 D in the widths)."""
-    pattern = re.compile(re.sub(r"_s[0-9]+_", "_s[0-9]+_", re.escape(name.replace("_epiadd_", "_epitma_"))))
+    """The catalogue's storing kernel of an adding kernel's tile, cluster, D type and K split (any
+    stage count: stages do not change the sums' order), None where it has none (fp32 D in the
+    widths)."""
+    storing = name.replace("_epiadd_", "_epitma_").replace("_episkadd_", "_episk_")
+    pattern = re.compile(re.sub(r"_s[0-9]+_", "_s[0-9]+_", re.escape(storing)))
     found = [x for x in ops.runnable_kernels(ops.OP_BF16_GEMM_NT) if pattern.fullmatch(x)]
     return found[0] if found else None
 
@@ -420,7 +425,7 @@ def test_every_mn_major_kernel_runs(ops, layout, m, n, k):
         manifest = ops.catalogue().manifest(name)
         dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[manifest.schedule["c_dtype"]]
         out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-        if manifest.schedule["epilogue"] == "tma_store_add":
+        if adds_into_d(manifest.schedule):
             c = torch.randn(m, n, device="cuda").to(dtype)
             ops.bf16_gemm_nt(x, y, out=out, c=c, kernel=name)
             assert calc_diff(out, c.double() + ref) < 1e-9, name
@@ -498,6 +503,74 @@ def test_split_k_kernels(ops, m, n, k):
     torch.cuda.synchronize()
     for counters, _ in split_k._workspaces.values():
         assert int(counters.abs().sum()) == 0, "split-K counters not reset to zero"
+
+
+# Split K adding into D (epilogue split_k_tma_store_add): small M with C
+
+def split_adding_kernels(ops) -> list[str]:
+    names = [x for x in ops.runnable_kernels(ops.OP_BF16_GEMM_NT, adds=True) if "_episkadd_" in x]
+    if not names:
+        pytest.skip("no split-K bf16_gemm_nt kernel adding into D runs on this GPU")
+    return names
+
+
+@pytest.mark.parametrize("m, n, k", BF16_SPLIT_SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in BF16_SPLIT_SHAPES])
+def test_split_k_adding_kernels(ops, m, n, k):
+    """Every split-K kernel adding into D (bf16 and fp32 D, K-major and tokens-first operands) at
+    split counts from 1 to one per 128-wide K block: D = C + A·Bᵀ within fp32 accumulation error of
+    the float64 result (bf16 D: C plus the storing twin's bf16 tile, one bf16 addition), C added
+    once whatever the count, the same bits from a second launch, and the counters zero after."""
+    from cutegen.runtime import split_k
+
+    a, b = inputs(m, n, k, seed=25)
+    ref64 = exact(a, b)
+    k_blocks = -(-k // 128)
+    for name in split_adding_kernels(ops):
+        manifest = ops.catalogue().manifest(name)
+        dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[manifest.schedule["c_dtype"]]
+        x, y = operands_in(manifest.schedule["layout"], a, b) if manifest.schedule["layout"] != "nt" else (a, b)
+        c = torch.randn(m, n, device="cuda").to(dtype)
+        twin = storing_twin(ops, name)
+        for splits in sorted({1, 2, 3, max(1, k_blocks // 2), k_blocks} | {s for s in (7, 8, 9) if s <= k_blocks}):
+            what = f"{name} k_splits={splits}"
+            out = ops.bf16_gemm_nt(x, y, c=c, kernel=name, k_splits=splits)
+            if dtype == torch.float32:
+                assert calc_diff(out, c.double() + ref64) < 1e-9, what
+                assert torch.allclose(out.double(), c.double() + ref64, rtol=1e-4, atol=1e-4 * k ** 0.5), what
+            else:
+                assert_matches(out, (c.double() + ref64).float(), what)
+            if twin is not None:
+                tile = ops.bf16_gemm_nt(x, y, out=torch.empty(m, n, device="cuda", dtype=dtype), kernel=twin, k_splits=splits)
+                assert torch.equal(out, (c.float() + tile.float()).to(dtype)), what
+            again = ops.bf16_gemm_nt(x, y, c=c, kernel=name, k_splits=splits)
+            assert torch.equal(out, again), f"{what}: two launches differ"
+    torch.cuda.synchronize()
+    for counters, _ in split_k._workspaces.values():
+        assert int(counters.abs().sum()) == 0, "split-K counters not reset to zero"
+
+
+def test_split_k_adding_in_place_and_in_a_graph(ops):
+    """D += A·Bᵀ in place through a split-K adding kernel, eagerly and replayed from a CUDA graph
+    (its own workspace): each launch adds the product once."""
+    names = [x for x in split_adding_kernels(ops) if "_f32_f32_" in x and x.endswith("_g8")]
+    if not names:
+        pytest.skip("no split-K bf16_gemm_nt kernel adding into an fp32 D runs on this GPU")
+    m, n, k = 64, 576, 7168
+    a, b = inputs(m, n, k, seed=26)
+    ref = exact(a, b)
+    d = torch.randn(m, n, device="cuda")
+    start = d.clone()
+    ops.bf16_gemm_nt(a, b, out=d, c=d, kernel=names[0], k_splits=8)
+    assert calc_diff(d, start.double() + ref) < 1e-9
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.bf16_gemm_nt(a, b, out=d, c=d, kernel=names[0], k_splits=8)
+    d.copy_(start)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert calc_diff(d, start.double() + 3 * ref) < 1e-9
+    torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt_accumulate.default, (a, b, d, names[0], 8))
 
 
 # Split K for the last wave only (epilogue split_k_last_wave_tma_store)
@@ -585,6 +658,7 @@ def test_split_k_graph_and_refusals(ops):
         ops.bf16_gemm_nt(a, b, kernel=plain[0], k_splits=2)
     with pytest.raises(InputError, match="'k_splits'.*positive int"):
         ops.bf16_gemm_nt(a, b, kernel=names[0], k_splits=0)
-    with pytest.raises(InputError, match="'k_splits'.*do not split K"):
-        ops.bf16_gemm_nt(a, b, c=torch.zeros(m, n, device="cuda", dtype=torch.bfloat16), k_splits=4)
+    adding = [x for x in ops.runnable_kernels(ops.OP_BF16_GEMM_NT, d_dtype="bf16", adds=True, layout="nt") if "_epiadd_" in x]
+    with pytest.raises(InputError, match="'k_splits'.*does not split K"):
+        ops.bf16_gemm_nt(a, b, c=torch.zeros(m, n, device="cuda", dtype=torch.bfloat16), kernel=adding[0], k_splits=4)
     torch.library.opcheck(torch.ops.cutegen.bf16_gemm_nt.default, (a, b, names[0], 4))
