@@ -592,8 +592,8 @@ def _rank(scores: Iterable[Score]) -> list[Score]:
     # bounds the tile, more math warpgroups: 128x128 of two ran 1.09-1.12x faster than 64x256 of
     # one at 512x4096x7168, and 1.29x at 256x7168x2048 (tests/cpu/test_heuristic_calibration.py).
     # Neither preference holds for MN-major operands: 128x192 tn tiles ran 1.12-1.17x faster in
-    # 2x1 clusters with idle CTAs than in 1x1 at M = 576, and 192-row tiles 0.82-1.13x their 128-row
-    # ties (tests/data/2026-12-07-h100-bf16-mn-major-timings.json).
+    # 2x1 clusters with idle CTAs than in 1x1 at M = 576, and 192-row tiles (not built) 0.81-1.23x
+    # the speed of their 128-row ties (tests/data/2026-12-07-h100-bf16-mn-major-and-adding-timings.json).
     def key(s: Score) -> tuple:
         tied = s.estimated_us <= best * (1 + TIE_TOLERANCE)
         area = s.tile_m * s.tile_n
