@@ -32,13 +32,14 @@ def _sm90a_ran_on_h100_only(s: Schedule) -> bool:
     bias/activation kernels ending `_silu`: NOTES N89); and the kernels that split their last
     wave along K (epilogue `split_k_last_wave_tma_store`: BF16 dense, FP8 masked; NOTES N90); and
     the FP4 per-token quantizers (2026-12-06, NOTES N93); and the masked kernels that walk each
-    group's tiles down their columns (FP8 and BF16, 2026-12-06, NOTES N95), and the BF16 kernels
-    whose MMA takes B's rows as its M side (2026-12-06, NOTES N96), and its split-K kernels in 2x1
-    clusters sharing B (2026-12-07, NOTES N106), adding into D (2026-12-07, NOTES N107) and its
-    128x192 tiles over MN-major operands (2026-12-07, NOTES N107)."""
+    group's tiles down their columns (FP8 and BF16, 2026-12-06, NOTES N95), and the BF16 GEMM's
+    split-K kernels in 2x1 clusters sharing B (2026-12-07, NOTES N106), adding into D (2026-12-07,
+    NOTES N107) and its 128x192 tiles over MN-major operands (2026-12-07, NOTES N107). (The BF16
+    kernels whose MMA takes B's rows as its M side, first run on an H100, ran on an H200 too: NOTES
+    N97.)"""
     if s.op == Op.PER_TOKEN_QUANT_FP4:
         return True
-    if (s.op.is_masked and s.raster == Raster.ALONG_M) or s.swaps_ab:
+    if s.op.is_masked and s.raster == Raster.ALONG_M:
         return True
     if s.d_scale == OutputScale.UE8M0:
         return True
