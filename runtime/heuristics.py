@@ -482,10 +482,14 @@ def _score(
     if swapped:
         m, n = n, m
     tiles_m, tiles_n = ceil_div(m, tm), ceil_div(n, tn)
+    cluster_rows = ceil_div(tiles_m, cm)
     if rows_per_group:
-        tiles_m = ceil_div(m, rows_per_group) * ceil_div(rows_per_group, tm)
+        # A masked cluster's CTAs share one group: each group pads to whole cluster tiles.
+        groups = ceil_div(m, rows_per_group)
+        cluster_rows = groups * ceil_div(rows_per_group, tm * cm)
+        tiles_m = cluster_rows * cm
     tiles = tiles_m * tiles_n
-    cluster_tiles = ceil_div(tiles_m, cm) * ceil_div(tiles_n, cn)
+    cluster_tiles = cluster_rows * ceil_div(tiles_n, cn)
     # Split K: k_splits work units per tile, each over its share of K.
     tiles *= k_splits
     cluster_tiles *= k_splits

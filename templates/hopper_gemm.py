@@ -208,8 +208,8 @@ class HopperGemmKernel(
         # unscaled one (BF16) computes a tile's padding rows and zeroes them after.
         self.skips_padding_warpgroups = self.contiguous and s.waves == 1 and s.block_scaled
         self.group_size = s.group_size
-        # Masked clusters are one CTA tall: a scheduled tile covers tile_m rows of a group.
-        self.masked_tile_rows = s.tile_m
+        # A scheduled tile of the masked layout is a cluster tile: cluster_m CTA tiles of one group.
+        self.masked_tile_rows = s.tile_m * s.cluster_m
         self.buffer_align_bytes = 1024
         self.load_warp_id = 0
         self.epi_store_warp_id = 4  # first warp of the first math warpgroup

@@ -4,8 +4,8 @@ groups on the GPU and the contiguous layout's tile-to-group lookup.
 
 A kernel class that mixes `TileOrder` in provides ``group_size``, ``raster_along_m``,
 ``tile_shape_mnk`` (the CTA tile), ``cluster_shape_mn``, ``threads_per_cta``, ``smem_bytes`` and
-``masked_tile_rows`` (rows of A one scheduled tile of the masked layout covers: the CTA tile on
-Hopper, the MMA tile of a CTA pair on Blackwell).
+``masked_tile_rows`` (rows of A one scheduled tile of the masked layout covers: the cluster's
+tile rows on Hopper, the MMA tile of a CTA pair on Blackwell).
 """
 
 from __future__ import annotations
