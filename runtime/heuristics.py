@@ -25,8 +25,10 @@ multicast:
   ``tma_store_per_warpgroup``): compute times `CostModel.whole_tile_short_k_factor` (below 1)
   where K has at most `CostModel.whole_tile_max_k_blocks` blocks, else
   `CostModel.whole_tile_long_k_factor`, so they rank before their ring twins at short K only.
+  Tiles computed in column waves (256 wide as two 128-wide halves): compute times
+  `CostModel.column_wave_short_k_slowdown` where K has at most that many blocks.
 * Masked M-grouped kernels (``rows_per_group``: the expected rows of a group; each group pads
-  its rows to the tile height): the rows a group really holds are only known on the GPU and
+  its rows to whole cluster tiles): the rows a group really holds are only known on the GPU and
   spread around the expected count. Scored at the expected rows alone, a tile that fills
   exactly one wave there wins and then runs a second, nearly empty wave whenever the groups are
   a little larger, so the estimate is the mean over `MASKED_ROWS_SPREAD` times the expected
@@ -202,9 +204,8 @@ class CostModel:
     # wave: the tile's group is read from L1 (prefetched a tile before) and its rows' m_indices
     # while the main loop runs, but the padding-row selects and the store remain, and the term
     # stands for what the model does not see of the wider tiles' advantage. It favours fewer,
-    # wider tiles (160, 192, 256 columns), most where K is short; with tile quantisation it picks
-    # 128x256 on all six DeepGEMM shapes, which measured 0.99-1.07x 128x192 there
-    # (tests/cpu/test_heuristic_calibration.py). Fitted on kernel durations of every
+    # wider tiles (160, 192, 256 columns), most where K is short (but see
+    # `column_wave_short_k_slowdown`). Fitted on kernel durations of every
     # contiguous kernel on DeepGEMM's six shapes (an earlier build's timings, in-sample): 6-8 µs
     # choose within 1.001x of the fastest (geometric mean), 1-4 µs 1.004x; on the current kernels
     # (tests/data/2026-12-02-h200-contiguous-kernel-timings.json) 1.001x.
@@ -216,6 +217,15 @@ class CostModel:
     whole_tile_max_k_blocks: int = 16
     whole_tile_short_k_factor: float = 0.97
     whole_tile_long_k_factor: float = 1.03
+    # Tiles computed in column waves (`column_waves` > 1: a 256-wide tile as two 128-wide halves
+    # over one A) where K has at most `whole_tile_max_k_blocks` blocks. The contiguous 128x256
+    # tile (2x1 clusters) ran 0.99-1.01x the time of 128x192 at K 2048 (N 7168) on an H200 and
+    # 1.02-1.04x on an H100, and 0.93-1.01x at K 7168 on both, where `grouped_tile_overhead_s`
+    # scores it 11-13% faster at K 2048: this factor takes that back at short K only. 1.25-1.35
+    # choose 128x192 at K 2048 and 128x256 at K 7168 (tests/data: 2026-12-03-h200-contiguous-
+    # 128x256-timings.json, 2026-12-07-h100-contiguous-kernel-timings.json; within 1.001x and
+    # 1.004x of the fastest kernel, from 1.004x and 1.016x) and change no other op's choice.
+    column_wave_short_k_slowdown: float = 1.3
     # Kernels with swapped operand roles (B's rows as the MMA's M side: a grid rule whose tile rows
     # run along N) store D transposed, 64 columns per TMA box. Without a factor the model chose a
     # swapped 128x176 tile at 512x4096x7168 that ran 1.13x slower than the best other kernel; any
@@ -330,6 +340,11 @@ def _whole_tile_epilogue(manifest: KernelManifest) -> bool:
     """A two-wave tile whose epilogue stages the whole output tile (`tma_store_whole_tile`, or
     `tma_store_per_warpgroup`, which also does for single-wave tiles: those have no ring twin)."""
     return not manifest.fact("single_wave_tile") and manifest.fact("epilogue_stages_whole_tile")
+
+
+def _column_waves(manifest: KernelManifest) -> bool:
+    """A block-scaled tile computed in column waves (two 128-wide halves over one A)."""
+    return manifest.fact("column_waves") > 1
 
 
 def splits_tail(manifest: KernelManifest) -> bool:
@@ -517,9 +532,11 @@ def _score(
         compute *= model.two_wave_per_row_scale_slowdown
     if mc_a * mc_b > 1 and _per_row_scales(manifest):
         compute *= model.per_row_scale_b_multicast_slowdown if mc_b > 1 else model.per_row_scale_multicast_slowdown
+    short_k = ceil_div(k, SCALE_BLOCK) <= model.whole_tile_max_k_blocks
     if _whole_tile_epilogue(manifest):
-        short_k = ceil_div(k, SCALE_BLOCK) <= model.whole_tile_max_k_blocks
         compute *= model.whole_tile_short_k_factor if short_k else model.whole_tile_long_k_factor
+    if short_k and _column_waves(manifest):
+        compute *= model.column_wave_short_k_slowdown
     memory = tile_bytes / sm_bandwidth
     latency = 0.0
     if manifest.fact("block_scaled"):

@@ -37,6 +37,7 @@ TIMINGS = DATA / "2026-12-02-h200-fp8-kernel-timings.json"
 WGRAD_TIMINGS = DATA / "2026-12-02-h200-wgrad-kernel-timings.json"
 CONTIGUOUS_TIMINGS = DATA / "2026-12-02-h200-contiguous-kernel-timings.json"
 CONTIGUOUS_WIDE_TIMINGS = DATA / "2026-12-03-h200-contiguous-128x256-timings.json"
+CONTIGUOUS_H100_TIMINGS = DATA / "2026-12-07-h100-contiguous-kernel-timings.json"
 K_GROUPED_TUNE_GROUPS = 4
 # The measured GPU: 132 SMs.
 H200_SMS = 132
@@ -264,25 +265,44 @@ def test_contiguous_choice_stays_close_to_the_fastest_measured_kernel():
 
 def test_contiguous_choice_between_the_192_and_256_wide_tiles():
     """The two 2x1 contiguous kernels of the catalogue, 128x192 and 128x256 (two column waves),
-    timed in one call on DeepGEMM's six shapes (2026-12-03, best of three rounds; the file also
-    holds two three-stage 128x256 builds that were not kept): the model picks 128x256 on all six,
-    at most 1.1% slower than 128x192 (N 7168, K 2048) and 1.5% faster on average."""
+    timed on DeepGEMM's six shapes on an H200 (2026-12-03, best of three rounds; the file also
+    holds two three-stage 128x256 builds that were not kept) and an H100 (2026-12-07, with every
+    other contiguous kernel): the model picks 128x192 at K 2048 (N 7168), where 128x256 ran
+    0.99-1.01x its time on the H200 and 1.02-1.04x on the H100, and 128x256 at K 7168, where it
+    ran up to 1.07x faster; at most 1.03x slower than the faster of the two (4 x ~8192, N 4096,
+    K 7168 on the H100, where the two ran 0.99x and 1.01x each other's time on two allocations)."""
     op = "m_grouped_fp8_gemm_nt_contiguous"
-    problems = json.loads(CONTIGUOUS_WIDE_TIMINGS.read_text())[op]
-    regrets, gains = {}, {}
+    for path in (CONTIGUOUS_WIDE_TIMINGS, CONTIGUOUS_H100_TIMINGS):
+        problems = json.loads(path.read_text())[op]
+        regrets = {}
+        for key, problem in problems.items():
+            _, _, n, k = map(int, key.split(","))
+            times = {name: t for name, t in problem["times"].items() if "_c2x1_mcb_s4_" in name}
+            assert len(times) == 2, sorted(problem["times"])
+            candidates = [manifest_from_name(name) for name in times]
+            chosen = heuristics.choose(op, candidates, _padded_rows(problem["sizes"]), n, k, H200_SMS, tuning={})
+            assert ("_128x192x128_" if k <= 2048 else "_128x256x128_") in chosen.name, (path.name, key)
+            regrets[key] = times[chosen.name] / min(times.values())
+        assert max(regrets.values()) < 1.03, (path.name, regrets)
+
+
+def test_contiguous_choice_on_an_h100():
+    """Every contiguous kernel on DeepGEMM's six shapes on an H100 (2026-12-07): the choice ran
+    1.004x the time of the fastest kernel over the six (geometric mean), 1.024x at worst; with the
+    model before its column-wave term (and a 6 µs tile overhead) 1.016x, 128x256 at K 2048
+    1.02-1.03x slower than 128x192."""
+    op = "m_grouped_fp8_gemm_nt_contiguous"
+    problems = json.loads(CONTIGUOUS_H100_TIMINGS.read_text())[op]
+    logs = []
     for key, problem in problems.items():
         _, _, n, k = map(int, key.split(","))
-        times = {name: t for name, t in problem["times"].items() if "_s4_" in name}
-        assert len(times) == 2, sorted(problem["times"])
-        rows = _padded_rows(problem["sizes"])
+        times = problem["times"]
         candidates = [manifest_from_name(name) for name in times]
-        chosen = heuristics.choose(op, candidates, rows, n, k, H200_SMS, tuning={})
-        assert "_128x256x128_" in chosen.name, key
-        regrets[key] = times[chosen.name] / min(times.values())
-        narrow = next(t for name, t in times.items() if "_128x192x128_" in name)
-        gains[key] = narrow / times[chosen.name]
-    assert max(regrets.values()) < 1.015, regrets
-    assert math.exp(sum(math.log(g) for g in gains.values()) / len(gains)) > 1.01, gains
+        chosen = heuristics.choose(op, candidates, _padded_rows(problem["sizes"]), n, k, H200_SMS, tuning={})
+        regret = times[chosen.name] / min(times.values())
+        assert regret < 1.03, (key, chosen.name, regret)
+        logs.append(math.log(regret))
+    assert math.exp(sum(logs) / len(logs)) < 1.006
 
 
 MASKED_KERNELS = [
@@ -290,8 +310,6 @@ MASKED_KERNELS = [
     for tile, wg, stages in (("64x128x128", 1, 8), ("128x192x128", 2, 4), ("256x128x128", 2, 3))
     for cluster in (f"c1x1_mc0_s{stages}", f"c1x2_mca_s{stages}")
 ]
-
-
 # The shipped masked FP8 kernels: MASKED_KERNELS and their last-wave split twins.
 MASKED_SHIPPED = frozenset(MASKED_KERNELS) | {
     n.replace("_epitma_", "_episkw_") for n in MASKED_KERNELS if "_64x128x128_" not in n
